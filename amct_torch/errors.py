@@ -1,0 +1,57 @@
+"""The project's exception types.
+
+Errors are part of the interface: every problem with a user's model, config, record or data
+raises one of these, naming the file and (where there is one) the layer, so that the CLI can
+print one line and exit with code 2 instead of a traceback.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class AmctError(Exception):
+    """Base class of every error caused by the user's input.
+
+    ``file`` and ``layer`` are kept as attributes so callers can inspect them; ``str()``
+    gives the one-line message the CLI prints.
+    """
+
+    def __init__(self, message: str, *, file: Optional[str] = None, layer: Optional[str] = None,
+                 line: Optional[int] = None) -> None:
+        self.message = message
+        self.file = None if file is None else str(file)
+        self.layer = layer
+        self.line = line
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.file is not None:
+            where.append(self.file if self.line is None else f"{self.file}:{self.line}")
+        if self.layer is not None:
+            where.append(f"layer '{self.layer}'")
+        return f"{', '.join(where)}: {self.message}" if where else self.message
+
+
+class ModelError(AmctError):
+    """A Caffe model (prototxt or caffemodel) is malformed or unsupported."""
+
+
+class ConfigError(AmctError):
+    """A quant.cfg or JSON quant config is malformed or invalid for the model."""
+
+
+class RecordError(AmctError):
+    """A scale/offset record file is malformed or invalid for the model."""
+
+
+class DataError(AmctError):
+    """Calibration or evaluation data is missing, unreadable or of the wrong shape."""
+
+
+class CalibrationError(AmctError):
+    """Calibration could not produce factors (e.g. NaN/Inf activations in a layer)."""
+
+
+class ExportError(AmctError):
+    """An output model cannot be written (e.g. an int32 bias overflow)."""
