@@ -1,0 +1,335 @@
+"""Reading and writing Caffe models (prototxt + caffemodel) as ``NetParameter`` messages.
+
+This is the only place that touches Caffe files: it turns user files into a deploy net
+(new ``layer`` format, TEST phase, inputs, float32 blobs by layer name) and writes nets and
+graphs back, atomically. Every problem with a user's file is a ``ModelError`` naming the file
+(and the layer where there is one). See docs/caffe_format.md for the rules implemented here.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+from google.protobuf import message as _message
+from google.protobuf import text_format
+
+from amct_torch.caffe import prototxt as _ptx
+from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
+from amct_torch.errors import ModelError
+from amct_torch.proto import amct_caffe_pb2 as pb
+
+__all__ = ["ParsedNet", "parse_prototxt", "parse_caffemodel", "upgrade_v1", "read_net",
+           "write_net", "net_to_prototxt_text", "save_caffe", "blob_to_array", "array_to_blob",
+           "layer_included"]
+
+
+@dataclass
+class ParsedNet:
+    """A deploy net ready for the graph builder.
+
+    ``net``: the NetParameter in new ``layer`` format with only TEST-phase layers and no blobs;
+    ``inputs``: ``(blob name, shape)`` in Caffe's order (``input`` fields first, then Input
+    layers); ``layers``: the layers after phase filtering, Input layers left out; ``blobs``:
+    float32 arrays by layer name, from the caffemodel (or from the prototxt if it has any).
+    """
+    net: pb.NetParameter
+    inputs: list[tuple[str, list[int]]]
+    layers: list[pb.LayerParameter]
+    blobs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    model_file: Optional[str] = None
+    weights_file: Optional[str] = None
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise ModelError(f"cannot read file: {err.strerror or err}", file=path) from err
+
+
+def parse_prototxt(path: str) -> pb.NetParameter:
+    """Parse a text prototxt. Fields unknown to our schema are kept (see prototxt.py);
+    a syntax error is a ModelError with the file and line; an empty file is a ModelError."""
+    path = os.fspath(path)
+    raw = _read_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ModelError(f"not a text prototxt (not UTF-8 at byte {err.start})", file=path) from err
+    stripped, entries = _ptx.strip_unknown_fields(text, pb.NetParameter.DESCRIPTOR)
+    net = pb.NetParameter()
+    try:
+        text_format.Parse(stripped, net)
+    except text_format.ParseError as err:
+        line = getattr(err, "GetLine", lambda: None)()
+        msg = str(err)
+        if line is not None:  # the message starts with "line:col : "
+            msg = msg.split(" : ", 1)[-1]
+        raise ModelError(f"prototxt syntax error: {msg}", file=path, line=line) from err
+    _ptx.attach_unknown(net, entries)
+    if net.ByteSize() == 0:
+        raise ModelError("empty prototxt (no net definition)", file=path)
+    return net
+
+
+def parse_caffemodel(path: str) -> pb.NetParameter:
+    """Parse a binary caffemodel; empty, truncated or corrupt files are ModelErrors.
+
+    Note: a file cut exactly between two top-level fields is still valid protobuf and cannot
+    be told apart from a smaller net; that case shows up later as missing weights."""
+    path = os.fspath(path)
+    raw = _read_bytes(path)
+    if not raw:
+        raise ModelError("empty caffemodel", file=path)
+    net = pb.NetParameter()
+    try:
+        net.ParseFromString(raw)
+    except (_message.DecodeError, ValueError, RuntimeError) as err:
+        raise ModelError(f"corrupt or truncated caffemodel ({err})", file=path) from err
+    if not net.layer and not net.layers:
+        raise ModelError("caffemodel holds no layers (corrupt, or not a caffemodel)", file=path)
+    return net
+
+
+def upgrade_v1(net: pb.NetParameter, file: Optional[str] = None) -> pb.NetParameter:
+    """V1 ``layers`` (enum types, blobs_lr, ...) converted to the new ``layer`` format (a copy)."""
+    return _upgrade_v1(net, file)
+
+
+def _rule_met(rule: pb.NetStateRule, state: pb.NetState) -> bool:
+    """Caffe's StateMeetsRule."""
+    if rule.HasField("phase") and rule.phase != state.phase:
+        return False
+    if rule.HasField("min_level") and state.level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and state.level > rule.max_level:
+        return False
+    if any(s not in state.stage for s in rule.stage):
+        return False
+    if any(s in state.stage for s in rule.not_stage):
+        return False
+    return True
+
+
+def layer_included(layer: pb.LayerParameter, state: pb.NetState, file: Optional[str] = None) -> bool:
+    """Caffe's include/exclude rules: with include rules a layer is kept iff one is met; with
+    exclude rules it is dropped iff one is met; with neither it is kept."""
+    if layer.include and layer.exclude:
+        raise ModelError("layer has both include and exclude rules", file=file, layer=layer.name)
+    if layer.include:
+        return any(_rule_met(r, state) for r in layer.include)
+    return not any(_rule_met(r, state) for r in layer.exclude)
+
+
+def blob_to_array(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[str] = None,
+                  index: int = 0) -> np.ndarray:
+    """A BlobProto as a float32 array: legacy num/channels/height/width (4-D) if any is present,
+    else ``shape.dim``; values from ``data`` or else ``double_data``."""
+    legacy = any(blob.HasField(f) for f in ("num", "channels", "height", "width"))
+    shape = ([blob.num, blob.channels, blob.height, blob.width] if legacy
+             else list(blob.shape.dim))
+    if len(blob.data):
+        values = np.asarray(blob.data, dtype=np.float32)
+    else:
+        values = np.asarray(blob.double_data, dtype=np.float64).astype(np.float32)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if values.size != count:
+        raise ModelError(f"blob {index} has {values.size} values but shape {shape} needs {count}",
+                         file=file, layer=layer)
+    return values.reshape(shape)
+
+
+def array_to_blob(arr: Any, blob: Optional[pb.BlobProto] = None) -> pb.BlobProto:
+    """An array as a BlobProto with ``shape`` only: float → data; int8 → int8_data (bytes);
+    int32 → int32_data; uint64 → uint64_data (the AMCT deploy extensions)."""
+    blob = pb.BlobProto() if blob is None else blob
+    a = np.asarray(arr)
+    blob.shape.dim.extend(int(d) for d in a.shape)
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if a.dtype == np.int8:
+        blob.int8_data = flat.tobytes()
+    elif a.dtype == np.int32:
+        blob.int32_data.extend(flat.tolist())
+    elif a.dtype == np.uint64:
+        blob.uint64_data.extend(flat.tolist())
+    else:
+        blob.data.extend(flat.astype(np.float32).tolist())
+    return blob
+
+
+def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) -> list[tuple[str, list[int]]]:
+    """Net inputs from ``input`` + ``input_shape`` / ``input_dim``, then Input layers."""
+    out: list[tuple[str, list[int]]] = []
+    names = list(net.input)
+    if names:
+        if net.input_shape:
+            if len(net.input_shape) != len(names):
+                raise ModelError(f"{len(names)} inputs but {len(net.input_shape)} input_shape",
+                                 file=file)
+            out += [(n, list(s.dim)) for n, s in zip(names, net.input_shape)]
+        elif net.input_dim:
+            if len(net.input_dim) != 4 * len(names):
+                raise ModelError(f"{len(names)} inputs need {4 * len(names)} input_dim values, "
+                                 f"got {len(net.input_dim)}", file=file)
+            dims = list(net.input_dim)
+            out += [(n, dims[4 * i:4 * i + 4]) for i, n in enumerate(names)]
+        else:
+            raise ModelError("net 'input' given without input_shape or input_dim", file=file)
+    elif net.input_shape or net.input_dim:
+        raise ModelError("input_shape/input_dim given without 'input' names", file=file)
+    for layer in layers:
+        if layer.type != "Input":
+            continue
+        shapes = list(layer.input_param.shape)
+        if len(shapes) not in (0, 1, len(layer.top)):
+            raise ModelError(f"Input layer has {len(layer.top)} tops but {len(shapes)} shapes",
+                             file=file, layer=layer.name)
+        for i, top in enumerate(layer.top):
+            shape = [] if not shapes else list(shapes[i if len(shapes) > 1 else 0].dim)
+            out.append((top, shape))
+    return out
+
+
+def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
+    """Read a deploy prototxt (and optionally its caffemodel) into a ``ParsedNet``.
+
+    The prototxt drives the topology (V1 upgraded, TEST phase kept); blobs are matched by layer
+    name; layers only in the caffemodel are ignored. Errors name the file and the layer."""
+    model_file = os.fspath(model_file)
+    net = upgrade_v1(parse_prototxt(model_file), model_file)
+    state = pb.NetState()
+    state.CopyFrom(net.state)
+    state.phase = pb.TEST
+    kept = [l for l in net.layer if layer_included(l, state, model_file)]
+    blobs: dict[str, list[np.ndarray]] = {}
+    for layer in kept:
+        if layer.blobs:
+            blobs[layer.name] = [blob_to_array(b, model_file, layer.name, i)
+                                 for i, b in enumerate(layer.blobs)]
+    deploy = pb.NetParameter()
+    deploy.CopyFrom(net)
+    deploy.ClearField("layer")
+    for layer in kept:
+        clean = deploy.layer.add()
+        clean.CopyFrom(layer)
+        clean.ClearField("blobs")
+    names = [l.name for l in deploy.layer]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ModelError("two layers have the same name", file=model_file, layer=dup)
+    if weights_file is not None:
+        weights_file = os.fspath(weights_file)
+        trained = upgrade_v1(parse_caffemodel(weights_file), weights_file)
+        wanted = set(names)
+        for layer in trained.layer:  # later duplicates win, as in Caffe's CopyTrainedLayersFrom
+            if layer.name in wanted and layer.blobs:
+                blobs[layer.name] = [blob_to_array(b, weights_file, layer.name, i)
+                                     for i, b in enumerate(layer.blobs)]
+    inputs = _inputs(deploy, list(deploy.layer), model_file)
+    layers = [l for l in deploy.layer if l.type != "Input"]
+    return ParsedNet(net=deploy, inputs=inputs, layers=layers, blobs=blobs,
+                     model_file=model_file, weights_file=weights_file)
+
+
+def net_to_prototxt_text(net: pb.NetParameter) -> str:
+    """Text prototxt of ``net`` without blobs, unknown fields put back where they were read."""
+    clean = pb.NetParameter()
+    clean.CopyFrom(net)
+    for layer in clean.layer:
+        layer.ClearField("blobs")
+    for layer in clean.layers:
+        layer.ClearField("blobs")
+    return _ptx.to_text(clean)
+
+
+def _binary(net: pb.NetParameter) -> bytes:
+    """Serialized caffemodel: internal fields dropped, legacy blob shapes rewritten as shape."""
+    out = pb.NetParameter()
+    out.CopyFrom(net)
+    _ptx.clear_unknown(out)
+    for layer in list(out.layer) + list(out.layers):
+        for blob in layer.blobs:
+            if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+                dims = [blob.num, blob.channels, blob.height, blob.width]
+                for f in ("num", "channels", "height", "width"):
+                    blob.ClearField(f)
+                blob.shape.Clear()
+                blob.shape.dim.extend(dims)
+    return out.SerializeToString()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write to a temp file beside ``path`` and rename it over; nothing half-written remains."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=os.path.basename(path), dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optional[str] = None) -> None:
+    """Write ``net`` as a text prototxt (no blobs) and, if a path is given, a binary caffemodel
+    (with blobs). Both contents are built before any file is touched; each file is atomic."""
+    text = net_to_prototxt_text(net).encode("utf-8")
+    binary = _binary(net) if caffemodel_path is not None else None
+    _write_atomic(prototxt_path, text)
+    if caffemodel_path is not None:
+        _write_atomic(caffemodel_path, binary)
+
+
+def _graph_layers(gm: Any) -> list[Any]:
+    """The CaffeLayer modules of a graph in graph order (contract in docs/design.md)."""
+    try:
+        from amct_torch.caffe.graph import layer_modules  # the graph engineer's helper
+    except ImportError:
+        layer_modules = None
+    if layer_modules is not None:
+        return list(layer_modules(gm).values())
+    mods, seen = [], set()
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and "caffe_layer" in node.meta and node.target not in seen:
+            seen.add(node.target)
+            mods.append(gm.get_submodule(node.target))
+    return mods
+
+
+def graph_to_net(gm: Any) -> pb.NetParameter:
+    """A NetParameter from a graph: the header and Input layers of ``gm.caffe_net``, then each
+    layer module's ``layer_param`` with ``caffe_blobs()`` as blobs."""
+    base: pb.NetParameter = gm.caffe_net
+    mods = _graph_layers(gm)
+    module_names = {m.layer_param.name for m in mods}
+    net = pb.NetParameter()
+    net.CopyFrom(base)
+    net.ClearField("layer")
+    for layer in base.layer:
+        if layer.type == "Input" and layer.name not in module_names:
+            net.layer.add().CopyFrom(layer)
+    for mod in mods:
+        layer = net.layer.add()
+        layer.CopyFrom(mod.layer_param)
+        layer.ClearField("blobs")
+        for arr in mod.caffe_blobs():
+            if hasattr(arr, "detach"):
+                arr = arr.detach().cpu().numpy()
+            array_to_blob(arr, layer.blobs.add())
+    return net
+
+
+def save_caffe(gm: Any, prototxt_path: str, caffemodel_path: str) -> None:
+    """Write a GraphModule built by ``load_caffe`` back to Caffe files (see graph_to_net)."""
+    write_net(graph_to_net(gm), prototxt_path, caffemodel_path)
