@@ -1,0 +1,83 @@
+"""``create_quant_config``: AMCT's call that writes the JSON quant config for a Caffe model.
+
+Only the layer list of the model is needed (names, types, the params that decide
+quantizability), so the deploy prototxt is parsed without building the torch graph; the
+weights file is only checked to exist, as AMCT does.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence
+
+from google.protobuf import text_format
+
+from amct_torch.config.json_config import write_quant_config_json
+from amct_torch.config.layers import LayerInfo, layer_infos_from_net
+from amct_torch.config.quant_cfg import parse_quant_cfg, resolve_quant_cfg
+from amct_torch.config.textproto import read_text_file
+from amct_torch.config.types import QuantConfig
+from amct_torch.errors import ConfigError, ModelError
+from amct_torch.proto import calibration_config_pb2
+
+
+def _parse_prototxt(model_file: str) -> Any:
+    """The deploy ``NetParameter``: the loader's parser when present, else protobuf text
+    format with unknown (fork-specific) fields skipped."""
+    try:
+        from amct_torch.caffe.netio import parse_prototxt  # type: ignore
+    except ImportError:
+        parse_prototxt = None
+    if parse_prototxt is not None:
+        return parse_prototxt(model_file)
+    from amct_torch.proto import amct_caffe_pb2
+    text = read_text_file(model_file, ModelError, "model prototxt")
+    net = amct_caffe_pb2.NetParameter()
+    try:
+        text_format.Parse(text, net, allow_unknown_field=True)
+    except text_format.ParseError as err:
+        raise ModelError(f"cannot parse the model prototxt: {err}", file=model_file,
+                         line=err.GetLine() or None) from None
+    return net
+
+
+def model_layer_infos(model_file: str) -> list[LayerInfo]:
+    """``LayerInfo`` of every layer of a deploy prototxt."""
+    return layer_infos_from_net(_parse_prototxt(model_file))
+
+
+def default_quant_config(layers: Sequence[LayerInfo], skip_layers: Optional[Sequence[str]] = None,
+                         batch_num: int = 1, activation_offset: bool = True,
+                         path: str = "<arguments>") -> QuantConfig:
+    """The config ``create_quant_config`` writes without a quant.cfg: defaults everywhere, the
+    given layers skipped. Validated exactly like a quant.cfg with those three fields."""
+    if isinstance(batch_num, bool) or not isinstance(batch_num, int) or batch_num < 1:
+        raise ConfigError(f"batch_num must be an integer >= 1, got {batch_num!r}", file=path)
+    if not isinstance(activation_offset, bool):
+        raise ConfigError(f"activation_offset must be True or False, got {activation_offset!r}",
+                          file=path)
+    if isinstance(skip_layers, str):
+        raise ConfigError("skip_layers must be a list of layer names, not a string", file=path)
+    cfg = calibration_config_pb2.AMCTConfig(batch_num=batch_num,
+                                            activation_offset=activation_offset)
+    cfg.skip_layers.extend(list(skip_layers or []))
+    return resolve_quant_cfg(cfg, layers, path)
+
+
+def create_quant_config(config_file: str, model_file: str, weights_file: str,
+                        skip_layers: Optional[Sequence[str]] = None, batch_num: int = 1,
+                        activation_offset: bool = True,
+                        config_defination: Optional[str] = None) -> None:
+    """Write the JSON quant config (SPEC §3.2) of the Caffe model to ``config_file``.
+
+    With ``config_defination`` (a quant.cfg) that file decides everything and ``skip_layers``,
+    ``batch_num`` and ``activation_offset`` are ignored, as in AMCT. The file is written
+    atomically.
+    """
+    if not os.path.isfile(weights_file):
+        raise ModelError("weights file not found", file=weights_file)
+    layers = model_layer_infos(model_file)
+    if config_defination is not None:
+        qc = resolve_quant_cfg(parse_quant_cfg(config_defination), layers, config_defination)
+    else:
+        qc = default_quant_config(layers, skip_layers, batch_num, activation_offset, model_file)
+    write_quant_config_json(config_file, qc)

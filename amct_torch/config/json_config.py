@@ -1,0 +1,241 @@
+"""The JSON quant config of SPEC §3.2: the file ``create_quant_config`` writes and ``init``
+reads. Writing is atomic; reading validates everything a user may have edited by hand
+(duplicate keys, unknown layers and parameters, wrong types, out-of-range values) and names the
+file, the layer and the field in every error."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional, Sequence
+
+from amct_torch.config.checks import check_bins, check_percentile, check_search
+from amct_torch.config.layers import CHANNEL_WISE_TYPES, LayerInfo, quantizable_layers
+from amct_torch.config.types import (ACT_ALGOS, HFMG_DEFAULT_BINS, IFMR_DEFAULTS, JSON_VERSION,
+                                     NUM_BITS, WTS_ALGO, LayerQuantConfig, QuantConfig)
+from amct_torch.errors import ConfigError
+from amct_torch.record.atomic import atomic_write_text
+
+GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
+               "skip_fusion_layers")
+_LAYER_KEYS = ("quant_enable", "activation_quant_params", "weight_quant_params")
+_IFMR_KEYS = ("max_percentile", "min_percentile", "search_range", "search_step")
+_ACT_COMMON = ("num_bits", "act_algo", "asymmetric")
+_WTS_KEYS = ("num_bits", "wts_algo", "channel_wise")
+
+
+def layer_config_to_json(c: LayerQuantConfig) -> dict:
+    """The JSON object of one layer (key order as SPEC §3.2)."""
+    act: dict[str, Any] = {"num_bits": c.num_bits, "act_algo": c.act_algo}
+    if c.act_algo == "hfmg":
+        act["num_of_bins"] = c.num_of_bins
+    else:
+        act.update(max_percentile=c.max_percentile, min_percentile=c.min_percentile,
+                   search_range=list(c.search_range) if c.search_range else None,
+                   search_step=c.search_step)
+    act["asymmetric"] = c.asymmetric
+    return {"quant_enable": c.quant_enable, "activation_quant_params": act,
+            "weight_quant_params": {"num_bits": c.num_bits, "wts_algo": c.wts_algo,
+                                    "channel_wise": c.channel_wise}}
+
+
+def quant_config_to_json(qc: QuantConfig) -> dict:
+    """Global keys first, then one object per quantizable layer sorted by name."""
+    out: dict[str, Any] = {"version": qc.version, "batch_num": qc.batch_num,
+                           "activation_offset": qc.activation_offset,
+                           "joint_quant": qc.joint_quant, "do_fusion": qc.do_fusion,
+                           "skip_fusion_layers": list(qc.skip_fusion_layers)}
+    for name in sorted(qc.layers):
+        out[name] = layer_config_to_json(qc.layers[name])
+    return out
+
+
+def write_quant_config_json(path: str, qc: QuantConfig) -> None:
+    """Write ``qc`` as the JSON quant config, atomically (temp file + rename)."""
+    atomic_write_text(path, json.dumps(quant_config_to_json(qc), indent=4) + "\n")
+
+
+class _Obj(dict):
+    """A JSON object that remembers keys it saw twice (reported with their location later)."""
+
+    duplicates: list
+
+    @classmethod
+    def from_pairs(cls, pairs: list) -> "_Obj":
+        obj = cls()
+        obj.duplicates = []
+        for k, v in pairs:
+            if k in obj:
+                obj.duplicates.append(k)
+            obj[k] = v
+        return obj
+
+
+class _Reader:
+    """Validation of one JSON config against the model's layers."""
+
+    def __init__(self, path: str, layers: Sequence[LayerInfo]) -> None:
+        self.path = path
+        self.by_name = {l.name: l for l in layers}
+        self.quantizable = quantizable_layers(layers)
+
+    def fail(self, text: str, layer: Optional[str] = None) -> None:
+        raise ConfigError(text, file=self.path, layer=layer)
+
+    def obj(self, value: Any, where: str, layer: Optional[str] = None) -> "_Obj":
+        if not isinstance(value, dict):
+            self.fail(f"{where} must be a JSON object, got {_kind(value)}", layer)
+        if getattr(value, "duplicates", None):
+            self.fail(f"duplicate key '{value.duplicates[0]}' in {where}", layer)
+        return value
+
+    def known(self, obj: dict, allowed: Sequence[str], where: str, layer: Optional[str]) -> None:
+        for k in obj:
+            if k not in allowed:
+                self.fail(f"unknown parameter '{k}' in {where} (allowed: {', '.join(allowed)})",
+                          layer)
+
+    def boolean(self, obj: dict, key: str, default: bool, where: str,
+                layer: Optional[str] = None) -> bool:
+        v = obj.get(key, default)
+        if not isinstance(v, bool):
+            self.fail(f"{where}{key} must be true or false, got {json.dumps(v)}", layer)
+        return v
+
+    def integer(self, obj: dict, key: str, default: int, where: str,
+                layer: Optional[str] = None) -> int:
+        v = obj.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(f"{where}{key} must be an integer, got {json.dumps(v)}", layer)
+        return v
+
+    def number(self, obj: dict, key: str, default: float, where: str, layer: str) -> float:
+        v = obj.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            self.fail(f"{where}{key} must be a finite number, got {json.dumps(v)}", layer)
+        return float(v)
+
+    def read_globals(self, doc: dict) -> QuantConfig:
+        version = self.integer(doc, "version", JSON_VERSION, "")
+        if version != JSON_VERSION:
+            self.fail(f"version must be {JSON_VERSION}, got {version}")
+        batch_num = self.integer(doc, "batch_num", 1, "")
+        if batch_num < 1:
+            self.fail(f"batch_num must be >= 1, got {batch_num}")
+        sfl = doc.get("skip_fusion_layers", [])
+        if not isinstance(sfl, list) or not all(isinstance(s, str) for s in sfl):
+            self.fail(f"skip_fusion_layers must be a list of layer names, got {json.dumps(sfl)}")
+        for name in sfl:
+            if name not in self.by_name:
+                self.fail(f"skip_fusion_layers: unknown layer '{name}': the model has no layer of "
+                          "that name", name)
+        return QuantConfig(version=version, batch_num=batch_num,
+                           activation_offset=self.boolean(doc, "activation_offset", True, ""),
+                           joint_quant=self.boolean(doc, "joint_quant", False, ""),
+                           do_fusion=self.boolean(doc, "do_fusion", True, ""),
+                           skip_fusion_layers=list(sfl))
+
+    def read_layer(self, value: Any, info: LayerInfo, activation_offset: bool) -> LayerQuantConfig:
+        name = info.name
+        obj = self.obj(value, "the layer object", name)
+        self.known(obj, _LAYER_KEYS, "the layer object", name)
+        enable = self.boolean(obj, "quant_enable", True, "", name)
+        act = self.obj(obj.get("activation_quant_params", _Obj.from_pairs([])),
+                       "activation_quant_params", name)
+        wts = self.obj(obj.get("weight_quant_params", _Obj.from_pairs([])),
+                       "weight_quant_params", name)
+        a, w = "activation_quant_params.", "weight_quant_params."
+        algo = act.get("act_algo", "ifmr")
+        if algo not in ACT_ALGOS:
+            self.fail(f"{a}act_algo must be one of {', '.join(ACT_ALGOS)}, got {json.dumps(algo)}",
+                      name)
+        allowed = _ACT_COMMON + (("num_of_bins",) if algo == "hfmg" else _IFMR_KEYS)
+        self.known(act, allowed, f"activation_quant_params ({algo})", name)
+        self.known(wts, _WTS_KEYS, "weight_quant_params", name)
+        for where, params in ((a, act), (w, wts)):
+            bits = self.integer(params, "num_bits", NUM_BITS, where, name)
+            if bits != NUM_BITS:
+                self.fail(f"{where}num_bits must be {NUM_BITS}, got {bits}", name)
+        if wts.get("wts_algo", WTS_ALGO) != WTS_ALGO:
+            self.fail(f"{w}wts_algo must be \"{WTS_ALGO}\", got {json.dumps(wts['wts_algo'])}", name)
+        cw_ok = info.type in CHANNEL_WISE_TYPES
+        channel_wise = self.boolean(wts, "channel_wise", cw_ok, w, name)
+        if channel_wise and not cw_ok:
+            self.fail(f"{w}channel_wise: true is only allowed for Convolution/Deconvolution, "
+                      f"layer type is {info.type}", name)
+        asym = self.boolean(act, "asymmetric", activation_offset, a, name)
+        if algo == "hfmg":
+            bins = self.integer(act, "num_of_bins", HFMG_DEFAULT_BINS, a, name)
+            err = check_bins(bins)
+            if err:
+                self.fail(a + err, name)
+            return LayerQuantConfig(quant_enable=enable, act_algo="hfmg", max_percentile=None,
+                                    min_percentile=None, search_range=None, search_step=None,
+                                    num_of_bins=bins, asymmetric=asym, channel_wise=channel_wise)
+        pct = {}
+        for key in ("max_percentile", "min_percentile"):
+            pct[key] = self.number(act, key, IFMR_DEFAULTS[key], a, name)
+            err = check_percentile(key, pct[key])
+            if err:
+                self.fail(a + err, name)
+        rng = act.get("search_range", [IFMR_DEFAULTS["search_range_start"],
+                                       IFMR_DEFAULTS["search_range_end"]])
+        if not (isinstance(rng, list) and len(rng) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in rng)):
+            self.fail(f"{a}search_range must be a list of two numbers [start, end], got "
+                      f"{json.dumps(rng)}", name)
+        step = self.number(act, "search_step", IFMR_DEFAULTS["search_step"], a, name)
+        err = check_search(float(rng[0]), float(rng[1]), step)
+        if err:
+            self.fail(a + err, name)
+        return LayerQuantConfig(quant_enable=enable, act_algo="ifmr",
+                                max_percentile=pct["max_percentile"],
+                                min_percentile=pct["min_percentile"],
+                                search_range=(float(rng[0]), float(rng[1])), search_step=step,
+                                num_of_bins=None, asymmetric=asym, channel_wise=channel_wise)
+
+    def read(self, doc: Any) -> QuantConfig:
+        doc = self.obj(doc, "the top level")
+        qc = self.read_globals(doc)
+        quantizable = {l.name for l in self.quantizable}
+        for key in doc:
+            if key in GLOBAL_KEYS or key in quantizable:
+                continue
+            info = self.by_name.get(key)
+            if info is not None:
+                self.fail(f"layer '{key}' (type {info.type}) is not quantizable", key)
+            self.fail(f"unknown layer or parameter '{key}': the model has no layer of that name "
+                      f"and it is not one of the global keys ({', '.join(GLOBAL_KEYS)})", key)
+        for info in self.quantizable:
+            if info.name in doc:
+                qc.layers[info.name] = self.read_layer(doc[info.name], info, qc.activation_offset)
+            else:  # a layer the user deleted from the file is not quantized
+                qc.layers[info.name] = LayerQuantConfig(
+                    quant_enable=False, asymmetric=qc.activation_offset,
+                    channel_wise=info.type in CHANNEL_WISE_TYPES)
+        if not qc.enabled_layers():
+            self.fail("nothing to quantize: no layer has \"quant_enable\": true")
+        return qc
+
+
+def _kind(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(v), "a number")
+
+
+def parse_quant_config_json(text: str, layers: Sequence[LayerInfo], path: str) -> QuantConfig:
+    """Parse and validate JSON config ``text`` (``path`` is used in messages)."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_Obj.from_pairs)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"not valid JSON: {err.msg} (column {err.colno})", file=path,
+                          line=err.lineno) from None
+    except RecursionError:
+        raise ConfigError("not valid JSON: nested too deeply", file=path) from None
+    return _Reader(path, layers).read(doc)
+
+
+def read_quant_config_json(path: str, layers: Sequence[LayerInfo]) -> QuantConfig:
+    """Read the JSON quant config at ``path`` and validate it against the model's ``layers``."""
+    from amct_torch.config.textproto import read_text_file
+    return parse_quant_config_json(read_text_file(path, ConfigError, "JSON quant config"),
+                                   layers, path)

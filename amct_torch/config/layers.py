@@ -1,0 +1,100 @@
+"""What the config and record layers need to know about a model: one ``LayerInfo`` per layer.
+
+Keeping this small record separate from the torch graph lets quant.cfg, JSON config and record
+validation run (and be tested) without loading weights. ``layer_infos_from_net`` derives the
+list from a Caffe ``NetParameter`` using SPEC §3.3's quantizability rules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+#: Caffe types that can be quantized (subject to the per-layer constraints of SPEC §3.3).
+QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling")
+#: Types whose weights may be quantized per channel.
+CHANNEL_WISE_TYPES = ("Convolution", "Deconvolution")
+#: Types that carry weights (scale_w / offset_w in the record).
+WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
+
+# V1 (`layers`) enum values of the quantizable types, mapped to their type strings.
+_V1_TYPES = {4: "Convolution", 39: "Deconvolution", 14: "InnerProduct", 17: "Pooling"}
+_POOL_AVE = 1
+_PHASE_TEST = 1
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One Caffe layer as the config/record code sees it.
+
+    ``quantizable`` already includes the per-layer constraints (AVE and not global pooling,
+    Deconvolution dilation 1, InnerProduct axis 1 and not transposed, 2-D convolution).
+    ``out_channels`` is ``num_output`` of weighted layers (bounds ``len(scale_w)``).
+    """
+
+    name: str
+    type: str
+    quantizable: bool
+    weighted: bool
+    out_channels: Optional[int] = None
+
+
+def _in_test_phase(layer: Any) -> bool:
+    """Caffe's NetStateRule check reduced to what a deploy net uses: the phase."""
+    for rule in layer.exclude:
+        if rule.HasField("phase") and rule.phase == _PHASE_TEST:
+            return False
+    if len(layer.include) == 0:
+        return True
+    return any((not rule.HasField("phase")) or rule.phase == _PHASE_TEST for rule in layer.include)
+
+
+def _conv_is_2d(p: Any) -> bool:
+    return len(p.kernel_size) <= 2 and len(p.stride) <= 2 and len(p.pad) <= 2 and \
+        len(p.dilation) <= 2 and p.axis == 1
+
+
+def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
+    quantizable, weighted, out_c = False, ltype in WEIGHTED_TYPES, None
+    if ltype in ("Convolution", "Deconvolution"):
+        p = layer.convolution_param
+        out_c = int(p.num_output) if p.HasField("num_output") else None
+        quantizable = _conv_is_2d(p)
+        if ltype == "Deconvolution":
+            quantizable = quantizable and all(d == 1 for d in p.dilation)
+    elif ltype == "InnerProduct":
+        p = layer.inner_product_param
+        out_c = int(p.num_output) if p.HasField("num_output") else None
+        quantizable = (not p.transpose) and p.axis == 1
+    elif ltype == "Pooling":
+        p = layer.pooling_param
+        quantizable = p.pool == _POOL_AVE and not p.global_pooling
+    return LayerInfo(name, ltype, quantizable, weighted, out_c)
+
+
+def layer_infos_from_net(net_param: Any) -> list[LayerInfo]:
+    """``LayerInfo`` of every TEST-phase layer of a Caffe ``NetParameter``, in file order.
+
+    New-style ``layer`` entries are used when present, else the V1 ``layers`` entries (their
+    enum types are mapped to type strings; non-quantizable V1 types keep their enum name).
+    """
+    out: list[LayerInfo] = []
+    if len(net_param.layer) > 0:
+        for layer in net_param.layer:
+            if _in_test_phase(layer):
+                out.append(_info(layer.name, layer.type, layer))
+        return out
+    for layer in net_param.layers:
+        if not _in_test_phase(layer):
+            continue
+        ltype = _V1_TYPES.get(int(layer.type))
+        if ltype is None:
+            enum = layer.DESCRIPTOR.fields_by_name["type"].enum_type
+            value = enum.values_by_number.get(int(layer.type))
+            ltype = value.name if value is not None else str(int(layer.type))
+        out.append(_info(layer.name, ltype, layer))
+    return out
+
+
+def quantizable_layers(layers: Iterable[LayerInfo]) -> list[LayerInfo]:
+    """The quantizable layers, sorted by name (the order of the JSON config)."""
+    return sorted((l for l in layers if l.quantizable), key=lambda l: l.name)

@@ -1,0 +1,217 @@
+"""quant.cfg (protobuf text, message ``AMCTConfig``): parse, then resolve per layer.
+
+Resolution (SPEC §3.1, decisions written in docs/config_and_record.md):
+- For each quantizable layer the *whole* ``CalibrationConfig`` of the highest-precedence
+  source applies: override_layer_configs > override_layer_types > common_config; missing parts
+  take the defaults (IFMR 0.7/1.3/0.01/0.999999/0.999999, HFMG 4096 bins, channel_wise true for
+  Convolution/Deconvolution, false otherwise).
+- ``asymmetric`` cascades on its own: the first of those sources (that applies to the layer)
+  that sets it wins, then ``activation_offset``.
+- Deprecated conv_calibration_config (Convolution, Deconvolution) and fc_calibration_config
+  (InnerProduct, AVE Pooling) are used, below override_layer_configs, only when neither
+  common_config nor override_layer_types is given; otherwise they are ignored with a warning.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from amct_torch.config.checks import check_bins, check_percentile, check_search
+from amct_torch.config.layers import (CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, LayerInfo,
+                                      quantizable_layers)
+from amct_torch.config.textproto import parse_text_proto, read_text_file
+from amct_torch.config.types import (HFMG_DEFAULT_BINS, LayerQuantConfig, QuantConfig)
+from amct_torch.errors import ConfigError
+from amct_torch.proto import calibration_config_pb2
+
+AMCTConfig = calibration_config_pb2.AMCTConfig
+
+
+def proto_float(value: float) -> float:
+    """The shortest decimal denoting the same float32 (what the user wrote, in practice)."""
+    return float(repr(np.float32(value)))
+
+
+def parse_quant_cfg(path: str) -> Any:
+    """Read and parse a quant.cfg file into an ``AMCTConfig`` message (no model checks yet).
+
+    Syntax errors raise ``ConfigError`` naming the file and line, with a suggestion for
+    misspelled or split field names.
+    """
+    text = read_text_file(path, ConfigError, "quant.cfg")
+    return parse_text_proto(text, AMCTConfig, path, ConfigError, "quant.cfg")
+
+
+def parse_quant_cfg_text(text: str, path: str = "<quant.cfg>") -> Any:
+    """``parse_quant_cfg`` for text already in memory (``path`` is used in messages)."""
+    return parse_text_proto(text, AMCTConfig, path, ConfigError, "quant.cfg")
+
+
+def _check_calibration(cc: Any, where: str, path: str, layer: Optional[str],
+                       channel_wise_allowed: bool) -> None:
+    """Validate one CalibrationConfig section; ``where`` names it in the message."""
+    def fail(text: str) -> None:
+        raise ConfigError(f"{where}: {text}", file=path, layer=layer)
+
+    if cc.HasField("arq_quantize") and cc.arq_quantize.channel_wise and not channel_wise_allowed:
+        fail("arq_quantize.channel_wise: true is only allowed for Convolution/Deconvolution "
+             "(InnerProduct and Pooling are quantized per tensor); set channel_wise: false")
+    algo = cc.WhichOneof("acts_quant_algo")
+    if algo == "ifmr_quantize":
+        q = cc.ifmr_quantize
+        for name in ("max_percentile", "min_percentile"):
+            err = check_percentile(name, proto_float(getattr(q, name)))
+            if err:
+                fail(f"ifmr_quantize.{err}")
+        err = check_search(proto_float(q.search_range_start), proto_float(q.search_range_end),
+                           proto_float(q.search_step))
+        if err:
+            fail(f"ifmr_quantize: {err}")
+    elif algo == "hfmg_quantize":
+        err = check_bins(cc.hfmg_quantize.num_of_bins)
+        if err:
+            fail(f"hfmg_quantize.{err}")
+
+
+def _asymmetric_of(cc: Any) -> Optional[bool]:
+    algo = cc.WhichOneof("acts_quant_algo")
+    if algo is not None and getattr(cc, algo).HasField("asymmetric"):
+        return bool(getattr(cc, algo).asymmetric)
+    return None
+
+
+def _layer_config(cc: Optional[Any], layer: LayerInfo, asymmetric: bool) -> LayerQuantConfig:
+    """Build the resolved config of ``layer`` from its chosen CalibrationConfig (or defaults)."""
+    cw_default = layer.type in CHANNEL_WISE_TYPES
+    channel_wise = cw_default
+    if cc is not None and cc.HasField("arq_quantize") and cc.arq_quantize.HasField("channel_wise"):
+        channel_wise = bool(cc.arq_quantize.channel_wise) and cw_default
+    algo = cc.WhichOneof("acts_quant_algo") if cc is not None else None
+    if algo == "hfmg_quantize":
+        return LayerQuantConfig(act_algo="hfmg", max_percentile=None, min_percentile=None,
+                                search_range=None, search_step=None,
+                                num_of_bins=int(cc.hfmg_quantize.num_of_bins),
+                                asymmetric=asymmetric, channel_wise=channel_wise)
+    q = cc.ifmr_quantize if algo == "ifmr_quantize" else calibration_config_pb2.FMRQuantize()
+    return LayerQuantConfig(act_algo="ifmr", max_percentile=proto_float(q.max_percentile),
+                            min_percentile=proto_float(q.min_percentile),
+                            search_range=(proto_float(q.search_range_start),
+                                          proto_float(q.search_range_end)),
+                            search_step=proto_float(q.search_step), num_of_bins=None,
+                            asymmetric=asymmetric, channel_wise=channel_wise)
+
+
+def _repeated_check(items: Sequence[str], what: str, path: str) -> None:
+    seen = set()
+    for item in items:
+        if item in seen:
+            raise ConfigError(f"{what} '{item}' is given more than once", file=path)
+        seen.add(item)
+
+
+def _check_types(types: Sequence[str], field: str, all_types: set, path: str) -> None:
+    for t in types:
+        if t in QUANTIZABLE_TYPES:
+            continue
+        if t in all_types:
+            raise ConfigError(f"{field}: layer type '{t}' is not quantizable (quantizable types: "
+                              f"{', '.join(QUANTIZABLE_TYPES)})", file=path)
+        raise ConfigError(f"{field}: unknown layer type '{t}': no layer of that type in the "
+                          f"model (quantizable types: {', '.join(QUANTIZABLE_TYPES)})", file=path)
+
+
+def _check_names(names: Sequence[str], field: str, by_name: dict, path: str,
+                 need_quantizable: bool = True) -> None:
+    for n in names:
+        info = by_name.get(n)
+        if info is None:
+            raise ConfigError(f"{field}: unknown layer '{n}': the model has no layer of that name",
+                              file=path, layer=n)
+        if need_quantizable and not info.quantizable:
+            raise ConfigError(f"{field}: layer '{n}' (type {info.type}) is not quantizable",
+                              file=path, layer=n)
+
+
+def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> QuantConfig:
+    """Validate ``cfg`` (an ``AMCTConfig``) against the model's ``layers`` and resolve the
+    effective config of every quantizable layer (sorted by name; skipped layers get
+    ``quant_enable=False``). Every problem raises ``ConfigError`` naming ``path``."""
+    by_name = {l.name: l for l in layers}
+    all_types = {l.type for l in layers}
+    if cfg.batch_num < 1:
+        raise ConfigError(f"batch_num must be >= 1, got {cfg.batch_num}", file=path)
+    _repeated_check(list(cfg.skip_layers), "skip_layers entry", path)
+    _repeated_check(list(cfg.skip_layer_types), "skip_layer_types entry", path)
+    _check_names(list(cfg.skip_layers), "skip_layers", by_name, path)
+    _check_types(list(cfg.skip_layer_types), "skip_layer_types", all_types, path)
+    _check_names(list(cfg.skip_fusion_layers), "skip_fusion_layers", by_name, path,
+                 need_quantizable=False)
+
+    by_layer: dict[str, Any] = {}
+    for o in cfg.override_layer_configs:
+        if o.layer_name in by_layer:
+            raise ConfigError(f"override_layer_configs: layer '{o.layer_name}' is given more than "
+                              "once", file=path, layer=o.layer_name)
+        _check_names([o.layer_name], "override_layer_configs", by_name, path)
+        info = by_name[o.layer_name]
+        _check_calibration(o.calibration_config, "override_layer_configs", path, o.layer_name,
+                           info.type in CHANNEL_WISE_TYPES)
+        by_layer[o.layer_name] = o.calibration_config
+    by_type: dict[str, Any] = {}
+    for o in cfg.override_layer_types:
+        if o.layer_type in by_type:
+            raise ConfigError(f"override_layer_types: layer type '{o.layer_type}' is given more "
+                              "than once", file=path)
+        _check_types([o.layer_type], "override_layer_types", all_types, path)
+        _check_calibration(o.calibration_config, f"override_layer_types '{o.layer_type}'", path,
+                           None, o.layer_type in CHANNEL_WISE_TYPES)
+        by_type[o.layer_type] = o.calibration_config
+    common = cfg.common_config if cfg.HasField("common_config") else None
+    if common is not None:
+        _check_calibration(common, "common_config", path, None, True)
+
+    conv_cc = fc_cc = None
+    deprecated = [n for n in ("conv_calibration_config", "fc_calibration_config")
+                  if cfg.HasField(n)]
+    if deprecated:
+        if common is not None or len(cfg.override_layer_types) > 0:
+            warnings.warn(f"{path}: {' and '.join(deprecated)} ignored: common_config or "
+                          "override_layer_types is given (deprecated fields apply only without "
+                          "them)", UserWarning, stacklevel=2)
+        else:
+            warnings.warn(f"{path}: {' and '.join(deprecated)} is deprecated; use common_config "
+                          "and override_layer_types", DeprecationWarning, stacklevel=2)
+            if cfg.HasField("conv_calibration_config"):
+                conv_cc = cfg.conv_calibration_config
+                _check_calibration(conv_cc, "conv_calibration_config", path, None, True)
+            if cfg.HasField("fc_calibration_config"):
+                fc_cc = cfg.fc_calibration_config
+                _check_calibration(fc_cc, "fc_calibration_config", path, None, False)
+
+    skip_layers, skip_types = set(cfg.skip_layers), set(cfg.skip_layer_types)
+    result: dict[str, LayerQuantConfig] = {}
+    for info in quantizable_layers(layers):
+        deprecated_cc = conv_cc if info.type in CHANNEL_WISE_TYPES else fc_cc
+        sources = [by_layer.get(info.name), by_type.get(info.type), common, deprecated_cc]
+        sources = [s for s in sources if s is not None]
+        asym = next((a for a in map(_asymmetric_of, sources) if a is not None),
+                    bool(cfg.activation_offset))
+        lqc = _layer_config(sources[0] if sources else None, info, asym)
+        if info.name in skip_layers or info.type in skip_types:
+            lqc = _replace(lqc, quant_enable=False)
+        result[info.name] = lqc
+    if not any(c.quant_enable for c in result.values()):
+        raise ConfigError("nothing left to quantize: the model has no quantizable layer that is "
+                          "not skipped (quantizable: Convolution, Deconvolution, InnerProduct, "
+                          "AVE Pooling)", file=path)
+    return QuantConfig(batch_num=int(cfg.batch_num), activation_offset=bool(cfg.activation_offset),
+                       joint_quant=bool(cfg.joint_quant), do_fusion=bool(cfg.do_fusion),
+                       skip_fusion_layers=list(dict.fromkeys(cfg.skip_fusion_layers)),
+                       layers=result)
+
+
+def _replace(c: LayerQuantConfig, **kw: Any) -> LayerQuantConfig:
+    from dataclasses import replace
+    return replace(c, **kw)

@@ -1,0 +1,141 @@
+"""Protobuf text parsing for the user's quant.cfg and record files, with readable errors.
+
+AMCT's own documentation renders quoted strings across three lines (``key: "`` / ``conv1`` /
+``"``), and users copy those examples. Protobuf's text tokenizer refuses a line break inside a
+string, so before parsing, every quoted string that spans lines is joined: its content is
+stripped of the surrounding whitespace and line breaks (``"\\nconv1\\n"`` -> ``"conv1"``). The
+removed line breaks are put back right after the closing quote, so line numbers in error
+messages still point at the user's file. Single-line strings are left exactly as written.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Optional, Type, TypeVar
+
+from google.protobuf import text_format
+from google.protobuf.message import Message
+
+from amct_torch.errors import AmctError
+
+M = TypeVar("M", bound=Message)
+
+
+def join_multiline_strings(text: str) -> str:
+    """Return ``text`` with every quoted string that spans lines joined onto one line.
+
+    Comments (``#`` to end of line, outside strings) are kept verbatim. A string whose content
+    still contains a line break after stripping (a break *inside* a name) is left alone, so the
+    protobuf parser reports it at its line.
+    """
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#":
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(text[i:j])
+            i = j
+        elif ch in "\"'":
+            j = i + 1
+            while j < n and text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            if j >= n:  # unterminated: let protobuf report it
+                out.append(text[i:])
+                break
+            body = text[i + 1:j]
+            if "\n" in body and "\n" not in body.strip():
+                out.append(ch + body.strip() + ch + "\n" * body.count("\n"))
+            else:
+                out.append(text[i:j + 1])
+            i = j + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _field_names(message_type) -> list[str]:
+    return [f.name for f in message_type.fields]
+
+
+def _hint(err: text_format.ParseError, lines: list[str], root: Message) -> str:
+    """A suggestion for an unknown field: a close field name, or a word split across lines."""
+    msg = str(err)
+    marker = 'has no field named "'
+    if marker not in msg:
+        return ""
+    name = msg.split(marker, 1)[1].split('"', 1)[0]
+    mtype = msg.split('Message type "', 1)[1].split('"', 1)[0] if 'Message type "' in msg else ""
+    names = _all_field_names(root.DESCRIPTOR, mtype)
+    line = err.GetLine() if err.GetLine() else 0
+    if 0 < line < len(lines):
+        nxt = lines[line].strip().split(":")[0].split("{")[0].strip()
+        if nxt and (name + nxt) in names:
+            return (f" The word '{name + nxt}' seems to be split across lines {line} and "
+                    f"{line + 1}: write '{name + nxt}' on one line.")
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if close:
+        return f" Did you mean '{close[0]}'?"
+    if names:
+        return f" Known fields here: {', '.join(names)}."
+    return ""
+
+
+def _all_field_names(descriptor, full_name: str) -> list[str]:
+    """Field names of the message type ``full_name`` reachable from ``descriptor``."""
+    seen = set()
+    stack = [descriptor]
+    while stack:
+        d = stack.pop()
+        if d.full_name in seen:
+            continue
+        seen.add(d.full_name)
+        if d.full_name == full_name:
+            return _field_names(d)
+        for f in d.fields:
+            if f.message_type is not None:
+                stack.append(f.message_type)
+    return []
+
+
+def parse_text_proto(text: str, message_cls: Type[M], path: str, error_cls: Type[AmctError],
+                     what: str) -> M:
+    """Parse protobuf ``text`` into a new ``message_cls``; any problem raises ``error_cls``
+    naming ``path`` and the line.
+
+    Merge semantics are used (as AMCT does): a repeated scalar keeps the last value, and of two
+    activation algorithms in one config (a oneof) the last one wins. Required fields are
+    checked after parsing.
+    """
+    fixed = join_multiline_strings(text)
+    msg = message_cls()
+    try:
+        text_format.Merge(fixed, msg)
+    except text_format.ParseError as err:
+        line: Optional[int] = err.GetLine() or None
+        raw = str(err)
+        # protobuf prefixes "line:col : "; the line goes into our own location prefix.
+        detail = raw.split(" : ", 1)[1] if " : " in raw[:20] else raw
+        raise error_cls(f"cannot parse {what}: {detail}.{_hint(err, fixed.split(chr(10)), msg)}"
+                        .replace("..", "."), file=path, line=line) from None
+    except (ValueError, TypeError, UnicodeError) as err:  # e.g. invalid escapes
+        raise error_cls(f"cannot parse {what}: {err}", file=path) from None
+    missing = msg.FindInitializationErrors()
+    if missing:
+        raise error_cls(f"{what} is missing required field(s): {', '.join(missing)}", file=path)
+    return msg
+
+
+def read_text_file(path: str, error_cls: Type[AmctError], what: str) -> str:
+    """Read a user's text file; missing files and bad encodings become ``error_cls``."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise error_cls(f"{what} not found", file=path) from None
+    except UnicodeDecodeError as err:
+        raise error_cls(f"{what} is not UTF-8 text ({err.reason} at byte {err.start})",
+                        file=path) from None
+    except OSError as err:
+        raise error_cls(f"cannot read {what}: {err.strerror}", file=path) from None

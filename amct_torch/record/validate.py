@@ -1,0 +1,74 @@
+"""Checks of a record against the model (SPEC §4), run when a record is consumed
+(convert_model, save_model). Each failure raises ``RecordError`` naming the layer and file and
+saying what to change."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from amct_torch.config.layers import LayerInfo
+from amct_torch.errors import RecordError
+from amct_torch.record.types import LayerRecord
+
+
+def _finite_positive(v: float) -> bool:
+    return math.isfinite(v) and v > 0.0
+
+
+def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str) -> None:
+    """All rules of SPEC §4 for one entry whose layer exists in the model."""
+    def fail(text: str) -> None:
+        raise RecordError(text, file=path, layer=name)
+
+    if not info.quantizable:
+        fail(f"layer type {info.type} is not quantizable here (quantizable: Convolution, "
+             "Deconvolution, InnerProduct, AVE non-global Pooling); remove its record entry")
+    if r.scale_d is None or r.offset_d is None:
+        missing = " and ".join(k for k in ("scale_d", "offset_d") if getattr(r, k) is None)
+        fail(f"{missing} missing: every record entry needs activation factors")
+    if not _finite_positive(r.scale_d):
+        fail(f"scale_d must be finite and > 0, got {r.scale_d!r}")
+    if not -128 <= r.offset_d <= 127:
+        fail(f"offset_d must be in [-128, 127], got {r.offset_d}")
+    if any(s != 0 for s in r.shift_bit):
+        fail(f"shift_bit {r.shift_bit} is not supported (non-zero shift): edit the record entry "
+             f"of layer '{name}' to remove its shift_bit lines or set them to 0")
+    if info.weighted:
+        if not r.scale_w or not r.offset_w:
+            fail("scale_w and offset_w are required for a layer with weights "
+                 f"({info.type}); got {len(r.scale_w)} scale_w and {len(r.offset_w)} offset_w")
+        if len(r.scale_w) != len(r.offset_w):
+            fail(f"scale_w has {len(r.scale_w)} values but offset_w has {len(r.offset_w)}: "
+                 "they must have the same length")
+        allowed = {1} if info.out_channels is None else {1, info.out_channels}
+        if len(r.scale_w) not in allowed:
+            fail(f"scale_w has {len(r.scale_w)} values; expected 1 (per tensor) or "
+                 f"{info.out_channels} (one per output channel)")
+        if info.type == "InnerProduct" and len(r.scale_w) != 1:
+            fail(f"InnerProduct weights are quantized per tensor: expected 1 scale_w, got "
+                 f"{len(r.scale_w)}")
+    elif r.scale_w or r.offset_w:
+        # AVE Pooling has no weights; only the neutral factors (1.0, 0) are tolerated.
+        if not (r.scale_w == [1.0] and r.offset_w == [0]):
+            fail(f"{info.type} has no weights: scale_w/offset_w must be absent (got scale_w "
+                 f"{r.scale_w}, offset_w {r.offset_w})")
+    bad = [s for s in r.scale_w if not _finite_positive(s)]
+    if bad:
+        fail(f"scale_w must be finite and > 0, got {bad[0]!r}")
+    if any(o != 0 for o in r.offset_w):
+        fail(f"offset_w must be all 0 (weights are quantized symmetrically), got {r.offset_w}")
+
+
+def validate_record(records: Mapping[str, LayerRecord], layers: Sequence[LayerInfo],
+                    path: str) -> None:
+    """Refuse an empty record, keys that are not quantizable layers of the model, and every
+    entry that breaks a rule of SPEC §4."""
+    if not records:
+        raise RecordError("the record is empty: no layer has quantization factors", file=path)
+    by_name = {l.name: l for l in layers}
+    for name, r in records.items():
+        info = by_name.get(name)
+        if info is None:
+            raise RecordError("layer not found in the model: remove this record entry or fix "
+                              "its key", file=path, layer=name)
+        validate_layer_record(name, r, info, path)
