@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -51,6 +52,14 @@ def _read_bytes(path: str) -> bytes:
         raise ModelError(f"cannot read file: {err.strerror or err}", file=path) from err
 
 
+def _syntax_error(err: text_format.ParseError, path: str) -> ModelError:
+    line = err.GetLine() if hasattr(err, "GetLine") else None
+    msg = str(err)
+    if line is not None:  # the message starts with "line:col : "
+        msg = msg.split(" : ", 1)[-1]
+    return ModelError(f"prototxt syntax error: {msg}", file=path, line=line)
+
+
 def parse_prototxt(path: str) -> pb.NetParameter:
     """Parse a text prototxt. Fields unknown to our schema are kept (see prototxt.py);
     a syntax error is a ModelError with the file and line; an empty file is a ModelError."""
@@ -64,13 +73,18 @@ def parse_prototxt(path: str) -> pb.NetParameter:
     net = pb.NetParameter()
     try:
         text_format.Parse(stripped, net)
+        _ptx.attach_unknown(net, entries)
     except text_format.ParseError as err:
-        line = getattr(err, "GetLine", lambda: None)()
-        msg = str(err)
-        if line is not None:  # the message starts with "line:col : "
-            msg = msg.split(" : ", 1)[-1]
-        raise ModelError(f"prototxt syntax error: {msg}", file=path, line=line) from err
-    _ptx.attach_unknown(net, entries)
+        # The tolerant pass gave up (broken structure): parse again skipping unknown fields,
+        # so that the error reported is the real syntax error, not the first unknown field.
+        net = pb.NetParameter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                text_format.Parse(text, net, allow_unknown_field=True)
+            except text_format.ParseError as err2:
+                raise _syntax_error(err2, path) from err2
+        warnings.warn(f"{path}: unknown fields could not be kept and were dropped ({err})")
     if net.ByteSize() == 0:
         raise ModelError("empty prototxt (no net definition)", file=path)
     return net
