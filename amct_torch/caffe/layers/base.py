@@ -1,0 +1,123 @@
+"""The common base of every Caffe layer module, and the registry from type string to class.
+
+Each Caffe layer becomes exactly one ``CaffeLayer`` submodule of the graph so that later stages
+(fusion, calibration hooks, export) can map every module back to the Caffe layer it came from
+and write its parameters back in Caffe's own blob order and shapes (``caffe_blobs()``).
+"""
+from __future__ import annotations
+
+from typing import Callable, ClassVar, NoReturn, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from amct_torch.errors import ModelError
+
+Shape = tuple[int, ...]
+
+_REGISTRY: dict[str, type["CaffeLayer"]] = {}
+
+
+def register(*type_names: str) -> Callable[[type["CaffeLayer"]], type["CaffeLayer"]]:
+    """Class decorator: make the class the module for the given Caffe layer type strings."""
+    def deco(cls: type["CaffeLayer"]) -> type["CaffeLayer"]:
+        for t in type_names:
+            _REGISTRY[t] = cls
+        return cls
+    return deco
+
+
+def layer_class(type_name: str) -> Optional[type["CaffeLayer"]]:
+    """The module class for a Caffe type string, or None if the type is not supported."""
+    return _REGISTRY.get(type_name)
+
+
+def supported_types() -> list[str]:
+    """Every Caffe layer type string the loader understands (sorted)."""
+    return sorted(_REGISTRY)
+
+
+class CaffeLayer(nn.Module):
+    """One Caffe layer as a torch module with Caffe's exact test-phase semantics.
+
+    ``blobs`` are the layer's parameter arrays from the caffemodel in Caffe's order (any shape
+    with the right element count: legacy 4-D blobs are right-aligned, so they are reshaped by
+    count), or None when the net is loaded without weights (then parameters are zeros and
+    ``bottom_shapes`` must be known). ``bottom_shapes`` are the declared input shapes when they
+    can be derived from the net's input declaration, else None.
+
+    Subclasses implement ``setup`` (read params, check and keep blobs) and ``forward``.
+    """
+
+    bottoms: ClassVar[tuple[int, Optional[int]]] = (1, 1)  # (min, max) bottom count; None = any
+    tops: ClassVar[tuple[int, Optional[int]]] = (1, 1)
+    data_dependent: ClassVar[bool] = False  # output shape depends on values: no meta propagation
+
+    def __init__(self, layer_param, blobs: Optional[Sequence[np.ndarray]] = None,
+                 bottom_shapes: Optional[Sequence[Shape]] = None, file: Optional[str] = None) -> None:
+        super().__init__()
+        lp = type(layer_param)()
+        lp.CopyFrom(layer_param)
+        lp.ClearField("blobs")
+        self.caffe_name: str = lp.name
+        self.caffe_type: str = lp.type
+        self.layer_param = lp
+        self._file = file
+        self.num_tops = len(lp.top)
+        self._check_counts(len(lp.bottom), len(lp.top))
+        self.setup(None if blobs is None else [np.asarray(b) for b in blobs],
+                   None if bottom_shapes is None else [tuple(int(d) for d in s) for s in bottom_shapes])
+
+    # -- to override ---------------------------------------------------------------------
+    def setup(self, blobs: Optional[list[np.ndarray]], bottom_shapes: Optional[list[Shape]]) -> None:
+        """Read the layer's params and blobs. Default: a layer without parameters."""
+        if blobs:
+            self.fail(f"{self.caffe_type} takes no weights but the caffemodel has {len(blobs)} blob(s)")
+
+    def caffe_blobs(self) -> list[np.ndarray]:
+        """The layer's parameters as Caffe stores them: Caffe's blob order and shapes, float32."""
+        return []
+
+    # -- helpers -------------------------------------------------------------------------
+    def fail(self, message: str) -> NoReturn:
+        """Raise the project's ModelError naming the file and this layer."""
+        raise ModelError(message, file=self._file, layer=self.caffe_name)
+
+    def _check_counts(self, nb: int, nt: int) -> None:
+        for what, n, (lo, hi) in (("bottom", nb, self.bottoms), ("top", nt, self.tops)):
+            if n < lo or (hi is not None and n > hi):
+                want = str(lo) if hi == lo else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+                self.fail(f"{self.caffe_type} takes {want} {what}(s), got {n}")
+
+    def expect_blob_count(self, blobs: Optional[list[np.ndarray]], lo: int, hi: int) -> None:
+        """Fail unless the number of blobs is within [lo, hi] (skipped when loading without weights)."""
+        if blobs is not None and not lo <= len(blobs) <= hi:
+            want = str(lo) if lo == hi else f"{lo} to {hi}"
+            self.fail(f"{self.caffe_type} expects {want} weight blob(s), the caffemodel has {len(blobs)}")
+
+    def blob_as(self, blob: np.ndarray, shape: Shape, what: str, strict_4d: bool = False) -> torch.Tensor:
+        """The blob as a float32 tensor of ``shape``; legacy right-aligned blobs are reshaped by
+        element count. With ``strict_4d`` a 4-D blob must have exactly ``shape``."""
+        arr = np.asarray(blob, dtype=np.float32)
+        if strict_4d and arr.ndim == 4 and len(shape) == 4 and tuple(arr.shape) != tuple(shape):
+            self.fail(f"{what} blob has shape {list(arr.shape)}, expected {list(shape)}")
+        if arr.size != int(np.prod(shape, dtype=np.int64)):
+            self.fail(f"{what} blob has {arr.size} elements (shape {list(arr.shape)}), "
+                      f"expected shape {list(shape)}")
+        return torch.from_numpy(arr.reshape(shape).copy())
+
+    def extra_repr(self) -> str:
+        return f"name={self.caffe_name!r}"
+
+
+def canonical_axis(axis: int, ndim: int, layer: CaffeLayer, what: str = "axis") -> int:
+    """Caffe's CanonicalAxisIndex: negative counts from the end; out of range is an error."""
+    if not -ndim <= axis < ndim:
+        layer.fail(f"{what} {axis} out of range for a {ndim}-D input")
+    return axis % ndim
+
+
+def to_numpy(t: Optional[torch.Tensor]) -> np.ndarray:
+    """A parameter/buffer as a float32 numpy array on the host."""
+    return t.detach().to("cpu", torch.float32).numpy().copy()
