@@ -150,6 +150,8 @@ class _Walker:
 
 
 def _join(path: str, seg: str) -> str:
+    if not seg:
+        return path
     return seg if not path else f"{path}/{seg}"
 
 
@@ -180,8 +182,11 @@ def strip_unknown_fields(text: str, desc: _descriptor.Descriptor) -> tuple[str, 
 
 
 def attach_unknown(net: _message.Message, entries: list[tuple[str, str]]) -> None:
-    """Store entries in the innermost ``layer[i]`` (path made relative) or on the net."""
-    for path, text in entries:
+    """Store entries in the innermost ``layer[i]`` (path made relative) or on the net.
+
+    Entries are kept in a stable order by path (text order within one path), so a net read,
+    written and read again compares equal to the first read."""
+    for path, text in sorted(entries, key=lambda e: e[0]):
         m = re.match(r"layer\[(\d+)\](?:/(.*))?$", path)
         if m is not None and int(m.group(1)) < len(net.layer):
             getattr(net.layer[int(m.group(1))], UNKNOWN_FIELD).append(f"{m.group(2) or ''}\n{text}")
