@@ -136,7 +136,10 @@ def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
         except (ValueError, RuntimeError, TypeError, IndexError) as err:
             raise ModelError(f"cannot build {layer.type}: {err}", file=file, layer=layer.name) from None
         out_shapes: list[Optional[tuple[int, ...]]] = [None] * len(layer.top)
-        if check_shapes and known and not cls.data_dependent:
+        inferred = module.infer_shapes(bshapes) if known and check_shapes else None
+        if inferred is not None:
+            out_shapes = list(inferred)
+        elif check_shapes and known and not cls.data_dependent:
             metas = [torch.empty(s, device="meta") for s in bshapes]
             try:
                 out_shapes = _as_shapes(_meta_forward(module, metas), len(layer.top))

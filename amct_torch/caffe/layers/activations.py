@@ -16,6 +16,8 @@ from amct_torch.caffe.layers.base import CaffeLayer, register, to_numpy
 class ReLULayer(CaffeLayer):
     """y = max(x, 0) + negative_slope * min(x, 0)."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         self.negative_slope = float(self.layer_param.relu_param.negative_slope)
@@ -29,6 +31,8 @@ class ReLULayer(CaffeLayer):
 @register("PReLU")
 class PReLULayer(CaffeLayer):
     """y = max(x, 0) + a_c * min(x, 0), a per channel (axis 1) or one shared value."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         self.channel_shared = bool(self.layer_param.prelu_param.channel_shared)
@@ -54,12 +58,14 @@ class PReLULayer(CaffeLayer):
 
 @register("Sigmoid")
 class SigmoidLayer(CaffeLayer):
+    same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(x)
 
 
 @register("TanH")
 class TanHLayer(CaffeLayer):
+    same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
 
@@ -67,6 +73,8 @@ class TanHLayer(CaffeLayer):
 @register("ELU")
 class ELULayer(CaffeLayer):
     """y = x if x > 0 else alpha * (exp(x) - 1)."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -78,6 +86,7 @@ class ELULayer(CaffeLayer):
 
 @register("AbsVal")
 class AbsValLayer(CaffeLayer):
+    same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.abs(x)
 
@@ -86,6 +95,8 @@ class AbsValLayer(CaffeLayer):
 class BNLLLayer(CaffeLayer):
     """y = log(1 + exp(x)), computed without overflow."""
 
+    same_shape = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.where(x > 0, x + torch.log1p(torch.exp(-x.abs())), torch.log1p(torch.exp(-x.abs())))
 
@@ -93,6 +104,8 @@ class BNLLLayer(CaffeLayer):
 @register("Power")
 class PowerLayer(CaffeLayer):
     """y = (shift + scale * x) ^ power."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -107,6 +120,8 @@ class PowerLayer(CaffeLayer):
 @register("Exp")
 class ExpLayer(CaffeLayer):
     """y = base ^ (shift + scale * x); base -1 means e."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -124,6 +139,8 @@ class ExpLayer(CaffeLayer):
 class LogLayer(CaffeLayer):
     """y = log_base(shift + scale * x); base -1 means e."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         p = self.layer_param.log_param
@@ -140,6 +157,8 @@ class LogLayer(CaffeLayer):
 class ThresholdLayer(CaffeLayer):
     """y = 1 if x > threshold else 0."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         self.threshold = float(self.layer_param.threshold_param.threshold)
@@ -151,6 +170,8 @@ class ThresholdLayer(CaffeLayer):
 @register("Clip")
 class ClipLayer(CaffeLayer):
     """y = min(max(x, min), max)."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -164,6 +185,8 @@ class ClipLayer(CaffeLayer):
 @register("Swish")
 class SwishLayer(CaffeLayer):
     """y = x * sigmoid(beta * x)."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)

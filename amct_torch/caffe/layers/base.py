@@ -53,6 +53,7 @@ class CaffeLayer(nn.Module):
     bottoms: ClassVar[tuple[int, Optional[int]]] = (1, 1)  # (min, max) bottom count; None = any
     tops: ClassVar[tuple[int, Optional[int]]] = (1, 1)
     data_dependent: ClassVar[bool] = False  # output shape depends on values: no meta propagation
+    same_shape: ClassVar[bool] = False  # element-wise: output shape = input shape (setup checks params)
 
     def __init__(self, layer_param, blobs: Optional[Sequence[np.ndarray]] = None,
                  bottom_shapes: Optional[Sequence[Shape]] = None, file: Optional[str] = None) -> None:
@@ -78,6 +79,13 @@ class CaffeLayer(nn.Module):
     def caffe_blobs(self) -> list[np.ndarray]:
         """The layer's parameters as Caffe stores them: Caffe's blob order and shapes, float32."""
         return []
+
+    def infer_shapes(self, bottom_shapes: list[Shape]) -> Optional[list[Shape]]:
+        """Top shapes computed without running the layer, or None to let the builder run it on
+        the meta device. Raises ModelError (``fail``) when the inputs do not fit the layer."""
+        if self.same_shape and len(bottom_shapes) == 1:
+            return [bottom_shapes[0]] * self.num_tops
+        return None
 
     # -- helpers -------------------------------------------------------------------------
     def fail(self, message: str) -> NoReturn:

@@ -113,6 +113,20 @@ class _ConvBase(CaffeLayer):
 class ConvolutionLayer(_ConvBase):
     """Caffe Convolution: symmetric pad, stride, dilation, group; out = floor((H+2p-dk)/s)+1."""
 
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        if len(s) != 4:
+            self.fail(f"Convolution needs a 4-D input, got {list(s)}")
+        if s[1] != self.weight.shape[1] * self.groups:
+            self.fail(f"input has {s[1]} channels, the weight expects {self.weight.shape[1] * self.groups}")
+        out = []
+        for size, k, st, p, d in zip(s[2:], self.kernel_size, self.stride, self.padding, self.dilation):
+            o = (size + 2 * p - (d * (k - 1) + 1)) // st + 1
+            if o <= 0:
+                self.fail(f"input {list(s)} is too small for kernel {self.kernel_size}")
+            out.append(o)
+        return [(s[0], self.num_output, out[0], out[1])]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
@@ -165,6 +179,15 @@ class InnerProductLayer(CaffeLayer):
             bias = self.blob_as(blobs[1], (n,), "bias") if has_bias else None
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
+
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        ax = canonical_axis(self.axis, len(s), self)
+        k = int(np.prod(s[ax:], dtype=np.int64))
+        if k != self.weight.shape[1]:
+            self.fail(f"input {list(s)} gives {k} features from axis {self.axis}, the weight expects "
+                      f"{self.weight.shape[1]}")
+        return [tuple(s[:ax]) + (self.num_output,)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ax = self.axis % x.dim()

@@ -31,6 +31,8 @@ class BatchNormLayer(CaffeLayer):
     ``use_global_stats: false`` given explicitly makes Caffe normalise with the batch's own
     statistics even at test time; that is honoured (``uses_batch_stats``)."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.batch_norm_param
         self.eps = float(p.eps)
@@ -46,6 +48,8 @@ class BatchNormLayer(CaffeLayer):
             mean = self.blob_as(blobs[0], (c,), "mean")
             var = self.blob_as(blobs[1], (c,), "variance")
             s = self.blob_as(blobs[2], (1,), "scale factor")[0].item()
+            if _channels(bottom_shapes) not in (None, c):
+                self.fail(f"mean blob has {c} elements, the input has {_channels(bottom_shapes)} channels")
             f = 0.0 if s == 0 else 1.0 / s
             mean, var = mean * f, var * f
         self.register_buffer("mean", mean)
@@ -211,6 +215,8 @@ class LRNLayer(CaffeLayer):
     centred on c; WITHIN_CHANNEL: x * (1 + alpha * avg_nxn(x^2))^-beta with Caffe's AVE pooling
     (pad (n-1)/2, padding counted in the divisor)."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         p = self.layer_param.lrn_param
@@ -235,6 +241,8 @@ class LRNLayer(CaffeLayer):
 class NormalizeLayer(CaffeLayer):
     """SSD Normalize: x / sqrt(sum x^2 + eps) over C,H,W (across_spatial) or over C at each
     position, times a learned scale (one value if channel_shared, else per channel)."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.norm_param

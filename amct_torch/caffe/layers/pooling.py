@@ -103,6 +103,19 @@ class PoolingLayer(CaffeLayer):
     def quantizable(self) -> bool:
         return self.method == AVE and not self.global_pooling
 
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        if len(s) < 3:
+            self.fail(f"Pooling needs an input with spatial axes, got {list(s)}")
+        if self.global_pooling:
+            return [tuple(s[:-2]) + (1, 1)]
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        oh = caffe_pooled_size(s[-2], kh, sh, ph, self.ceil)
+        ow = caffe_pooled_size(s[-1], kw, sw, pw, self.ceil)
+        if oh <= 0 or ow <= 0:
+            self.fail(f"input {list(s)} is too small for kernel {self.kernel_size}")
+        return [tuple(s[:-2]) + (oh, ow)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.global_pooling:
             if self.method == MAX:

@@ -13,6 +13,8 @@ class QuantLayer(CaffeLayer):
     """q = clamp(round(x * scale) + offset, -128, 127); y = (q - offset) / scale, where
     ``quant_param.scale`` is 1/scale_d and ``quant_param.offset`` one byte (int8) = offset_d."""
 
+    same_shape = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         p = self.layer_param.quant_param
@@ -35,6 +37,8 @@ class QuantLayer(CaffeLayer):
 @register("DeQuant")
 class DeQuantLayer(CaffeLayer):
     """Identity in float; its blobs (deq_scale, shift_bit, offset_w) are kept as given."""
+
+    same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         self._blobs = [] if blobs is None else [np.array(b) for b in blobs]

@@ -32,6 +32,11 @@ class EltwiseLayer(CaffeLayer):
             self.fail("Eltwise coeff is only allowed for SUM")
         self.coeff = None if not coeff or all(c == 1.0 for c in coeff) else coeff
 
+    def infer_shapes(self, bottom_shapes):
+        if any(s != bottom_shapes[0] for s in bottom_shapes[1:]):
+            self.fail(f"Eltwise inputs differ in shape: {[list(s) for s in bottom_shapes]}")
+        return [bottom_shapes[0]]
+
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         for x in xs[1:]:
             if x.shape != xs[0].shape:
@@ -225,6 +230,10 @@ class SoftmaxLayer(CaffeLayer):
         super().setup(blobs, bottom_shapes)
         self.axis = int(self.layer_param.softmax_param.axis)
 
+    def infer_shapes(self, bottom_shapes):
+        canonical_axis(self.axis, len(bottom_shapes[0]), self)
+        return [bottom_shapes[0]]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.softmax(x, dim=canonical_axis(self.axis, x.dim(), self))
 
@@ -267,6 +276,8 @@ class ArgMaxLayer(CaffeLayer):
 @register("Dropout")
 class DropoutLayer(CaffeLayer):
     """Identity at test time (Caffe scales during training instead)."""
+
+    same_shape = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
