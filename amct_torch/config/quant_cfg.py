@@ -31,7 +31,7 @@ AMCTConfig = calibration_config_pb2.AMCTConfig
 
 def proto_float(value: float) -> float:
     """The shortest decimal denoting the same float32 (what the user wrote, in practice)."""
-    return float(repr(np.float32(value)))
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="0"))
 
 
 def parse_quant_cfg(path: str) -> Any:

@@ -42,8 +42,10 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
                  "they must have the same length")
         allowed = {1} if info.out_channels is None else {1, info.out_channels}
         if len(r.scale_w) not in allowed:
+            per_channel = ("its output channel count is unknown" if info.out_channels is None
+                           else f"{info.out_channels} (one per output channel)")
             fail(f"scale_w has {len(r.scale_w)} values; expected 1 (per tensor) or "
-                 f"{info.out_channels} (one per output channel)")
+                 f"{per_channel}")
         if info.type == "InnerProduct" and len(r.scale_w) != 1:
             fail(f"InnerProduct weights are quantized per tensor: expected 1 scale_w, got "
                  f"{len(r.scale_w)}")
