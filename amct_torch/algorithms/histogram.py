@@ -1,0 +1,66 @@
+"""A mergeable fine histogram on a power-of-two grid (state of streaming IFMR).
+
+Bin edges are multiples of w = 2**e (anchored at 0); the histogram covers absolute bin
+indices [base, base + nbins). Growing the range doubles w, which merges bin pairs exactly,
+so the frame (e, base) is a pure function of the global (min, max) and merging two states is
+exact for counts whatever order the data came in. Each bin also keeps the sum of the
+elements' offsets from the bin start, in bin units (``dsum``), which makes the IFMR loss
+exact for every bin that does not straddle a rounding boundary.
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+
+#: finest bin relative to the data's magnitude (keeps |x/w| < 2**22: exact in float32)
+REL_BITS = 21
+MIN_EXP = -100
+
+
+def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
+    """Smallest e (≥ the magnitude floor) whose grid holds [gmin, gmax] in nbins bins; base."""
+    maxabs = max(abs(gmin), abs(gmax))
+    e = MIN_EXP if maxabs == 0 else max(MIN_EXP, math.frexp(maxabs)[1] - 1 - REL_BITS)
+    span = gmax - gmin
+    if span > 0:
+        e = max(e, math.frexp(span / nbins)[1] - 1)
+    while math.floor(math.ldexp(gmax, -e)) - math.floor(math.ldexp(gmin, -e)) > nbins - 1:
+        e += 1
+    return e, math.floor(math.ldexp(gmin, -e))
+
+
+def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Counts and offset sums of flat float32 ``x`` (all inside the frame) per bin."""
+    u = torch.mul(x, math.ldexp(1.0, -e)).sub_(float(base))
+    idx = u.to(torch.int32)          # u ≥ 0 (up to rounding): truncation is the floor
+    u.sub_(idx)                      # offset inside the bin, in bin units
+    cnt = torch.bincount(idx, minlength=nbins)
+    dsum = torch.bincount(idx, weights=u, minlength=nbins).double()
+    if cnt.numel() > nbins:          # x/w − base rounded up to nbins: belongs to the last bin
+        cnt[nbins - 1] += cnt[nbins:].sum()
+        dsum[nbins - 1] += dsum[nbins:].sum() + cnt[nbins:].sum().double()
+        cnt, dsum = cnt[:nbins], dsum[:nbins]
+    return cnt, dsum
+
+
+def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old: int, base_old: int,
+            e_new: int, base_new: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Move a histogram to a coarser (or shifted) frame; counts move exactly."""
+    nbins = counts.numel()
+    if (e_old, base_old) == (e_new, base_new):
+        return counts, dsum
+    d = e_new - e_old
+    g = torch.arange(nbins, dtype=torch.int64, device=counts.device) + base_old
+    big = g // (1 << d)
+    rem = (g - big * (1 << d)).double()
+    j = (big - base_new).clamp_(0, nbins - 1)  # only empty bins can fall outside
+    new_c = torch.zeros_like(counts).index_add_(0, j, counts)
+    new_d = torch.zeros_like(dsum).index_add_(0, j, (dsum + counts.double() * rem) / (1 << d))
+    return new_c, new_d
+
+
+def bin_starts(e: int, base: int, nbins: int, device) -> torch.Tensor:
+    """Absolute start of every bin, float64."""
+    return (torch.arange(nbins, dtype=torch.float64, device=device) + base) * math.ldexp(1.0, e)

@@ -1,0 +1,50 @@
+"""Fake-quantization arithmetic shared by calibration, export and tests (SPEC §5.4).
+
+One definition of the int8 grid so that the torch fake-quant model, the deploy int8 weights
+and ONNX Runtime's QuantizeLinear agree bit for bit: ``round`` is half-to-even (``torch.round``)
+and the int8 range is [-128, 127].
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+FLT_EPS = 1.1920929e-07
+QMIN = -128
+QMAX = 127
+
+Scalar = Union[float, int, torch.Tensor]
+
+
+def quantize(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor:
+    """int8 codes ``clamp(round(x/scale) + offset, -128, 127)`` (returned as int8)."""
+    q = torch.round(x / scale) + offset
+    return q.clamp_(QMIN, QMAX).to(torch.int8)
+
+
+def fake_quant(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor:
+    """Activation fake-quant of SPEC §5.4: ``(clamp(round(x/s) + o, -128, 127) - o) * s``.
+
+    Computed in float32 whatever ``x``'s dtype (fp16/bf16 data is upcast), result in x's dtype.
+    """
+    xf = x.float()
+    q = torch.round(xf / scale) + offset
+    y = (q.clamp_(QMIN, QMAX) - offset) * scale
+    return y.to(x.dtype)
+
+
+def channel_view(values: torch.Tensor, layout_shape: tuple, layer_type: str, group: int = 1) -> torch.Tensor:
+    """Reshape per-output-channel ``values`` [C_out] (or [1]) so they broadcast against a weight
+    of ``layout_shape`` in its own (torch/Caffe) layout.
+
+    Convolution/InnerProduct: output channel is axis 0. Deconvolution (C_in, C_out/g, kh, kw):
+    element (i, j, ...) belongs to output channel ``(i // (C_in/g)) * (C_out/g) + j``.
+    """
+    if values.numel() == 1:
+        return values.reshape([1] * len(layout_shape))
+    if layer_type == "Deconvolution":
+        c_in, c_out_g = layout_shape[0], layout_shape[1]
+        per = values.reshape(group, 1, c_out_g).expand(group, c_in // group, c_out_g)
+        return per.reshape([c_in, c_out_g] + [1] * (len(layout_shape) - 2))
+    return values.reshape([layout_shape[0]] + [1] * (len(layout_shape) - 1))

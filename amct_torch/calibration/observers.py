@@ -1,0 +1,320 @@
+"""Observers: one small mergeable state per quantized input (ARCHITECTURE: statistics are
+mergeable values).
+
+Each observer has ``update(x)``, ``merge(other)``, ``compute() -> (scale, offset)``,
+``state_dict()`` (tensors only) / ``load_state_dict(d)`` and ``reset()``. The state lives on
+the data's device; float16/bfloat16 data is computed in float32; NaN/Inf raises
+``CalibrationError`` naming the layer. The maths is in ``amct_torch.algorithms``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from amct_torch.algorithms import hfmg, histogram
+from amct_torch.algorithms.ifmr import ifmr_exact, ifmr_from_histogram
+from amct_torch.errors import CalibrationError
+
+#: exact top-k/bottom-k buffer size of streaming IFMR (covers k ≤ 1024, i.e. L ≤ ~1e9 at p = 0.999999)
+TOPK = 1024
+#: bins of the streaming IFMR histogram
+STREAM_BINS = 16384
+_CHUNK = 256
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().reshape(-1)
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _check(layer: str, lo: float, hi: float) -> None:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise CalibrationError("activation data contains NaN or Inf", layer=layer)
+
+
+class Observer:
+    """Common interface; ``layer`` names the layer in errors."""
+
+    def __init__(self, layer: str) -> None:
+        self.layer = layer
+
+    def update(self, x: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: "Observer") -> None:
+        raise NotImplementedError
+
+    def compute(self) -> Tuple[float, int]:
+        raise NotImplementedError
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def _empty(self) -> None:
+        raise CalibrationError("no activation data was observed", layer=self.layer)
+
+
+class _IfmrParams:
+    def __init__(self, max_percentile: float, min_percentile: float, search_range, search_step: float,
+                 asymmetric: bool) -> None:
+        self.max_percentile = float(max_percentile)
+        self.min_percentile = float(min_percentile)
+        self.search_range = (float(search_range[0]), float(search_range[1]))
+        self.search_step = float(search_step)
+        self.asymmetric = bool(asymmetric)
+
+    def kwargs(self) -> dict:
+        return dict(max_percentile=self.max_percentile, min_percentile=self.min_percentile,
+                    search_range=self.search_range, search_step=self.search_step,
+                    asymmetric=self.asymmetric)
+
+
+class IfmrExactObserver(Observer):
+    """AMCT's store-everything IFMR: keeps every element (float32) and searches on all of it.
+    Memory grows with batch_num; merge = concatenation (A then B)."""
+
+    def __init__(self, layer: str, max_percentile: float = 0.999999, min_percentile: float = 0.999999,
+                 search_range=(0.7, 1.3), search_step: float = 0.01, asymmetric: bool = True) -> None:
+        super().__init__(layer)
+        self.params = _IfmrParams(max_percentile, min_percentile, search_range, search_step, asymmetric)
+        self.reset()
+
+    def reset(self) -> None:
+        self.chunks: List[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        xf = _flat(x)
+        if xf.numel() == 0:
+            return
+        lo, hi = torch.aminmax(xf)
+        _check(self.layer, *torch.stack([lo, hi]).tolist())
+        self.chunks.append(xf.clone())
+
+    def merge(self, other: "IfmrExactObserver") -> None:
+        self.chunks.extend(other.chunks)
+
+    def data(self) -> torch.Tensor:
+        if not self.chunks:
+            self._empty()
+        if len(self.chunks) > 1:
+            self.chunks = [torch.cat(self.chunks)]
+        return self.chunks[0]
+
+    def compute(self) -> Tuple[float, int]:
+        r = ifmr_exact(self.data(), **self.params.kwargs())
+        return r.scale, r.offset
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        return {"data": self.data() if self.chunks else torch.zeros(0)}
+
+    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        self.chunks = [d["data"].float().reshape(-1)] if d["data"].numel() else []
+
+
+class IfmrStreamingObserver(Observer):
+    """Memory-bounded IFMR: exact count, extremes and top/bottom-``TOPK`` values, plus a
+    power-of-two-grid histogram with per-bin offset sums (see algorithms/histogram.py).
+    Fixed size whatever batch_num is."""
+
+    def __init__(self, layer: str, max_percentile: float = 0.999999, min_percentile: float = 0.999999,
+                 search_range=(0.7, 1.3), search_step: float = 0.01, asymmetric: bool = True,
+                 nbins: int = STREAM_BINS, topk: int = TOPK) -> None:
+        super().__init__(layer)
+        self.params = _IfmrParams(max_percentile, min_percentile, search_range, search_step, asymmetric)
+        self.nbins = nbins
+        self.topk = topk
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0
+        self.top: Optional[torch.Tensor] = None      # descending, −inf padded
+        self.bottom: Optional[torch.Tensor] = None   # ascending, +inf padded
+        self.counts: Optional[torch.Tensor] = None
+        self.dsum: Optional[torch.Tensor] = None
+        self.frame = (0, 0)
+        self.gmin = math.inf
+        self.gmax = -math.inf
+
+    def _extremes(self, xf: torch.Tensor, largest: bool) -> torch.Tensor:
+        """Candidates for the top (or bottom) K of xf: the K chunks with the largest maxima
+        (smallest minima) hold them, plus the ragged tail."""
+        k = self.topk
+        n = xf.numel()
+        full = n // _CHUNK * _CHUNK
+        if full // _CHUNK <= 4 * k:
+            return xf
+        rows = xf[:full].view(-1, _CHUNK)
+        ext = rows.amax(1) if largest else rows.amin(1)
+        pick = torch.topk(ext, k, largest=largest, sorted=False).indices
+        return torch.cat([rows[pick].reshape(-1), xf[full:]])
+
+    def _ensure(self, device: torch.device) -> None:
+        if self.top is None:
+            self.top = torch.full((self.topk,), -math.inf, device=device)
+            self.bottom = torch.full((self.topk,), math.inf, device=device)
+            self.counts = torch.zeros(self.nbins, dtype=torch.int64, device=device)
+            self.dsum = torch.zeros(self.nbins, dtype=torch.float64, device=device)
+
+    def _move_to(self, gmin: float, gmax: float) -> None:
+        e, base = histogram.frame_for(gmin, gmax, self.nbins)
+        if e < self.frame[0] and self.count:
+            e = self.frame[0]
+            base = math.floor(math.ldexp(gmin, -e))
+        if self.count:
+            self.counts, self.dsum = histogram.reframe(self.counts, self.dsum, *self.frame, e, base)
+        self.frame = (e, base)
+        self.gmin, self.gmax = gmin, gmax
+
+    def update(self, x: torch.Tensor) -> None:
+        xf = _flat(x)
+        if xf.numel() == 0:
+            return
+        self._ensure(xf.device)
+        top = torch.topk(torch.cat([self.top, self._extremes(xf, True)]), self.topk).values
+        bottom = torch.topk(torch.cat([self.bottom, self._extremes(xf, False)]), self.topk, largest=False).values
+        hi, lo = top[0], bottom[0]
+        lo_f, hi_f = torch.stack([lo, hi]).tolist()
+        _check(self.layer, lo_f, hi_f)
+        if torch.isnan(top).any():  # NaN sorts above +inf in topk; make sure it is reported
+            _check(self.layer, math.nan, 0.0)
+        self.top, self.bottom = top, bottom
+        self._move_to(min(lo_f, self.gmin), max(hi_f, self.gmax))
+        cnt, dsum = histogram.bin_of(xf, *self.frame, self.nbins)
+        self.counts += cnt
+        self.dsum += dsum
+        self.count += xf.numel()
+
+    def merge(self, other: "IfmrStreamingObserver") -> None:
+        if other.count == 0:
+            return
+        if self.count == 0:
+            self.load_state_dict(other.state_dict())
+            return
+        self.top = torch.topk(torch.cat([self.top, other.top.to(self.top.device)]), self.topk).values
+        self.bottom = torch.topk(torch.cat([self.bottom, other.bottom.to(self.top.device)]), self.topk,
+                                 largest=False).values
+        self._move_to(min(self.gmin, other.gmin), max(self.gmax, other.gmax))
+        oc, od = histogram.reframe(other.counts.to(self.counts.device), other.dsum.to(self.counts.device),
+                                   *other.frame, *self.frame)
+        self.counts += oc
+        self.dsum += od
+        self.count += other.count
+
+    def compute(self) -> Tuple[float, int]:
+        if self.count == 0:
+            self._empty()
+        e, base = self.frame
+        r = ifmr_from_histogram(self.count, self.top, self.bottom,
+                                histogram.bin_starts(e, base, self.nbins, self.counts.device),
+                                math.ldexp(1.0, e), self.counts, self.dsum * math.ldexp(1.0, e),
+                                **self.params.kwargs())
+        return r.scale, r.offset
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        if self.count == 0:
+            return {"count": torch.zeros((), dtype=torch.int64)}
+        return {"count": torch.tensor(self.count, dtype=torch.int64), "top": self.top, "bottom": self.bottom,
+                "counts": self.counts, "dsum": self.dsum,
+                "frame": torch.tensor(self.frame, dtype=torch.int64),
+                "range": torch.tensor([self.gmin, self.gmax], dtype=torch.float64)}
+
+    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        self.reset()
+        self.count = int(d["count"])
+        if self.count:
+            self.top, self.bottom = d["top"].float().clone(), d["bottom"].float().clone()
+            self.counts = d["counts"].to(torch.int64).clone()
+            self.dsum = d["dsum"].double().to(self.counts.device).clone()
+            self.topk, self.nbins = self.top.numel(), self.counts.numel()
+            self.frame = tuple(int(v) for v in d["frame"].tolist())
+            self.gmin, self.gmax = (float(v) for v in d["range"].tolist())
+
+
+class HfmgObserver(Observer):
+    """HFMG: a ``num_of_bins`` histogram whose range follows SPEC §5.3's sequential rule.
+
+    ``merge`` of a histogram built on another range redistributes *both* histograms onto the
+    union range with the same rule (floor lower share) and adds them; counts are preserved
+    exactly, bin positions approximately (docs/algorithms.md measures the deviation)."""
+
+    def __init__(self, layer: str, num_of_bins: int = 4096, asymmetric: bool = True) -> None:
+        super().__init__(layer)
+        self.nbins = int(num_of_bins)
+        self.asymmetric = bool(asymmetric)
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts: Optional[torch.Tensor] = None
+        self.mn = math.inf
+        self.mx = -math.inf
+
+    def update(self, x: torch.Tensor) -> None:
+        xf = _flat(x)
+        if xf.numel() == 0:
+            return
+        lo, hi = torch.stack(list(torch.aminmax(xf))).tolist()
+        _check(self.layer, lo, hi)
+        if self.counts is None:
+            self.mn, self.mx = lo, hi
+            self.counts = hfmg.histogram(xf, lo, hi, self.nbins)
+            return
+        nmn, nmx = min(self.mn, lo), max(self.mx, hi)
+        self.counts = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
+        self.mn, self.mx = nmn, nmx
+        self.counts += hfmg.histogram(xf, nmn, nmx, self.nbins)
+
+    def merge(self, other: "HfmgObserver") -> None:
+        if other.counts is None:
+            return
+        if self.counts is None:
+            self.load_state_dict(other.state_dict())
+            return
+        nmn, nmx = min(self.mn, other.mn), max(self.mx, other.mx)
+        mine = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
+        theirs = hfmg.redistribute(other.counts.to(self.counts.device), other.mn, other.mx, nmn, nmx)
+        self.counts = mine + theirs
+        self.mn, self.mx = nmn, nmx
+
+    def compute(self) -> Tuple[float, int]:
+        if self.counts is None:
+            self._empty()
+        r = hfmg.hfmg_factors(self.counts, self.mn, self.mx, self.asymmetric)
+        return r.scale, r.offset
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        if self.counts is None:
+            return {"counts": torch.zeros(0, dtype=torch.int64)}
+        return {"counts": self.counts, "range": torch.tensor([self.mn, self.mx], dtype=torch.float64)}
+
+    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        self.reset()
+        if d["counts"].numel():
+            self.counts = d["counts"].to(torch.int64).clone()
+            self.nbins = self.counts.numel()
+            self.mn, self.mx = (float(v) for v in d["range"].tolist())
+
+
+def make_observer(layer_name: str, cfg, ifmr_mode: str = "streaming") -> Observer:
+    """Observer for one quantized input from a per-layer config (attributes act_algo,
+    max_percentile, min_percentile, search_range, search_step, num_of_bins, asymmetric);
+    ``ifmr_mode`` "streaming" (default, memory-bounded) or "exact" (AMCT's store-everything)."""
+    algo = getattr(cfg, "act_algo", "ifmr")
+    if algo == "hfmg":
+        return HfmgObserver(layer_name, num_of_bins=cfg.num_of_bins, asymmetric=cfg.asymmetric)
+    if algo != "ifmr":
+        raise CalibrationError(f"unknown activation algorithm {algo!r}", layer=layer_name)
+    kw = dict(max_percentile=cfg.max_percentile, min_percentile=cfg.min_percentile,
+              search_range=tuple(cfg.search_range), search_step=cfg.search_step, asymmetric=cfg.asymmetric)
+    if ifmr_mode == "exact":
+        return IfmrExactObserver(layer_name, **kw)
+    if ifmr_mode != "streaming":
+        raise CalibrationError(f"unknown IFMR mode {ifmr_mode!r}", layer=layer_name)
+    return IfmrStreamingObserver(layer_name, **kw)
