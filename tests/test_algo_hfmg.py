@@ -1,0 +1,166 @@
+"""HFMG vs a plain loop reference written from SPEC §5.3 (histogram, sequential merge, walk,
+analytic loss, factors)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from amct_torch.algorithms import hfmg
+from amct_torch.calibration.observers import HfmgObserver
+
+F = np.float32
+
+
+def ref_hist(x, mn, mx, nbins):
+    out = np.zeros(nbins, np.int64)
+    if mx == mn:
+        out[nbins // 2] = x.size
+        return out
+    w = F((mx - mn) / nbins)
+    idx = np.floor((x - F(mn)) / w).astype(np.int64)
+    np.add.at(out, np.minimum(idx, nbins - 1), 1)
+    return out
+
+
+def ref_redistribute(counts, omn, omx, nmn, nmx):
+    nbins = counts.size
+    out = np.zeros(nbins, np.int64)
+    nw = (nmx - nmn) / nbins
+    if omn == omx:
+        out[min(nbins - 1, max(0, math.floor((omn - nmn) / nw)))] += counts.sum()
+        return out
+    ow = (omx - omn) / nbins
+    for j in range(nbins):
+        lo = omn + j * ow
+        hi = lo + ow
+        a = min(nbins - 1, max(0, math.floor((lo - nmn) / nw)))
+        edge = nmn + (a + 1) * nw
+        if hi > edge and a < nbins - 1:
+            low = math.floor(min(1.0, max(0.0, (edge - lo) / ow)) * counts[j])
+            out[a] += low
+            out[a + 1] += counts[j] - low
+        else:
+            out[a] += counts[j]
+    return out
+
+
+def ref_walk(counts):
+    nbins = counts.size
+    total = int(counts.sum())
+    step = max(math.ceil(total / 100000), 1)
+    min_bins = math.ceil(nbins / 4)
+    left, right = 0, nbins - 1
+    cands = [(left, right)]
+    while right - left > min_bins:
+        tl, acc = left, 0
+        while acc < step and tl < right:
+            acc += counts[tl]; tl += 1
+        tr, acc = right, 0
+        while acc < step and tr > tl:
+            acc += counts[tr]; tr -= 1
+        if right - tr >= tl - left:
+            right = tr
+        else:
+            left = tl
+        cands.append((left, right))
+    return cands
+
+
+def ref_loss(counts, bw, l, r):
+    dw = bw * (r - l + 1) / 256
+    if dw < 1.1920929e-07:
+        return 0.0
+    total = 0.0
+    dens = counts / bw
+    for j in np.nonzero(counts)[0]:
+        b = (j - l) * bw; e = b + bw
+        bi = min(255, max(0, math.floor(b / dw))); ei = min(255, max(0, math.floor(e / dw)))
+        if bi == ei:
+            cb = (bi + 0.5) * dw
+            total += dens[j] * ((e - cb) ** 3 - (b - cb) ** 3) / 3
+        else:
+            cb = (bi + 0.5) * dw; ce = (ei + 0.5) * dw
+            total += dens[j] * (((dw / 2) ** 3 - (b - cb) ** 3) / 3 + (ei - bi - 1) * (dw ** 3) / 12
+                                + ((e - ce) ** 3 + (dw / 2) ** 3) / 3)
+    return total
+
+
+def ref_hfmg(batches, nbins, asym):
+    mn = mx = None
+    counts = None
+    for x in batches:
+        lo, hi = float(x.min()), float(x.max())
+        if counts is None:
+            mn, mx, counts = lo, hi, ref_hist(x, lo, hi, nbins)
+            continue
+        nmn, nmx = min(mn, lo), max(mx, hi)
+        if (nmn, nmx) != (mn, mx):
+            counts = ref_redistribute(counts, mn, mx, nmn, nmx)
+        mn, mx = nmn, nmx
+        counts = counts + ref_hist(x, mn, mx, nbins)
+    bw = float(F((mx - mn) / nbins))
+    cands = ref_walk(counts)
+    losses = [ref_loss(counts, bw, l, r) for l, r in cands]
+    best = int(np.argmin(losses))
+    l, r = cands[best]
+    cmin, cmax = float(F(mn + l * bw)), float(F(mn + (r + 1) * bw))
+    if asym:
+        cmax, cmin = max(cmax, 0.0), min(cmin, 0.0)
+        s = float(F((cmax - cmin) / 255)) or 1.0
+        return counts, cands, losses, best, s, -128 - int(np.round(F(cmin / s)))
+    s = float(F(cmax / 127)) if cmax > -cmin else float(F(-cmin / 128))
+    return counts, cands, losses, best, s, 0
+
+
+def _batches(rng, kind, nb):
+    out = []
+    for _ in range(nb):
+        n = int(rng.integers(50, 20000))
+        if kind == "normal":
+            x = rng.standard_normal(n) * rng.uniform(0.5, 2) + rng.uniform(-0.5, 0.5)
+        elif kind == "relu":
+            x = np.maximum(rng.standard_normal(n), 0)
+        elif kind == "heavy":
+            x = rng.standard_t(2, n)
+        elif kind == "bimodal":
+            x = np.concatenate([rng.normal(-3, 0.1, n // 2), rng.normal(4, 0.1, n - n // 2)])
+        else:
+            x = np.full(n, 1.5)
+        out.append(x.astype(np.float32))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "bimodal", "constant"])
+def test_observer_matches_reference(kind, device):
+    rng = np.random.default_rng(len(kind))
+    for trial in range(2):
+        nbins = [1024, 2048][trial]
+        asym = trial == 0
+        batches = _batches(rng, kind, 3)
+        counts, cands, losses, best, s, o = ref_hfmg(batches, nbins, asym)
+        obs = HfmgObserver("layer", num_of_bins=nbins, asymmetric=asym)
+        for x in batches:
+            obs.update(torch.from_numpy(x).to(device))
+        assert np.array_equal(obs.counts.cpu().numpy(), counts)
+        lefts, rights = hfmg.candidates(obs.counts)
+        assert list(zip(lefts.tolist(), rights.tolist())) == cands
+        res = hfmg.hfmg_factors(obs.counts, obs.mn, obs.mx, asym)
+        np.testing.assert_allclose(res.losses.cpu().numpy(), losses, rtol=1e-9, atol=1e-12)
+        assert (res.left, res.right) == cands[best]
+        assert res.offset == o
+        assert res.scale == pytest.approx(s, rel=1e-6)
+        assert obs.compute() == (res.scale, res.offset)
+
+
+def test_redistribute_matches_reference(device):
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        counts = rng.integers(0, 50, 1024)
+        omn, omx = sorted(rng.uniform(-2, 2, 2))
+        nmn, nmx = omn - rng.uniform(0, 3), omx + rng.uniform(0, 3)
+        got = hfmg.redistribute(torch.from_numpy(counts).to(device), omn, omx, nmn, nmx)
+        assert np.array_equal(got.cpu().numpy(), ref_redistribute(counts, omn, omx, nmn, nmx))
+        assert int(got.sum()) == counts.sum()
