@@ -1,0 +1,201 @@
+"""Calibration-algorithm benchmarks; prints one JSON line per measurement.
+
+    python benchmarks/bench_algorithms.py [--device cpu|cuda] [--quick]
+
+Side by side: HFMG vs torch.ao HistogramObserver, IFMR exact batched vs a candidate loop,
+IFMR streaming vs exact (time, peak memory), update throughput vs torch.aminmax.
+``streaming_agreement(tensors)`` compares streaming with exact on any list of activations
+(reusable on real activations).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import tracemalloc
+from typing import List, Sequence
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from amct_torch.algorithms.ifmr import candidate_grid, candidate_ratios, ifmr_exact, percentile_k  # noqa: E402
+from amct_torch.algorithms.quant import fake_quant  # noqa: E402
+from amct_torch.calibration.observers import (HfmgObserver, IfmrExactObserver,  # noqa: E402
+                                              IfmrStreamingObserver)
+
+
+def emit(**kw) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, reps: int = 3) -> float:
+    fn(); sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter(); fn(); sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def mse(x: torch.Tensor, scale: float, offset: int) -> float:
+    return float(((fake_quant(x, scale, offset) - x) ** 2).double().mean())
+
+
+def batches(device: str, n: int, size: int, kind: str = "relu", seed: int = 0) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randn(size, generator=g)
+        if kind == "relu":
+            x = torch.relu(x + 0.3)
+        elif kind == "heavy":
+            x = x / torch.rand(size, generator=g).clamp_min(0.05)
+        out.append(x.to(device))
+    return out
+
+
+def streaming_agreement(tensors: Sequence[Sequence[torch.Tensor]], asymmetric: bool = True) -> dict:
+    """For each entry (one layer: a list of activation batches) compute exact and streaming
+    IFMR and report agreement: same factors, step distance, MSE ratio."""
+    same, worst_steps, worst_mse = 0, 0, 0.0
+    for layer in tensors:
+        layer = [layer] if isinstance(layer, torch.Tensor) else list(layer)
+        e, s = IfmrExactObserver("l", asymmetric=asymmetric), IfmrStreamingObserver("l", asymmetric=asymmetric)
+        for x in layer:
+            e.update(x); s.update(x)
+        (se, oe), (ss, os_) = e.compute(), s.compute()
+        flat = torch.cat([x.reshape(-1).float() for x in layer])
+        ref = ifmr_exact(flat, asymmetric=asymmetric)
+        ratios = candidate_ratios(0.7, 1.3, 0.01, flat.device)
+        _, _, scales = candidate_grid(torch.tensor(ref.max_init), torch.tensor(ref.min_init), ratios, asymmetric)
+        idx_s = int(torch.argmin((scales.cpu() - ss).abs()))
+        worst_steps = max(worst_steps, abs(idx_s - ref.index))
+        me, ms = mse(flat, se, oe), mse(flat, ss, os_)
+        worst_mse = max(worst_mse, ms / me - 1 if me > 0 else 0.0)
+        same += (se, oe) == (ss, os_)
+    return {"cases": len(tensors), "same_fraction": same / max(1, len(tensors)),
+            "max_step_distance": worst_steps, "max_mse_excess": worst_mse}
+
+
+def bench_hfmg(device: str, size: int, nb: int) -> None:
+    from torch.ao.quantization.observer import HistogramObserver
+    data = batches(device, nb, size, "relu")
+    for bins in (2048,):
+        ours = HfmgObserver("l", bins)
+        t0 = time.perf_counter()
+        for x in data:
+            ours.update(x)
+        sync(device); t_upd = (time.perf_counter() - t0) / nb
+        t0 = time.perf_counter(); s, o = ours.compute(); t_cmp = time.perf_counter() - t0
+        ref = HistogramObserver(bins=bins, dtype=torch.qint8, qscheme=torch.per_tensor_affine).to(device)
+        t0 = time.perf_counter()
+        for x in data:
+            ref(x)
+        sync(device); r_upd = (time.perf_counter() - t0) / nb
+        t0 = time.perf_counter(); rs, rz = ref.calculate_qparams(); r_cmp = time.perf_counter() - t0
+        flat = torch.cat(data)
+        emit(bench="hfmg_vs_torch_histogram", device=device, bins=bins, elements_per_batch=size, batches=nb,
+             ours_update_s=t_upd, ours_compute_s=t_cmp, torch_update_s=r_upd, torch_compute_s=r_cmp,
+             speedup_per_batch=(r_upd + r_cmp / nb) / (t_upd + t_cmp / nb),
+             ours_mse=mse(flat, s, o), torch_mse=mse(flat, float(rs), int(rz) - 0))
+
+
+def loop_ifmr(x: torch.Tensor, asymmetric: bool = True) -> int:
+    """AMCT's way: one candidate at a time over the whole tensor."""
+    xs = x.reshape(-1)
+    k = percentile_k(xs.numel(), 0.999999)
+    mx = torch.topk(xs, k).values[k - 1].clamp_min(0)
+    mn = torch.topk(xs, k, largest=False).values[k - 1].clamp_max(0)
+    best, best_loss = 0, None
+    ratios = candidate_ratios(0.7, 1.3, 0.01, x.device)
+    lo, hi, s = candidate_grid(mx, mn, ratios, asymmetric)
+    for i in range(ratios.numel()):
+        q = torch.round(torch.clamp(xs, lo[i], hi[i]) / s[i]) * s[i]
+        loss = float(((q - xs) ** 2).double().sum())
+        if best_loss is None or loss < best_loss:
+            best, best_loss = i, loss
+    return best
+
+
+def bench_ifmr_exact(device: str, size: int) -> None:
+    x = batches(device, 1, size, "normal")[0]
+    t_b = timed(lambda: ifmr_exact(x), device)
+    t_l = timed(lambda: loop_ifmr(x), device, reps=1)
+    emit(bench="ifmr_exact_batched_vs_loop", device=device, elements=size, batched_s=t_b, loop_s=t_l,
+         speedup=t_l / t_b, same_choice=ifmr_exact(x).index == loop_ifmr(x))
+
+
+def peak_bytes(fn, device: str) -> int:
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+        fn(); return torch.cuda.max_memory_allocated() - base
+    tracemalloc.start()
+    fn()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
+
+
+def state_bytes(obs) -> int:
+    return sum(v.numel() * v.element_size() for v in obs.state_dict().values())
+
+
+def bench_streaming_vs_exact(device: str, size: int, batch_nums: Sequence[int]) -> None:
+    for nb in batch_nums:
+        data = batches(device, nb, size, "relu", seed=nb)
+        for name, cls in (("exact", IfmrExactObserver), ("streaming", IfmrStreamingObserver)):
+            obs = cls("l")
+            t0 = time.perf_counter()
+            for x in data:
+                obs.update(x)
+            sync(device); t_upd = time.perf_counter() - t0
+            t0 = time.perf_counter(); s, o = obs.compute(); t_cmp = time.perf_counter() - t0
+            emit(bench="ifmr_streaming_vs_exact", device=device, mode=name, batch_num=nb, elements_per_batch=size,
+                 update_s=t_upd, compute_s=t_cmp, state_bytes=state_bytes(obs), scale=s, offset=o)
+
+
+def bench_throughput(device: str, size: int) -> None:
+    x = batches(device, 1, size, "normal")[0]
+    t_ref = timed(lambda: torch.aminmax(x), device, reps=5)
+    for name, mk in (("ifmr_streaming", lambda: IfmrStreamingObserver("l")), ("hfmg", lambda: HfmgObserver("l", 4096)),
+                     ("ifmr_exact", lambda: IfmrExactObserver("l"))):
+        obs = mk(); obs.update(x)
+        t = timed(lambda: obs.update(x), device, reps=5)
+        emit(bench="update_throughput", device=device, observer=name, elements=size,
+             elements_per_s=size / t, aminmax_elements_per_s=size / t_ref, relative_to_aminmax=t_ref / t)
+
+
+def bench_agreement(device: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for kind in ("normal", "relu", "heavy"):
+        for i in range(8):
+            cases.append(batches(device, 3, 50000, kind, seed=100 * i + len(kind)))
+    cases.append([torch.full((10000,), 0.3, device=device)])
+    cases.append([(torch.randn(20000, generator=g) * 1e-6).to(device)])
+    emit(bench="ifmr_streaming_agreement_synthetic", device=device, **streaming_agreement(cases))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    size = 1 << 20 if a.quick else 1 << 22
+    bench_throughput(a.device, size)
+    bench_hfmg(a.device, size // 4, 8)
+    bench_ifmr_exact(a.device, size // 4)
+    bench_streaming_vs_exact(a.device, size // 16, (4, 16, 64))
+    bench_agreement(a.device)
+
+
+if __name__ == "__main__":
+    main()
