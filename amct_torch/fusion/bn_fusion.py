@@ -1,0 +1,208 @@
+"""BN fusion on the torch.fx graph of a Caffe net (SPEC §6).
+
+Patterns, matched on ``call_module`` nodes by Caffe type:
+  output side  Convolution | Deconvolution | InnerProduct -> BatchNorm -> Scale
+  input side   BatchNorm -> Scale -> Convolution (pad 0, group 1 only)
+Output-side matches are folded first; a BN+Scale left over may then fold into the convolution
+after it. The kept layer keeps its name; its module remembers what it absorbed in
+``fused_layers`` and the graph keeps the whole map in ``gm.meta["fused_layers"]`` so the
+exporters can write the quant info JSON.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+from torch import fx, nn
+
+from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.fusion import eligibility as rules
+from amct_torch.fusion.fold import all_finite, bn_scale_affine, fold_input_side, fold_output_side
+
+log = logging.getLogger(__name__)
+
+OUTPUT_SIDE_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
+
+
+@dataclass
+class FusionResult:
+    """``graph``: a new graph (the input is never changed). ``fused``: kept layer name ->
+    absorbed layer names in the order absorbed. ``refused``: layer name -> why a matched pattern
+    was not folded (a layer folded on one side may still be listed for the other side)."""
+
+    graph: fx.GraphModule
+    fused: dict[str, list[str]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
+    if node.op != "call_module":
+        return None
+    mod = gm.get_submodule(node.target)
+    return mod if isinstance(mod, CaffeLayer) else None
+
+
+def _is(gm: fx.GraphModule, node: object, caffe_type: str) -> bool:
+    if not isinstance(node, fx.Node):
+        return False
+    mod = _module(gm, node)
+    return mod is not None and mod.caffe_type == caffe_type
+
+
+def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    """Replace the layer's weight and bias; a layer without bias gains one (``bias_term``)."""
+    old = layer.weight
+    layer.weight = nn.Parameter(weight.to(old.device), requires_grad=old.requires_grad)
+    if layer.bias is None:
+        if "bias" in layer.__dict__:
+            del layer.__dict__["bias"]
+        layer.bias = nn.Parameter(bias.to(old.device), requires_grad=old.requires_grad)
+        if layer.caffe_type == "InnerProduct":
+            layer.layer_param.inner_product_param.bias_term = True
+        else:
+            layer.layer_param.convolution_param.bias_term = True
+    else:
+        layer.bias = nn.Parameter(bias.to(layer.bias.device), requires_grad=layer.bias.requires_grad)
+
+
+def _remember(gm: fx.GraphModule, layer: CaffeLayer, absorbed: list[str], fused: dict[str, list[str]]) -> None:
+    prev = list(getattr(layer, "fused_layers", []))
+    layer.fused_layers = prev + absorbed
+    fused.setdefault(layer.caffe_name, []).extend(absorbed)
+
+
+def _remove(gm: fx.GraphModule, nodes: Iterable[fx.Node], removed: set[fx.Node]) -> None:
+    for node in nodes:
+        removed.add(node)
+        target = node.target
+        gm.graph.erase_node(node)
+        gm.delete_submodule(target)
+
+
+class _Fuser:
+    def __init__(self, gm: fx.GraphModule, do_fusion: bool, skip: set[str], record_skip: set[str],
+                 file: Optional[str]) -> None:
+        self.gm = gm
+        self.do_fusion = do_fusion
+        self.skip = skip
+        self.record_skip = record_skip
+        self.file = file
+        self.fused: dict[str, list[str]] = {}
+        self.refused: dict[str, str] = {}
+        self.removed: set[fx.Node] = set()  # erased while walking a snapshot of the node list
+
+    def _refuse(self, name: str, reason: str, warn: bool = False) -> None:
+        where = f"{self.file}: " if self.file else ""
+        (log.warning if warn else log.info)("%slayer '%s': BN fusion skipped: %s", where, name, reason)
+        self.refused[name] = reason if name not in self.refused else f"{self.refused[name]}; {reason}"
+
+    def _common(self, layer: CaffeLayer, bn: CaffeLayer, scale: CaffeLayer) -> Optional[str]:
+        channels = bn.mean.numel()
+        return (rules.switch_reason(self.do_fusion)
+                or rules.skip_reason((layer.caffe_name, bn.caffe_name, scale.caffe_name), self.skip,
+                                     self.record_skip)
+                or rules.batchnorm_reason(bn)
+                or rules.scale_reason(scale, channels))
+
+    def _affine(self, bn: CaffeLayer, scale: CaffeLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        return bn_scale_affine(bn.mean, bn.var, bn.eps, scale.weight, scale.bias)
+
+    def output_side(self) -> None:
+        gm = self.gm
+        for node in list(gm.graph.nodes):
+            if node in self.removed:
+                continue
+            layer = _module(gm, node)
+            if layer is None or layer.caffe_type not in OUTPUT_SIDE_TYPES:
+                continue
+            bn_node = next((u for u in node.users if _is(gm, u, "BatchNorm") and u.args[0] is node), None)
+            if bn_node is None:
+                continue
+            sc_node = next((u for u in bn_node.users if _is(gm, u, "Scale") and u.args[0] is bn_node), None)
+            if sc_node is None:
+                continue
+            bn, scale = _module(gm, bn_node), _module(gm, sc_node)
+            reason = (self._common(layer, bn, scale)
+                      or rules.single_consumer_reason(node, layer.caffe_name)
+                      or rules.single_consumer_reason(bn_node, bn.caffe_name)
+                      or rules.output_layer_reason(layer, bn.mean.numel()))
+            if reason:
+                self._refuse(layer.caffe_name, reason)
+                continue
+            a, c = self._affine(bn, scale)
+            w, b = fold_output_side(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(),
+                                    a, c, transposed=layer.caffe_type == "Deconvolution",
+                                    groups=getattr(layer, "groups", 1))
+            if not all_finite(w, b):
+                self._refuse(layer.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
+                             "non-finite values", warn=True)
+                continue
+            _set_weights(layer, w, b)
+            del layer.layer_param.top[:]
+            layer.layer_param.top.extend(scale.layer_param.top)
+            sc_node.replace_all_uses_with(node)
+            _remove(gm, (sc_node, bn_node), self.removed)
+            _remember(gm, layer, [bn.caffe_name, scale.caffe_name], self.fused)
+
+    def input_side(self) -> None:
+        gm = self.gm
+        for node in list(gm.graph.nodes):
+            if node in self.removed or not _is(gm, node, "Convolution") or not node.args:
+                continue
+            sc_node = node.args[0]
+            if not _is(gm, sc_node, "Scale") or not _is(gm, sc_node.args[0], "BatchNorm"):
+                continue
+            bn_node = sc_node.args[0]
+            conv, bn, scale = _module(gm, node), _module(gm, bn_node), _module(gm, sc_node)
+            reason = (self._common(conv, bn, scale)
+                      or rules.single_consumer_reason(bn_node, bn.caffe_name)
+                      or rules.single_consumer_reason(sc_node, scale.caffe_name)
+                      or rules.input_side_reason(conv, bn.mean.numel()))
+            if reason:
+                self._refuse(conv.caffe_name, reason)
+                continue
+            a, c = self._affine(bn, scale)
+            w, b = fold_input_side(conv.weight.detach(), None if conv.bias is None else conv.bias.detach(), a, c)
+            if not all_finite(w, b):
+                self._refuse(conv.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
+                             "non-finite values", warn=True)
+                continue
+            _set_weights(conv, w, b)
+            del conv.layer_param.bottom[:]
+            conv.layer_param.bottom.extend(bn.layer_param.bottom)
+            node.replace_input_with(sc_node, bn_node.args[0])
+            _remove(gm, (sc_node, bn_node), self.removed)
+            _remember(gm, conv, [bn.caffe_name, scale.caffe_name], self.fused)
+
+
+def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: Iterable[str] = (),
+            record_skip_fusion: Iterable[str] = (), file: Optional[str] = None) -> FusionResult:
+    """Fold BatchNorm+Scale into neighbouring Convolution/Deconvolution/InnerProduct layers.
+
+    ``skip_fusion_layers`` (quant config) and ``record_skip_fusion`` (layers whose record entry
+    says ``skip_fusion: true``) name layers of a pattern — normally the kept layer — that must
+    not be fused. ``file`` (the model file) only labels the log lines. Refusals are logged
+    (non-finite results as warnings) and returned in ``FusionResult.refused``; nothing raises.
+    The input graph is deep-copied and left untouched."""
+    out = copy.deepcopy(gm)
+    fuser = _Fuser(out, bool(do_fusion), set(skip_fusion_layers), set(record_skip_fusion), file)
+    with torch.no_grad():
+        fuser.output_side()
+        fuser.input_side()
+    out.graph.lint()
+    out.recompile()
+    meta = getattr(out, "meta", None)
+    if isinstance(meta, dict):
+        merged = {k: list(v) for k, v in meta.get("fused_layers", {}).items()}
+        for k, v in fuser.fused.items():
+            merged.setdefault(k, []).extend(v)
+        meta["fused_layers"] = merged
+    return FusionResult(graph=out, fused=fuser.fused, refused=fuser.refused)
+
+
+def fold_for_inference(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new graph with every eligible BN+Scale folded (``fuse_bn`` with its defaults)."""
+    return fuse_bn(gm).graph
