@@ -1,0 +1,144 @@
+"""The AMCT-compatible Python API (SPEC §1): ``create_quant_config``, ``init``,
+``quantize_model``, ``save_model``, ``convert_model`` — same names, arguments and files as
+``amct_caffe`` — plus ``quantize``, the one-call API (``amct_torch.oneshot``).
+
+Typical AMCT script::
+
+    create_quant_config("cfg.json", "deploy.prototxt", "w.caffemodel")
+    graph = init("cfg.json", "deploy.prototxt", "w.caffemodel", "record.txt")
+    model = quantize_model(graph, "modified.prototxt", "modified.caffemodel")
+    for batch in batches[:batch_num]:      # on CUDA too: model.cuda(); batch.cuda()
+        model(batch)
+    save_model(graph, "Both", "out/model")
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from amct_torch.calibration.workflow import (QuantGraph, check_writable, fuse, start_calibration,
+                                             write_weights)
+from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
+from amct_torch.record import empty_record, read_record
+
+log = logging.getLogger("amct_torch")
+
+SAVE_TYPES = ("Fakequant", "Deploy", "Both")
+
+__all__ = ["create_quant_config", "init", "quantize_model", "save_model", "convert_model",
+           "QuantGraph", "SAVE_TYPES"]
+
+
+def _need_file(path: str, what: str, err: type = ModelError) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise err(f"{what} must be a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise err(f"{what} not found", file=path)
+    return path
+
+
+def init(config_file: str, model_file: str, weights_file: str,
+         scale_offset_record_file: str) -> QuantGraph:
+    """Load the Caffe model, read and validate the JSON quant config, and create (or empty)
+    the record file. Returns the graph object the next calls take."""
+    from amct_torch.caffe.graph import load_caffe
+
+    model_file = _need_file(model_file, "model file")
+    weights_file = _need_file(weights_file, "weights file")
+    config_file = _need_file(config_file, "quant config", ConfigError)
+    check_writable(os.fspath(scale_offset_record_file), "record file")
+    model = load_caffe(model_file, weights_file)
+    layers = layer_infos_from_net(model.caffe_net)
+    config = read_quant_config_json(config_file, layers)
+    record_file = os.fspath(scale_offset_record_file)
+    empty_record(record_file)
+    log.info("loaded %s: %d layers, %d to quantize", model_file, len(layers),
+             len(config.enabled_layers()))
+    return QuantGraph(model_file=model_file, weights_file=weights_file, config_file=config_file,
+                      record_file=record_file, config=config, layers=layers, model=model)
+
+
+def _check_graph(graph: object, caller: str) -> QuantGraph:
+    if not isinstance(graph, QuantGraph):
+        raise AmctError(f"{caller} takes the graph returned by init(), got {type(graph).__name__}")
+    return graph
+
+
+def quantize_model(graph: QuantGraph, modified_model_file: str, modified_weights_file: str,
+                   *, ifmr_mode: str = "streaming") -> torch.nn.Module:
+    """Fuse BN, write ARQ weight factors to the record, write the modified (fused, calibration)
+    Caffe model, and return the torch module to run on ``batch_num`` calibration batches.
+
+    After the ``batch_num``-th forward the activation factors are computed and merged into the
+    record; later forwards do nothing more. ``ifmr_mode`` "streaming" (default, memory does
+    not grow with batch_num) or "exact" (AMCT's keep-every-element search)."""
+    from amct_torch.caffe.netio import save_caffe
+
+    graph = _check_graph(graph, "quantize_model")
+    if graph.session is not None:
+        raise CalibrationError("quantize_model was already called on this graph; call init again")
+    for p, what in ((modified_model_file, "modified model"), (modified_weights_file, "modified weights")):
+        check_writable(os.fspath(p), what)
+    fuse(graph)
+    write_weights(graph)
+    save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
+    start_calibration(graph, ifmr_mode=ifmr_mode)
+    log.info("run the returned model on %d batch(es) of calibration data", graph.config.batch_num)
+    return graph.fused
+
+
+def checked_records(graph: QuantGraph) -> dict:
+    """The record of ``graph`` after calibration, with every quantized layer's factors
+    present and every entry valid (SPEC §4; joint Eltwise entries checked for scale_d/offset_d
+    only)."""
+    from amct_torch.record import validate_record
+
+    records = read_record(graph.record_file)
+    joint = set(graph.joint_layers)
+    missing = [n for n in graph.quant_layers + sorted(joint)
+               if n not in records or records[n].scale_d is None]
+    if missing:
+        seen = graph.session.batches_seen if graph.session is not None else 0
+        raise RecordError(f"no activation factors for {len(missing)} quantized layer(s) "
+                          f"(first: '{missing[0]}'): run the model returned by quantize_model on "
+                          f"batch_num={graph.config.batch_num} batches first (ran {seen})",
+                          file=graph.record_file, layer=missing[0])
+    plain = {k: v for k, v in records.items() if k not in joint}
+    validate_record(plain, graph.layers, graph.record_file)
+    for name in joint:
+        r = records[name]
+        if not (r.scale_d > 0 and -128 <= r.offset_d <= 127):
+            raise RecordError("invalid joint Eltwise factors", file=graph.record_file, layer=name)
+    return records
+
+
+def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
+    """Write the quantized models: ``save_type`` ``Fakequant``, ``Deploy`` or ``Both`` →
+    ``{save_path}_fake_quant_model.prototxt`` / ``_fake_quant_weights.caffemodel``,
+    ``{save_path}_deploy_model.prototxt`` / ``_deploy_weights.caffemodel`` and
+    ``{save_path}_quant.json``. Error (nothing written) if a quantized layer lacks factors.
+    Returns the paths written."""
+    from amct_torch.calibration.outputs import export_models
+
+    graph = _check_graph(graph, "save_model")
+    if save_type not in SAVE_TYPES:
+        raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)}, got {save_type!r}")
+    check_writable(os.fspath(save_path) + "_x", "output models")
+    if graph.fused is None or graph.session is None:
+        raise CalibrationError("save_model needs a calibrated graph: call quantize_model and run "
+                               "its model on the calibration batches first")
+    records = checked_records(graph)
+    return export_models(graph, records, save_type, os.fspath(save_path))
+
+
+def convert_model(model_file: str, weights_file: str, scale_offset_record_file: str,
+                  save_path: str) -> list[str]:
+    """Build the fake-quant and deploy models from a record the user supplies (no
+    calibration); honours each record's ``skip_fusion``."""
+    from amct_torch.calibration.outputs import convert
+    return convert(model_file, weights_file, scale_offset_record_file, save_path)
