@@ -30,7 +30,7 @@ log = logging.getLogger("amct_torch")
 SAVE_TYPES = ("Fakequant", "Deploy", "Both")
 
 __all__ = ["create_quant_config", "init", "quantize_model", "save_model", "convert_model",
-           "QuantGraph", "SAVE_TYPES"]
+           "quantize", "QuantGraph", "QuantizeResult", "Preprocess", "SAVE_TYPES"]
 
 
 def _need_file(path: str, what: str, err: type = ModelError) -> str:
@@ -142,3 +142,7 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     calibration); honours each record's ``skip_fusion``."""
     from amct_torch.calibration.outputs import convert
     return convert(model_file, weights_file, scale_offset_record_file, save_path)
+
+
+from amct_torch.calibration.data import Preprocess  # noqa: E402  (public re-exports)
+from amct_torch.calibration.oneshot import QuantizeResult, quantize  # noqa: E402

@@ -1,0 +1,198 @@
+"""``amct_torch.quantize``: the whole AMCT workflow in one call.
+
+Why: most users do not want five calls and two intermediate files. This runs
+create_quant_config → init → quantize_model → the calibration loop → save_model (+ ONNX, + the
+per-layer report) with sensible defaults, and writes every output under one prefix. All work
+happens in a private temporary folder and the results are moved into place only at the end,
+so a failure leaves no partial outputs behind.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+
+from amct_torch.calibration.data import Preprocess, calibration_batches
+from amct_torch.calibration.fakequant_model import fake_quant_model
+from amct_torch.calibration.loop import resolve_device, run_calibration, take
+from amct_torch.calibration.workflow import QuantGraph
+from amct_torch.errors import AmctError, ConfigError, DataError, ModelError
+
+log = logging.getLogger("amct_torch")
+
+
+@dataclass
+class QuantizeResult:
+    """What ``quantize`` produced.
+
+    ``files``: kind → path of every file written (``record``, ``config``, ``fake_quant_model``,
+    ``deploy_model``, ``onnx``, ``report``…); ``records``: the record as read back;
+    ``float_model``/``quant_model``: the fused float torch model and its fake-quant twin (on
+    ``device``); ``report``: per-layer ``LayerStat`` rows, worst first (None when not asked);
+    ``graph``: the ``QuantGraph``."""
+
+    files: dict[str, str]
+    records: dict
+    float_model: Any
+    quant_model: Any
+    graph: QuantGraph
+    report: Optional[list] = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def _config_json(config: Optional[str], tmp: str, model_file: str, weights_file: str,
+                 skip_layers: Optional[Sequence[str]], batch_num: int,
+                 activation_offset: bool) -> str:
+    """The JSON quant config to use: written from a quant.cfg or defaults, or the user's JSON."""
+    from amct_torch.config import create_quant_config
+
+    path = os.path.join(tmp, "quant_config.json")
+    if config is None:
+        create_quant_config(path, model_file, weights_file, skip_layers=skip_layers,
+                            batch_num=batch_num, activation_offset=activation_offset)
+        return path
+    if not os.path.isfile(config):
+        raise ConfigError("quant config not found", file=config)
+    if config.lower().endswith(".json"):
+        shutil.copyfile(config, path)
+        return path
+    if skip_layers:
+        log.warning("skip_layers is ignored: the quant.cfg %s decides what is skipped", config)
+    create_quant_config(path, model_file, weights_file, config_defination=config)
+    return path
+
+
+def _count(data: Any) -> Optional[int]:
+    """Number of samples of a single array or a folder (None for iterables and files)."""
+    if hasattr(data, "shape") and len(getattr(data, "shape")) >= 1:
+        return int(data.shape[0])
+    if isinstance(data, (str, os.PathLike)) and os.path.isdir(data):
+        return len([n for n in os.listdir(data) if not n.startswith(".")
+                    and os.path.isfile(os.path.join(data, n))])
+    return None
+
+
+def quantize(model_file: str, weights_file: str, calibration_data: Any,
+             config: Optional[str] = None, output: str = "amct_output/model", *,
+             batch_num: Optional[int] = None, batch_size: Optional[int] = None,
+             device: Optional[str] = None, preprocess: Optional[Preprocess] = None,
+             skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
+             save_type: Optional[str] = "Both", onnx: bool = False, report: bool = True,
+             report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
+             quiet: bool = False) -> QuantizeResult:
+    """Quantize a Caffe model in one call and write every output under the prefix ``output``.
+
+    ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
+    or a path (folder of images or .npy/.npz files, or one .npy/.npz file; images are
+    preprocessed by ``preprocess``). ``config``: None (defaults), a quant.cfg or a JSON quant
+    config. ``batch_num`` overrides the config's; for an array or folder the default
+    ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
+    when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` also writes
+    ``{output}_quant.onnx``; ``report`` compares every quantized layer's output with the float
+    model on ``report_data`` (default: up to ``report_batches`` batches of the calibration data
+    not used for calibration, else the calibration batches) and writes
+    ``{output}_layer_report.json``.
+    Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
+    from amct_torch.api import SAVE_TYPES, init, quantize_model, save_model
+    from amct_torch.calibration.outputs import export_onnx_model
+
+    for p, what in ((model_file, "model file"), (weights_file, "weights file")):
+        if not isinstance(p, (str, os.PathLike)) or not os.path.isfile(p):
+            raise ModelError(f"{what} not found", file=str(p))
+    if save_type is not None and save_type not in SAVE_TYPES:
+        raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {save_type!r}")
+    if batch_num is not None and (isinstance(batch_num, bool) or int(batch_num) < 1):
+        raise ConfigError(f"batch_num must be >= 1, got {batch_num!r}")
+    dev = resolve_device(device)
+    output = os.fspath(output)
+    if not os.path.basename(output):
+        raise AmctError("output must be a path prefix such as out/model, not a folder", file=output)
+    tmp = tempfile.mkdtemp(prefix="amct_")
+    try:
+        prefix = os.path.join(tmp, os.path.basename(output))
+        cfg = _config_json(config, tmp, model_file, weights_file, skip_layers,
+                           batch_num or 1, activation_offset)
+        graph = init(cfg, model_file, weights_file, prefix + "_record.txt")
+        if batch_num is not None:
+            graph.config.batch_num = int(batch_num)
+        n = graph.config.batch_num
+        model = quantize_model(graph, os.path.join(tmp, "modified_model.prototxt"),
+                               os.path.join(tmp, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
+        model.to(dev)
+        count = _count(calibration_data)
+        bs = batch_size if batch_size is not None else (max(1, -(-count // n)) if count else None)
+        batches = calibration_batches(calibration_data, graph.model.caffe_inputs, bs, preprocess)
+        keeper = _Keep()
+        rest = run_calibration(model, graph.session, keeper(batches, n), dev, quiet=quiet)
+        files = {"config": prefix + "_quant_config.json", "record": prefix + "_record.txt"}
+        os.replace(cfg, files["config"])
+        records = _records(graph, save_type)
+        if save_type is not None:
+            written = save_model(graph, save_type, prefix)
+            for p in written:
+                files[_kind(p, prefix)] = p
+        quant_model = fake_quant_model(graph.fused, records, graph.record_file).to(dev)
+        if onnx:
+            files["onnx"] = export_onnx_model(graph, records, prefix + "_quant.onnx")
+        stats = None
+        if report:
+            from amct_torch.report import layer_report, write_report
+            held = take(rest, report_batches) if report_data is None else list(
+                calibration_batches(report_data, graph.model.caffe_inputs, bs, preprocess))
+            held_out = bool(held) or report_data is not None
+            if not held:
+                held = keeper.cache[:report_batches]
+            stats = layer_report(model, quant_model, held, list(records), device=dev)
+            files["report"] = prefix + "_layer_report.json"
+            write_report(files["report"], stats, {"model": model_file, "held_out": held_out,
+                                                  "batches": len(held)})
+        final = _move(files, tmp, output)
+        return QuantizeResult(files=final, records=records, float_model=model,
+                              quant_model=quant_model, graph=graph, report=stats, device=dev)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Keep:
+    """Remembers the first ``n`` batches it passes on (the fallback report data)."""
+
+    def __init__(self) -> None:
+        self.cache: list = []
+
+    def __call__(self, batches: Iterable[Any], n: int) -> Iterable[Any]:
+        self.cache = []
+        for i, b in enumerate(batches):
+            if i < n:
+                self.cache.append(b)
+            yield b
+
+
+
+def _records(graph: QuantGraph, save_type: Optional[str]) -> dict:
+    from amct_torch.api import checked_records
+    return checked_records(graph)
+
+
+def _kind(path: str, prefix: str) -> str:
+    tail = path[len(prefix) + 1:] if path.startswith(prefix + "_") else os.path.basename(path)
+    return tail.rsplit(".", 1)[0]
+
+
+def _move(files: dict[str, str], tmp: str, output: str) -> dict[str, str]:
+    """Move every result from ``tmp`` to its place next to ``output`` (folder created)."""
+    folder = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise AmctError(f"cannot create the output folder: {err}", file=folder) from None
+    final = {}
+    for kind, p in files.items():
+        dest = os.path.join(folder, os.path.basename(p))
+        shutil.move(p, dest)
+        final[kind] = dest
+    return final

@@ -1,0 +1,156 @@
+"""Per-layer accuracy report: how far each quantized layer's output in the fake-quant model is
+from the float model on held-out batches.
+
+Why: AMCT's documentation tells users to look for layers whose output cosine similarity drops
+below 0.99 and to skip or re-configure them. Both models run on the same batches; forward
+hooks capture each reported layer's output in both, and running sums (Σxy, Σx², Σy², Σ(y−x)²)
+over all batches give the cosine and the SQNR without keeping outputs. Rows are sorted worst
+first (lowest cosine).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from amct_torch.record.atomic import atomic_write_text
+
+#: AMCT's rule of thumb: a layer under this cosine deserves a look
+COSINE_WARN = 0.99
+
+
+@dataclass
+class LayerStat:
+    """One quantized layer: ``cosine`` and ``sqnr_db`` of its fake-quant output against the
+    float output (all elements of all batches), ``numel`` elements compared."""
+
+    layer: str
+    type: str
+    cosine: float
+    sqnr_db: float
+    numel: int
+
+    @property
+    def flagged(self) -> bool:
+        return not self.cosine >= COSINE_WARN
+
+
+class _Acc:
+    def __init__(self) -> None:
+        self.xy = self.xx = self.yy = self.ee = 0.0
+        self.n = 0
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        x = x.detach().double().reshape(-1)
+        y = y.detach().double().reshape(-1)
+        e = y - x
+        vals = torch.stack([x @ y, x @ x, y @ y, e @ e]).tolist()
+        self.xy += vals[0]; self.xx += vals[1]; self.yy += vals[2]; self.ee += vals[3]
+        self.n += x.numel()
+
+    def cosine(self) -> float:
+        if self.xx == 0.0 and self.yy == 0.0:
+            return 1.0
+        if self.xx == 0.0 or self.yy == 0.0:
+            return 0.0
+        return self.xy / math.sqrt(self.xx * self.yy)
+
+    def sqnr(self) -> float:
+        if self.ee == 0.0:
+            return math.inf
+        if self.xx == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.xx / self.ee)
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"layer output is {type(out).__name__}, not a tensor")
+
+
+def _capture(model: nn.Module, layers: Sequence[str], store: dict) -> list:
+    from amct_torch.caffe.graph import layer_modules
+
+    mods = layer_modules(model)
+    handles = []
+    for name in layers:
+        def hook(_m, _a, out, name=name):
+            store[name] = _first_tensor(out)
+        handles.append(mods[name].register_forward_hook(hook))
+    return handles
+
+
+def _call(model: nn.Module, batch: Any) -> Any:
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterable[Any],
+                 layers: Sequence[str], device: Optional[torch.device] = None) -> list[LayerStat]:
+    """Compare the outputs of ``layers`` (Caffe names present in both models) over ``batches``
+    (tensors, or tuples for several inputs) and return one ``LayerStat`` per layer, worst
+    first. The models are run in eval mode without gradients on ``device`` (default: where
+    their parameters are)."""
+    from amct_torch.caffe.graph import layer_modules
+
+    types = {n: m.caffe_type for n, m in layer_modules(float_model).items()}
+    accs = {n: _Acc() for n in layers}
+    f_out: dict = {}
+    q_out: dict = {}
+    handles = _capture(float_model, layers, f_out) + _capture(quant_model, layers, q_out)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if device is not None:
+                    batch = tuple(b.to(device) for b in batch) if isinstance(batch, tuple) \
+                        else batch.to(device)
+                _call(float_model, batch)
+                _call(quant_model, batch)
+                for n in layers:
+                    accs[n].add(f_out[n], q_out[n])
+                f_out.clear(); q_out.clear()
+    finally:
+        for h in handles:
+            h.remove()
+    stats = [LayerStat(n, types.get(n, "?"), accs[n].cosine(), accs[n].sqnr(), accs[n].n)
+             for n in layers]
+    stats.sort(key=lambda s: (s.cosine, s.sqnr_db))
+    return stats
+
+
+def format_table(stats: Sequence[LayerStat], limit: Optional[int] = None) -> str:
+    """A fixed-width table (worst first); ``limit`` rows at most, with a note of the rest."""
+    rows = list(stats if limit is None else stats[:limit])
+    width = max([len("layer")] + [len(s.layer) for s in rows])
+    tw = max([len("type")] + [len(s.type) for s in rows])
+    lines = [f"{'layer':<{width}}  {'type':<{tw}}  {'cosine':>8}  {'SQNR dB':>8}"]
+    for s in rows:
+        mark = "  <- below %.2f" % COSINE_WARN if s.flagged else ""
+        lines.append(f"{s.layer:<{width}}  {s.type:<{tw}}  {s.cosine:>8.5f}  {s.sqnr_db:>8.2f}{mark}")
+    if limit is not None and len(stats) > limit:
+        lines.append(f"... {len(stats) - limit} more layer(s) in the JSON report")
+    return "\n".join(lines)
+
+
+def report_json(stats: Sequence[LayerStat], meta: Optional[dict] = None) -> dict:
+    """The JSON document of a report: ``meta`` plus ``layers`` (worst first)."""
+    def clean(v: float) -> Any:
+        return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    layers = []
+    for s in stats:
+        d = asdict(s)
+        d["cosine"], d["sqnr_db"] = clean(s.cosine), clean(s.sqnr_db)
+        d["below_0.99"] = s.flagged
+        layers.append(d)
+    return {**(meta or {}), "cosine_warn": COSINE_WARN, "layers": layers}
+
+
+def write_report(path: str, stats: Sequence[LayerStat], meta: Optional[dict] = None) -> None:
+    """Write the JSON report atomically."""
+    atomic_write_text(path, json.dumps(report_json(stats, meta), indent=2) + "\n")
