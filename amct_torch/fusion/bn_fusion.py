@@ -68,7 +68,7 @@ def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) ->
         layer.bias = nn.Parameter(bias.to(layer.bias.device), requires_grad=layer.bias.requires_grad)
 
 
-def _remember(gm: fx.GraphModule, layer: CaffeLayer, absorbed: list[str], fused: dict[str, list[str]]) -> None:
+def _remember(layer: CaffeLayer, absorbed: list[str], fused: dict[str, list[str]]) -> None:
     prev = list(getattr(layer, "fused_layers", []))
     layer.fused_layers = prev + absorbed
     fused.setdefault(layer.caffe_name, []).extend(absorbed)
@@ -145,7 +145,7 @@ class _Fuser:
             layer.layer_param.top.extend(scale.layer_param.top)
             sc_node.replace_all_uses_with(node)
             _remove(gm, (sc_node, bn_node), self.removed)
-            _remember(gm, layer, [bn.caffe_name, scale.caffe_name], self.fused)
+            _remember(layer, [bn.caffe_name, scale.caffe_name], self.fused)
 
     def input_side(self) -> None:
         gm = self.gm
@@ -175,7 +175,7 @@ class _Fuser:
             conv.layer_param.bottom.extend(bn.layer_param.bottom)
             node.replace_input_with(sc_node, bn_node.args[0])
             _remove(gm, (sc_node, bn_node), self.removed)
-            _remember(gm, conv, [bn.caffe_name, scale.caffe_name], self.fused)
+            _remember(conv, [bn.caffe_name, scale.caffe_name], self.fused)
 
 
 def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: Iterable[str] = (),
