@@ -1,1 +1,11 @@
-"""export"""
+"""The output models: fake-quant and deploy Caffe, quant info JSON, ONNX QDQ, convert_model.
+See docs/export.md."""
+from amct_torch.export.caffe_deploy import deploy_net, pack_deq_scale, save_deploy, unpack_deq_scale
+from amct_torch.export.caffe_fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
+from amct_torch.export.convert import convert_model, refuse_quantized_model, save_quant_models
+from amct_torch.export.onnx_qdq import export_onnx
+from amct_torch.export.quant_info import quant_info, write_quant_info
+
+__all__ = ["convert_model", "deploy_net", "export_onnx", "fake_quant_graph", "fake_quant_net",
+           "pack_deq_scale", "quant_info", "refuse_quantized_model", "save_deploy",
+           "save_fake_quant", "save_quant_models", "unpack_deq_scale", "write_quant_info"]

@@ -2,8 +2,12 @@
 Quant (quantize then dequantize, SPEC §5.4/§7) and DeQuant (identity in float)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
+
+from amct_torch.algorithms.quant import fake_quant
 
 from amct_torch.caffe.layers.base import CaffeLayer, register
 
@@ -11,7 +15,12 @@ from amct_torch.caffe.layers.base import CaffeLayer, register
 @register("Quant")
 class QuantLayer(CaffeLayer):
     """q = clamp(round(x * scale) + offset, -128, 127); y = (q - offset) / scale, where
-    ``quant_param.scale`` is 1/scale_d and ``quant_param.offset`` one byte (int8) = offset_d."""
+    ``quant_param.scale`` is 1/scale_d and ``quant_param.offset`` one byte (int8) = offset_d.
+
+    A file holds only float32(1/scale_d), whose inverse can differ from the record's scale_d
+    in the last bit (and so flip a value sitting on a rounding boundary). The exporter's
+    in-memory model calls ``set_exact_scale`` so that it computes SPEC §5.4 with the record's
+    own scale_d: q = clamp(round(x/scale_d) + offset_d, -128, 127), y = (q - offset_d)·scale_d."""
 
     same_shape = True
 
@@ -25,13 +34,25 @@ class QuantLayer(CaffeLayer):
             self.fail(f"quant_param.offset must be one byte, has {len(raw)}")
         self.scale = float(p.scale)
         self.offset = int(np.frombuffer(raw, dtype=np.int8)[0]) if raw else 0
+        self.scale_d: Optional[float] = None
+
+    def set_exact_scale(self, scale_d: float, offset_d: int) -> None:
+        """Compute with the record's exact ``scale_d`` (division) instead of the file's
+        1/scale_d (multiplication)."""
+        if not (np.isfinite(scale_d) and scale_d > 0) or not -128 <= int(offset_d) <= 127:
+            self.fail(f"invalid quantization factors scale_d={scale_d!r}, offset_d={offset_d!r}")
+        self.scale_d = float(np.float32(scale_d))
+        self.offset = int(offset_d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale_d is not None:
+            return fake_quant(x, self.scale_d, self.offset)
         q = torch.clamp(torch.round(x * self.scale) + self.offset, -128, 127)
         return (q - self.offset) / self.scale
 
     def extra_repr(self) -> str:
-        return f"name={self.caffe_name!r}, scale={self.scale}, offset={self.offset}"
+        exact = "" if self.scale_d is None else f", scale_d={self.scale_d}"
+        return f"name={self.caffe_name!r}, scale={self.scale}, offset={self.offset}{exact}"
 
 
 @register("DeQuant")

@@ -1,0 +1,76 @@
+"""Writing our output nets as Caffe files, with ``quant_param.offset`` in a form the target
+consumer reads.
+
+Why: AMCT writes ``offset`` as a one-byte string (``offset: "\\375"`` for −3). OpenCV's Caffe
+importer (4.x, the reference consumer) rejects every string value inside an unknown layer
+param, and reads a negative number without its sign (``offset: -3`` reaches a custom layer as
+"3"). The form that survives is the byte's unsigned value 0…255 (``offset: 253``); readers
+turn it back into the int8 −3. See docs/export.md.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from typing import Optional
+
+from google.protobuf import text_encoding
+
+from amct_torch.caffe.netio import net_to_prototxt_text
+from amct_torch.caffe.prototxt import clear_unknown
+from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.record import atomic_write_text
+
+OFFSET_FORMS = ("uint8", "bytes")
+
+_OFFSET = re.compile(r'(quant_param \{[^{}]*?\boffset: )"((?:[^"\\]|\\.)*)"', re.S)
+
+
+def _uint8_offsets(text: str) -> str:
+    def repl(m: re.Match) -> str:
+        raw = text_encoding.CUnescape(m.group(2))
+        return f"{m.group(1)}{raw[0] if raw else 0}"
+    return _OFFSET.sub(repl, text)
+
+
+def prototxt_text(net: pb.NetParameter, offset_form: str = "uint8") -> str:
+    """The prototxt text of ``net``; ``offset_form`` "uint8" (OpenCV-readable, default) or
+    "bytes" (AMCT's one-byte string)."""
+    if offset_form not in OFFSET_FORMS:
+        raise ValueError(f"offset_form must be one of {OFFSET_FORMS}, got {offset_form!r}")
+    text = net_to_prototxt_text(net)
+    return _uint8_offsets(text) if offset_form == "uint8" else text
+
+
+def _atomic_bytes(path: str, data: bytes) -> None:
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optional[str],
+                offset_form: str = "uint8") -> None:
+    """Write ``net`` as prototxt (no blobs; offset form as chosen) and caffemodel (binary,
+    with blobs; ``quant_param.offset`` stays the schema's one byte there), each atomically."""
+    text = prototxt_text(net, offset_form)
+    binary = None
+    if caffemodel_path is not None:
+        out = pb.NetParameter()
+        out.CopyFrom(net)
+        clear_unknown(out)
+        binary = out.SerializeToString()
+    atomic_write_text(prototxt_path, text)
+    if binary is not None:
+        _atomic_bytes(caffemodel_path, binary)

@@ -1,0 +1,284 @@
+"""ONNX export: the (fused) float model and its fake-quant model as standard QDQ.
+
+Why a direct builder and not ``torch.onnx.export``: the graph is a Caffe graph whose every
+node is one Caffe layer, so mapping layer → ONNX ops (Conv, Gemm, pools, Relu, Add, Softmax …)
+is short, needs no tracing or extra dependencies, and puts the Q/DQ nodes exactly where the
+Caffe fake-quant model has its Quant layers.
+
+Quant model (SPEC §5.4, §7): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
+DequantizeLinear`` (one pair per distinct input and factors, shared like the Caffe Quant);
+weights are int8 initializers (ARQ grid with the record's scale_w) behind ``DequantizeLinear``
+(per channel through ``axis``); a bias is an int32 initializer = round(b/(scale_d·scale_w))
+behind ``DequantizeLinear`` (scale scale_d·scale_w), the form ONNX Runtime folds into
+QLinearConv. int8 activations use zero point offset_d; ``activations="uint8"`` writes the same
+grid as uint8 with zero point offset_d + 128 (ORT's faster U8S8 kernels on x86 without VNNI).
+"""
+from __future__ import annotations
+
+import copy
+import operator
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
+
+from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
+from amct_torch.errors import ExportError
+from amct_torch.export.plan import LayerQuant, plan_layers
+from amct_torch.record import LayerRecord
+
+OPSET = 17
+_MAX, _AVE = 0, 1
+_SUM, _PROD = 1, 0
+
+
+class _Builder:
+    """Collects nodes and initializers; one instance per written model."""
+
+    def __init__(self, gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
+                 file: Optional[str]) -> None:
+        self.gm, self.plan, self.act, self.file = gm, plan, activations, file
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.names: set[str] = set()
+        self.qcache: dict[tuple, str] = {}
+
+    def uniq(self, base: str) -> str:
+        out, i = base, 1
+        while out in self.names:
+            i += 1
+            out = f"{base}_{i}"
+        self.names.add(out)
+        return out
+
+    def init(self, base: str, arr: np.ndarray) -> str:
+        name = self.uniq(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], base: str, n_out: int = 1, **attrs) -> list[str]:
+        outs = [self.uniq(base if n_out == 1 else f"{base}_{k}") for k in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=self.uniq(f"{base}_{op}"), **attrs))
+        return outs
+
+    def fail(self, mod: CaffeLayer, msg: str) -> None:
+        raise ExportError(f"ONNX export: {msg}", file=self.file, layer=mod.caffe_name)
+
+    # -- quantization ------------------------------------------------------------------
+    def quant_act(self, x: str, lq: LayerQuant) -> str:
+        key = (x, float(lq.scale_d), int(lq.offset_d))
+        if key in self.qcache:
+            return self.qcache[key]
+        if self.act == "uint8":
+            zp = np.array(lq.offset_d + 128, np.uint8)
+        else:
+            zp = np.array(lq.offset_d, np.int8)
+        s = self.init(f"{lq.name}_in_scale", np.array(lq.scale_d, np.float32))
+        z = self.init(f"{lq.name}_in_zero_point", zp)
+        q = self.node("QuantizeLinear", [x, s, z], f"{lq.name}_in_q")[0]
+        dq = self.node("DequantizeLinear", [q, s, z], f"{lq.name}_in_dq")[0]
+        self.qcache[key] = dq
+        return dq
+
+    def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int) -> str:
+        qw = self.init(f"{lq.name}_weight_int8", w_int8.astype(np.int8))
+        if lq.per_channel:
+            s = self.init(f"{lq.name}_weight_scale", lq.scale_w.astype(np.float32))
+            z = self.init(f"{lq.name}_weight_zero_point", np.zeros(lq.scale_w.size, np.int8))
+            return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight", axis=axis)[0]
+        s = self.init(f"{lq.name}_weight_scale", np.array(lq.scale_w[0], np.float32))
+        z = self.init(f"{lq.name}_weight_zero_point", np.array(0, np.int8))
+        return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight")[0]
+
+    def quant_bias(self, lq: LayerQuant) -> str:
+        qb = self.init(f"{lq.name}_bias_int32", lq.bias_int32.astype(np.int32))
+        s = self.init(f"{lq.name}_bias_scale", lq.deq_scale.astype(np.float32))
+        z = self.init(f"{lq.name}_bias_zero_point", np.zeros(lq.deq_scale.size, np.int32))
+        return self.node("DequantizeLinear", [qb, s, z], f"{lq.name}_bias", axis=0)[0]
+
+    # -- layers ------------------------------------------------------------------------
+    def layer(self, mod: CaffeLayer, xs: list[str], in_shapes: list, lq: Optional[LayerQuant]) -> list[str]:
+        t, name = mod.caffe_type, mod.caffe_name
+        if lq is not None:
+            n_q = len(xs) if lq.joint else 1
+            xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
+        if t in ("Convolution", "Deconvolution"):
+            return [self._conv(mod, xs[0], lq)]
+        if t == "InnerProduct":
+            return [self._fc(mod, xs[0], in_shapes[0], lq)]
+        if t == "Pooling":
+            return [self._pool(mod, xs[0], in_shapes[0])]
+        if t == "ReLU":
+            if mod.negative_slope != 0.0:
+                return self.node("LeakyRelu", xs, name, alpha=mod.negative_slope)
+            return self.node("Relu", xs, name)
+        if t in ("Sigmoid", "TanH", "AbsVal"):
+            return self.node({"Sigmoid": "Sigmoid", "TanH": "Tanh", "AbsVal": "Abs"}[t], xs, name)
+        if t == "Dropout":
+            return self.node("Identity", xs, name)
+        if t == "Softmax":
+            axis = int(mod.layer_param.softmax_param.axis)
+            return self.node("Softmax", xs, name, axis=axis)
+        if t == "Eltwise":
+            return [self._eltwise(mod, xs)]
+        if t == "Concat":
+            return self.node("Concat", xs, name, axis=int(mod.axis))
+        if t == "BatchNorm" and not mod.uses_batch_stats:
+            return [self._affine(mod, xs[0], in_shapes[0],
+                                 (1.0 / torch.sqrt(mod.var + mod.eps)),
+                                 -mod.mean / torch.sqrt(mod.var + mod.eps))]
+        if t == "Scale" and len(xs) == 1 and mod.axis in (1, -3) and mod.weight is not None \
+                and mod.weight.dim() == 1:
+            return [self._affine(mod, xs[0], in_shapes[0], mod.weight, mod.bias)]
+        self.fail(mod, f"layer type {t} (with these parameters) has no ONNX mapping here")
+
+    def _affine(self, mod, x: str, shape, gamma, beta) -> str:
+        view = [-1] + [1] * (len(shape) - 2)
+        g = self.init(f"{mod.caffe_name}_gamma", gamma.detach().cpu().float().reshape(view).numpy())
+        y = self.node("Mul", [x, g], f"{mod.caffe_name}_mul")[0]
+        if beta is None:
+            return y
+        b = self.init(f"{mod.caffe_name}_beta", beta.detach().cpu().float().reshape(view).numpy())
+        return self.node("Add", [y, b], mod.caffe_name)[0]
+
+    def _conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
+        deconv = mod.caffe_type == "Deconvolution"
+        if lq is not None:
+            if deconv and lq.per_channel and mod.groups > 1:
+                self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
+                               "ONNX quantization axis; quantize this layer per tensor")
+            w = self.quant_weight(lq, lq.int8_weight, axis=1 if deconv else 0)
+        else:
+            w = self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())
+        ins = [x, w]
+        if mod.bias is not None:
+            ins.append(self.quant_bias(lq) if lq is not None else
+                       self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
+        (ph, pw), kernel = mod.padding, list(mod.kernel_size)
+        return self.node("ConvTranspose" if deconv else "Conv", ins, mod.caffe_name,
+                         kernel_shape=kernel, strides=list(mod.stride), pads=[ph, pw, ph, pw],
+                         dilations=list(mod.dilation), group=int(mod.groups))[0]
+
+    def _fc(self, mod, x: str, shape, lq: Optional[LayerQuant]) -> str:
+        if mod.transpose or mod.axis % len(shape) != 1:
+            self.fail(mod, "only InnerProduct with axis 1 and transpose false is exported")
+        if len(shape) != 2:
+            x = self.node("Flatten", [x], f"{mod.caffe_name}_flatten", axis=1)[0]
+        if lq is not None:
+            w = self.quant_weight(lq, lq.int8_weight, axis=0)
+        else:
+            w = self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())
+        ins = [x, w]
+        if mod.bias is not None:
+            ins.append(self.quant_bias(lq) if lq is not None else
+                       self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
+        return self.node("Gemm", ins, mod.caffe_name, transB=1)[0]
+
+    def _pool(self, mod, x: str, shape) -> str:
+        if mod.method not in (_MAX, _AVE):
+            self.fail(mod, "STOCHASTIC pooling has no ONNX mapping")
+        if mod.global_pooling:
+            return self.node("GlobalMaxPool" if mod.method == _MAX else "GlobalAveragePool", [x],
+                             mod.caffe_name)[0]
+        (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
+        h, w = int(shape[-2]), int(shape[-1])
+        oh, ow = (caffe_pooled_size(h, kh, sh, ph, mod.ceil), caffe_pooled_size(w, kw, sw, pw, mod.ceil))
+        eh, ew = max(0, (oh - 1) * sh + kh - h - ph), max(0, (ow - 1) * sw + kw - w - pw)
+        if mod.method == _MAX:
+            return self.node("MaxPool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
+                             pads=[ph, pw, eh, ew])[0]
+        if ph == 0 and pw == 0 and eh == 0 and ew == 0:
+            return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw],
+                             strides=[sh, sw])[0]
+        # Caffe's divisor counts the zero padding but not the ceil overhang beyond H + pad:
+        # pad with zeros explicitly, then average without counting the (remaining) overhang.
+        if ph or pw:
+            pads = self.init(f"{mod.caffe_name}_pads", np.array([0, 0, ph, pw, 0, 0, ph, pw], np.int64))
+            x = self.node("Pad", [x, pads], f"{mod.caffe_name}_pad")[0]
+        eh2, ew2 = max(0, eh - ph), max(0, ew - pw)
+        return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
+                         pads=[0, 0, eh2, ew2], count_include_pad=0)[0]
+
+    def _eltwise(self, mod, xs: list[str]) -> str:
+        name = mod.caffe_name
+        if mod.operation == _SUM:
+            terms = list(xs)
+            if mod.coeff is not None:
+                terms = [self.node("Mul", [x, self.init(f"{name}_coeff{k}", np.array(c, np.float32))],
+                                   f"{name}_mul{k}")[0] for k, (x, c) in enumerate(zip(xs, mod.coeff))]
+            op = "Add"
+        else:
+            terms, op = list(xs), ("Mul" if mod.operation == _PROD else "Max")
+        y = terms[0]
+        for k, t in enumerate(terms[1:]):
+            y = self.node(op, [y, t], name if k == len(terms) - 2 else f"{name}_{k}")[0]
+        return y
+
+
+def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
+           file: Optional[str], graph_name: str) -> onnx.ModelProto:
+    inputs = gm.caffe_inputs
+    example = [torch.zeros([1] + list(s[1:]) if s else [1]) for _, s in inputs]
+    cpu = copy.deepcopy(gm).to("cpu") if any(p.device.type != "cpu" for p in gm.parameters()) else gm
+    ShapeProp(cpu).propagate(*example)
+    b = _Builder(cpu, plan, activations, file)
+    value: dict[fx.Node, str] = {}
+    g_inputs = []
+    for node in cpu.graph.nodes:
+        if node.op == "placeholder":
+            name = b.uniq(node.meta.get("caffe_blob", node.name))
+            value[node] = name
+            shape = ["N"] + list(node.meta["tensor_meta"].shape[1:])
+            g_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        elif node.op == "call_module":
+            mod = cpu.get_submodule(node.target)
+            if not isinstance(mod, CaffeLayer):
+                raise ExportError(f"graph node '{node.name}' is not a Caffe layer", file=file)
+            shapes = [a.meta["tensor_meta"].shape for a in node.args]
+            outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name))
+            if len(outs) == 1:
+                value[node] = outs[0]
+            else:
+                value[node] = outs  # type: ignore[assignment]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            value[node] = value[node.args[0]][node.args[1]]  # type: ignore[index]
+        elif node.op == "output":
+            outs = []
+            for key, v in node.args[0].items():
+                src = value[v]
+                name = b.node("Identity", [src], key)[0] if src != key else src
+                shape = ["N"] + list(v.meta["tensor_meta"].shape[1:])
+                outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        else:
+            raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
+    graph = helper.make_graph(b.nodes, graph_name, g_inputs, outs, initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="amct_torch")
+    model.ir_version = min(model.ir_version, 8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
+                activations: str = "int8", file: Optional[str] = None) -> tuple[str, str]:
+    """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
+    ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
+
+    ``activations``: "int8" (zero point offset_d) or "uint8" (zero point offset_d + 128, the
+    same values). Opset 17; both models pass ``onnx.checker`` (full check)."""
+    if activations not in ("int8", "uint8"):
+        raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
+    plan = plan_layers(graph, records, file)
+    float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
+    models = [(_build(graph, {}, activations, file, "float"), float_path),
+              (_build(graph, plan, activations, file, "quant"), quant_path)]
+    for model, path in models:
+        tmp = f"{path}.tmp{os.getpid()}"
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    return float_path, quant_path

@@ -1,0 +1,138 @@
+"""Per-layer quantization arithmetic shared by every exporter (Caffe fake-quant, deploy, ONNX).
+
+Why one place: the fake-quant weights, the deploy int8 weights and int32 bias, the DeQuant
+factors and the ONNX initializers must be the same numbers, so they are computed once here
+from the graph's (fused) float weights and the record's factors (SPEC §5.1, §5.4, §7).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+
+from amct_torch.algorithms.quant import QMAX, QMIN, channel_view
+from amct_torch.caffe.graph import layer_modules
+from amct_torch.caffe.layers import CaffeLayer, is_quantizable
+from amct_torch.errors import ExportError
+from amct_torch.record import LayerRecord
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct")
+
+
+@dataclass
+class LayerQuant:
+    """Everything an exporter needs for one quantized layer.
+
+    ``scale_w`` has one value per output channel (a per-tensor record is broadcast to C_out);
+    ``int8_weight``/``fake_weight`` keep the module's torch/Caffe layout; ``bias_int32`` is
+    round(b / (scale_d·scale_w_c)) (None without bias); ``deq_scale`` = float32(scale_d·scale_w)
+    per output channel (AVE Pooling: one value, scale_d)."""
+
+    name: str
+    type: str
+    module: CaffeLayer
+    scale_d: float
+    offset_d: int
+    per_channel: bool = False
+    scale_w: Optional[np.ndarray] = None      # float32 [C_out]
+    int8_weight: Optional[np.ndarray] = None  # int8, layout of module.weight
+    fake_weight: Optional[np.ndarray] = None  # float32, layout of module.weight
+    bias: Optional[np.ndarray] = None         # float32 [C_out]
+    bias_int32: Optional[np.ndarray] = None   # int32 [C_out]
+    deq_scale: Optional[np.ndarray] = None    # float32 [C_out] or [1]
+
+    @property
+    def weighted(self) -> bool:
+        return self.type in WEIGHTED
+
+    @property
+    def joint(self) -> bool:
+        """A joint_quant Eltwise: all inputs quantized with one factor, no DeQuant."""
+        return self.type == "Eltwise"
+
+
+def _groups(module: CaffeLayer) -> int:
+    return int(getattr(module, "groups", 1))
+
+
+def _out_channels(module: CaffeLayer) -> int:
+    if module.caffe_type == "Deconvolution":
+        return int(module.weight.shape[1]) * _groups(module)
+    return int(module.weight.shape[0])
+
+
+def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[str] = None) -> LayerQuant:
+    """Quantize one layer's weights with the record's scale_w (ARQ grid: clamp(round(w/s),
+    -128, 127)) and derive its int32 bias and DeQuant factors. A bias that does not fit int32
+    is an ExportError naming the layer."""
+    lq = LayerQuant(name=name, type=module.caffe_type, module=module, scale_d=float(rec.scale_d),
+                    offset_d=int(rec.offset_d))
+    sd32 = np.float32(rec.scale_d)
+    if not lq.weighted:
+        lq.deq_scale = np.array([sd32], np.float32)
+        return lq
+    w = module.weight.detach().to("cpu", torch.float32)
+    c_out = _out_channels(module)
+    sw = np.asarray(rec.scale_w, np.float32)
+    lq.per_channel = sw.size > 1
+    if sw.size == 1:
+        sw = np.full(c_out, sw[0], np.float32)
+    if sw.size != c_out:
+        raise ExportError(f"record has {len(rec.scale_w)} scale_w values, the layer has {c_out} "
+                          "output channels", file=file, layer=name)
+    s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
+                     module.caffe_type, _groups(module))
+    q = torch.round(w / s).clamp_(QMIN, QMAX)
+    lq.scale_w = sw
+    lq.int8_weight = q.to(torch.int8).numpy()
+    lq.fake_weight = (q * s).numpy().astype(np.float32)
+    lq.deq_scale = (sd32 * sw).astype(np.float32)
+    if module.bias is not None:
+        b = module.bias.detach().to("cpu", torch.float32).numpy().astype(np.float32)
+        lq.bias = b
+        step = sd32.astype(np.float64) * sw.astype(np.float64)
+        bi = np.rint(b.astype(np.float64) / step)
+        bad = np.flatnonzero((bi < INT32_MIN) | (bi > INT32_MAX) | ~np.isfinite(bi))
+        if bad.size:
+            c = int(bad[0])
+            raise ExportError(
+                f"int32 bias overflow in output channel {c}: bias {float(b[c])!r} / (scale_d "
+                f"{float(sd32)!r} * scale_w {float(sw[c])!r}) does not fit int32; leave this layer "
+                "unquantized (add it to skip_layers) or recalibrate", file=file, layer=name)
+        lq.bias_int32 = bi.astype(np.int32)
+    return lq
+
+
+def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
+                file: Optional[str] = None) -> dict[str, LayerQuant]:
+    """``LayerQuant`` of every record entry, in graph order. A record key that is not a
+    quantizable layer of the graph, or lacks factors, is an ExportError (validate the record
+    first for the full SPEC §4 checks)."""
+    mods = layer_modules(gm)
+    for key in records:
+        if key not in mods:
+            raise ExportError("record names a layer that is not in the model", file=file, layer=key)
+    out: dict[str, LayerQuant] = {}
+    for name, mod in mods.items():
+        rec = records.get(name)
+        if rec is None:
+            continue
+        if mod.caffe_type == "Eltwise" and not rec.scale_w:
+            # joint_quant (SPEC §3.3): every input of the Eltwise SUM shares this factor
+            if rec.scale_d is None or rec.offset_d is None:
+                raise ExportError("joint Eltwise entry has no scale_d/offset_d", file=file, layer=name)
+            out[name] = LayerQuant(name=name, type="Eltwise", module=mod, scale_d=float(rec.scale_d),
+                                   offset_d=int(rec.offset_d))
+            continue
+        if not is_quantizable(mod):
+            raise ExportError(f"layer type {mod.caffe_type} cannot be quantized", file=file, layer=name)
+        if rec.scale_d is None or rec.offset_d is None:
+            raise ExportError("layer has no activation factors (scale_d/offset_d): calibrate it "
+                              "or leave it out", file=file, layer=name)
+        if mod.caffe_type in WEIGHTED and not rec.scale_w:
+            raise ExportError("layer has no weight factors (scale_w)", file=file, layer=name)
+        out[name] = layer_quant(name, mod, rec, file)
+    return out
