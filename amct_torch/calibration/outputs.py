@@ -63,3 +63,8 @@ def export_onnx_model(graph: Any, records: Mapping[str, Any], path: str) -> str:
                           "(amct_torch.export.export_onnx is missing)")
     fn(graph.fused, records, path)
     return path
+
+
+def exporters_available() -> bool:
+    """Whether the Caffe exporters are present (the demo writes models only then)."""
+    return _exporter("save_quant_models") is not None

@@ -1,0 +1,282 @@
+"""The ``amct-torch`` command: calibrate a Caffe model, convert a record, write a quant config,
+or run the demo on the bundled example.
+
+Why a CLI: a Caffe user should get an 8-bit model from a folder of images with one command,
+with the preprocessing knobs they know from Caffe's ``transform_param``. Every user error
+(AmctError, missing or unreadable files, bad arguments) prints one line and exits with code
+2; nothing is left half-written (the API writes through temporary files).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+from amct_torch.errors import AmctError
+
+log = logging.getLogger("amct_torch")
+
+EXIT_USER_ERROR = 2
+
+CALIBRATE_EXAMPLES = """examples:
+  # ImageNet-style Caffe model, a folder of JPEGs, Caffe's usual preprocessing
+  amct-torch calibrate deploy.prototxt weights.caffemodel images/ \\
+      --mean 104,117,123 --resize 256 --crop 224 --batch-size 8 --batch-num 4 --output out/resnet
+
+  # AMCT quant.cfg (skip layers, HFMG, overrides) and an ONNX QDQ model too
+  amct-torch calibrate deploy.prototxt weights.caffemodel calib.npz --config quant.cfg --onnx
+
+outputs (prefix --output):
+  _quant_config.json  _record.txt  _fake_quant_model.prototxt  _fake_quant_weights.caffemodel
+  _deploy_model.prototxt  _deploy_weights.caffemodel  _quant.json  _layer_report.json  [_quant.onnx]
+"""
+
+CONVERT_EXAMPLES = """examples:
+  amct-torch convert deploy.prototxt weights.caffemodel record.txt --output out/model
+"""
+
+CONFIG_EXAMPLES = """examples:
+  amct-torch config deploy.prototxt weights.caffemodel --output quant_config.json
+  amct-torch config deploy.prototxt weights.caffemodel --skip-layers conv1,fc8 --batch-num 4
+  amct-torch config deploy.prototxt weights.caffemodel --quant-cfg quant.cfg -o config.json
+"""
+
+DEMO_EXAMPLES = """examples:
+  amct-torch demo                 # quantize the bundled digits model, print float vs int8 accuracy
+  amct-torch demo --output /tmp/demo/lenet --quiet
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error message (exit code 2, no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+    if not vals:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return vals
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 256,256, got {text!r}")
+    if len(vals) not in (1, 2) or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected one or two positive sizes, got {text!r}")
+    return vals
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="amct-torch",
+                     description="Post-training 8-bit quantization of Caffe models with PyTorch "
+                                 "(AMCT-compatible record, fake-quant and deploy models).",
+                     epilog="run 'amct-torch demo' to see it work on the bundled example model; "
+                            "'amct-torch COMMAND --help' for each command's options and examples",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from amct_torch import __version__
+    parser.add_argument("--version", action="version", version=f"amct-torch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    c = sub.add_parser("calibrate", help="calibrate a Caffe model on data and write the quantized models",
+                       description="Fuse BN, quantize weights (ARQ) and calibrate activations "
+                                   "(IFMR/HFMG) on your data; write the record and the models.",
+                       epilog=CALIBRATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("model", help="deploy prototxt")
+    c.add_argument("weights", help="caffemodel")
+    c.add_argument("data", help="calibration data: a folder of images, a folder of .npy/.npz, or one .npy/.npz file")
+    c.add_argument("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; "
+                                          "default: quantize every quantizable layer with IFMR + ARQ")
+    c.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
+    c.add_argument("--batch-size", type=_positive, help="samples per batch (default: spread the data over batch-num batches)")
+    c.add_argument("--batch-num", type=_positive, help="calibration batches (default: the config's batch_num)")
+    c.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    c.add_argument("--channel-order", choices=("bgr", "rgb"), default="bgr", help="image channel order (default: bgr, as Caffe)")
+    c.add_argument("--mean", type=_floats, help="mean subtracted per channel, e.g. 104,117,123 (in the final channel order)")
+    c.add_argument("--scale", type=float, default=1.0, help="multiplier after mean subtraction (default: 1)")
+    c.add_argument("--resize", type=_sizes, help="resize images: H,W, or one number for the shorter side "
+                                                 "(default: the net's input size when no --crop)")
+    c.add_argument("--crop", type=_sizes, help="centre crop H,W or one number for a square")
+    c.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
+                   help="comma-separated layers not to quantize (without --config)")
+    c.add_argument("--save-type", choices=("Fakequant", "Deploy", "Both"), default="Both",
+                   help="Caffe models to write (default: %(default)s)")
+    c.add_argument("--onnx", action="store_true", help="also write the fake-quant model as ONNX QDQ")
+    c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
+                   help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
+    c.add_argument("--report-batches", type=int, default=2, help="held-out batches for the per-layer report (0: none)")
+    c.add_argument("--report-rows", type=int, default=15, help="rows of the per-layer table printed (default: %(default)s)")
+    _common(c)
+
+    v = sub.add_parser("convert", help="build fake-quant and deploy models from an existing record",
+                       description="Build the fake-quant and deploy Caffe models from a record file "
+                                   "(no calibration); honours each entry's skip_fusion.",
+                       epilog=CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("model", help="deploy prototxt")
+    v.add_argument("weights", help="caffemodel")
+    v.add_argument("record", help="scale/offset record file (protobuf text)")
+    v.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
+    _common(v)
+
+    g = sub.add_parser("config", help="write the JSON quant config (AMCT's create_quant_config)",
+                       description="Write the JSON quant config of a model (defaults, or from a quant.cfg).",
+                       epilog=CONFIG_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("model", help="deploy prototxt")
+    g.add_argument("weights", help="caffemodel")
+    g.add_argument("-o", "--output", default="quant_config.json", help="JSON file to write (default: %(default)s)")
+    g.add_argument("--quant-cfg", help="quant.cfg: when given it decides everything (as in AMCT)")
+    g.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x], help="comma-separated layers not to quantize")
+    g.add_argument("--batch-num", type=_positive, default=1, help="calibration batches (default: 1)")
+    g.add_argument("--no-activation-offset", action="store_true", help="symmetric activations (offset_d = 0)")
+    _common(g)
+
+    d = sub.add_parser("demo", help="quantize the bundled example model and print float vs int8 accuracy",
+                       description="The main job on the bundled example (a small digits CNN with BN and a "
+                                   "residual add): calibrate on its calibration split, then compare float "
+                                   "and int8 accuracy on the held-out split.",
+                       epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("-o", "--output", default="amct_demo/lenet_digits", help="output path prefix (default: %(default)s)")
+    d.add_argument("--batch-num", type=_positive, default=4, help="calibration batches (default: %(default)s)")
+    d.add_argument("--device", default="auto", help="cpu or cuda (default: cuda if available)")
+    _common(d)
+    return parser
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.ERROR if args.quiet else (logging.INFO if args.verbose else logging.WARNING)
+    logging.basicConfig(level=level, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("amct_torch").setLevel(level)
+
+
+def _summary(result, out=None) -> None:
+    out = out or sys.stdout
+    from amct_torch.config.types import QuantConfig  # noqa: F401  (type only)
+    qc = result.graph.config
+    rows = []
+    for name, r in result.records.items():
+        cfg = qc.layers.get(name)
+        algo = (cfg.act_algo if cfg is not None else "ifmr (joint)")
+        nw = len(r.scale_w)
+        rows.append((name, algo, f"{r.scale_d:.6g}", str(r.offset_d),
+                     "-" if not nw else ("per-tensor" if nw == 1 else f"{nw} channels")))
+    head = ("layer", "act algo", "scale_d", "offset_d", "weights")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(f"\nquantized {len(rows)} layer(s), {qc.batch_num} calibration batch(es) on {result.device}",
+          file=out)
+    print(fmt.format(*head), file=out)
+    for r in rows:
+        print(fmt.format(*r), file=out)
+
+
+def _print_report(result, rows: int) -> None:
+    if result.report:
+        from amct_torch.report import format_table
+        print("\nper-layer accuracy (fake-quant vs float output, worst first):")
+        print(format_table(result.report, limit=rows))
+
+
+def _print_files(files: dict) -> None:
+    print("\nwritten:")
+    for kind, p in files.items():
+        print(f"  {kind:<22} {p}")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from amct_torch.calibration.data import Preprocess
+    from amct_torch.calibration.oneshot import quantize
+
+    pre = Preprocess(channel_order=args.channel_order, mean=args.mean, scale=args.scale,
+                     resize=args.resize, crop=args.crop)
+    result = quantize(args.model, args.weights, args.data, config=args.config, output=args.output,
+                      batch_num=args.batch_num, batch_size=args.batch_size, device=args.device,
+                      preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
+                      onnx=args.onnx, report=args.report_batches > 0,
+                      report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
+                      quiet=args.quiet)
+    _summary(result)
+    _print_report(result, args.report_rows)
+    _print_files(result.files)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from amct_torch.api import convert_model
+    for p, what in ((args.model, "model file"), (args.weights, "weights file"), (args.record, "record file")):
+        if not os.path.isfile(p):
+            raise AmctError(f"{what} not found", file=p)
+    written = convert_model(args.model, args.weights, args.record, args.output)
+    _print_files({os.path.basename(p): p for p in written})
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from amct_torch.config import create_quant_config
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise AmctError(f"output folder {folder} does not exist", file=args.output)
+    create_quant_config(args.output, args.model, args.weights, skip_layers=args.skip_layers,
+                        batch_num=args.batch_num, activation_offset=not args.no_activation_offset,
+                        config_defination=args.quant_cfg)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from amct_torch.calibration.demo import run_demo
+    return run_demo(output=args.output, batch_num=args.batch_num, device=args.device,
+                    quiet=args.quiet)
+
+
+COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USER_ERROR
+    _setup_logging(args)
+    try:
+        return COMMANDS[args.command](args)
+    except AmctError as err:
+        msg = " ".join(str(err).split())
+        print(f"amct-torch {args.command}: error: {msg}", file=sys.stderr)
+    except (OSError, MemoryError) as err:
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+        print(f"amct-torch {args.command}: error: {where}{why}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"amct-torch {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
