@@ -10,6 +10,7 @@ messages still point at the user's file. Single-line strings are left exactly as
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Optional, Type, TypeVar
 
 from google.protobuf import text_format
@@ -20,6 +21,19 @@ from amct_torch.errors import AmctError
 M = TypeVar("M", bound=Message)
 
 
+_LITERAL = re.compile(r"""#[^\n]*|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""", re.S)
+
+
+def _join(m: "re.Match[str]") -> str:
+    lit = m.group(0)
+    if lit[0] == "#" or "\n" not in lit:
+        return lit
+    body = lit[1:-1]
+    if "\n" in body.strip():
+        return lit
+    return lit[0] + body.strip() + lit[0] + "\n" * body.count("\n")
+
+
 def join_multiline_strings(text: str) -> str:
     """Return ``text`` with every quoted string that spans lines joined onto one line.
 
@@ -27,32 +41,9 @@ def join_multiline_strings(text: str) -> str:
     still contains a line break after stripping (a break *inside* a name) is left alone, so the
     protobuf parser reports it at its line.
     """
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "#":
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            out.append(text[i:j])
-            i = j
-        elif ch in "\"'":
-            j = i + 1
-            while j < n and text[j] != ch:
-                j += 2 if text[j] == "\\" else 1
-            if j >= n:  # unterminated: let protobuf report it
-                out.append(text[i:])
-                break
-            body = text[i + 1:j]
-            if "\n" in body and "\n" not in body.strip():
-                out.append(ch + body.strip() + ch + "\n" * body.count("\n"))
-            else:
-                out.append(text[i:j + 1])
-            i = j + 1
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
+    if "\n" not in text or ('"' not in text and "'" not in text):
+        return text
+    return _LITERAL.sub(_join, text)
 
 
 def _field_names(message_type) -> list[str]:

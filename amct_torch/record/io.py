@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 from typing import Iterable, Mapping, Sequence
 
-from amct_torch.config.textproto import parse_text_proto, read_text_file
+import numpy as np
+
+from amct_torch.config.textproto import (join_multiline_strings, parse_text_proto,
+                                       read_text_file)
 from amct_torch.errors import RecordError
 from amct_torch.proto import scale_offset_record_pb2 as pb
+from amct_torch.record import fasttext
 from amct_torch.record.atomic import atomic_write_text
 from amct_torch.record.types import LayerRecord
 
@@ -24,18 +28,28 @@ def parse_record_text(text: str, path: str = "<record>") -> dict[str, LayerRecor
     """Parse record ``text`` into ``{layer name: LayerRecord}`` in file order.
 
     Syntax errors, an entry without key and a key given twice raise ``RecordError`` naming
-    ``path``. An empty text gives an empty dict (``validate_record`` refuses that).
+    ``path``. An empty text gives an empty dict (``validate_record`` refuses that). The plain
+    layout is read by a fast path (``fasttext``); anything else goes through protobuf.
     """
-    msg = parse_text_proto(text, pb.ScaleOffsetRecord, path, RecordError, "record file")
+    entries = fasttext.parse_records(join_multiline_strings(text))
+    if entries is None:
+        entries = _parse_with_protobuf(text, path)
     out: dict[str, LayerRecord] = {}
-    for i, entry in enumerate(msg.record):
-        if not entry.HasField("key") or entry.key == "":
+    for i, (key, rec) in enumerate(entries):
+        if not key:
             raise RecordError(f"record entry #{i + 1} has no key (layer name)", file=path)
-        if entry.key in out:
-            raise RecordError("layer appears more than once in the record", file=path,
-                              layer=entry.key)
+        if key in out:
+            raise RecordError("layer appears more than once in the record", file=path, layer=key)
+        out[key] = rec
+    return out
+
+
+def _parse_with_protobuf(text: str, path: str) -> list:
+    msg = parse_text_proto(text, pb.ScaleOffsetRecord, path, RecordError, "record file")
+    entries = []
+    for entry in msg.record:
         v = entry.value
-        out[entry.key] = LayerRecord(
+        entries.append((entry.key if entry.HasField("key") else None, LayerRecord(
             scale_d=float(v.scale_d) if v.HasField("scale_d") else None,
             offset_d=int(v.offset_d) if v.HasField("offset_d") else None,
             scale_w=[float(s) for s in v.scale_w], offset_w=[int(o) for o in v.offset_w],
@@ -43,8 +57,8 @@ def parse_record_text(text: str, path: str = "<record>") -> dict[str, LayerRecor
             channels=int(v.channels) if v.HasField("channels") else None,
             height=int(v.height) if v.HasField("height") else None,
             width=int(v.width) if v.HasField("width") else None,
-            skip_fusion=bool(v.skip_fusion))
-    return out
+            skip_fusion=bool(v.skip_fusion))))
+    return entries
 
 
 def read_record(path: str) -> dict[str, LayerRecord]:
@@ -62,27 +76,38 @@ def _check_int(name: str, layer: str, value: int, bounds: tuple, path: str) -> i
     return value
 
 
+def _checked(name: str, r: LayerRecord, path: str) -> LayerRecord:
+    """A copy of ``r`` with integers range-checked and floats made float32, as the file holds
+    them (values beyond float32 become +-inf, as protobuf stores them)."""
+    def f32(values: list) -> list:
+        with np.errstate(over="ignore"):
+            return np.asarray(values, dtype=np.float64).astype(np.float32).astype(np.float64).tolist()
+
+    dims = {k: None if getattr(r, k) is None else _check_int(k, name, getattr(r, k), _UINT32, path)
+            for k in ("channels", "height", "width")}
+    return LayerRecord(
+        scale_d=None if r.scale_d is None else f32([float(r.scale_d)])[0],
+        offset_d=None if r.offset_d is None else _check_int("offset_d", name, r.offset_d, _INT32, path),
+        scale_w=f32([float(s) for s in r.scale_w]) if len(r.scale_w) else [],
+        offset_w=_check_ints("offset_w", name, r.offset_w, _INT32, path),
+        shift_bit=_check_ints("shift_bit", name, r.shift_bit, _UINT32, path),
+        skip_fusion=bool(r.skip_fusion), **dims)
+
+
+def _check_ints(name: str, layer: str, values: Sequence[int], bounds: tuple,
+                path: str) -> list[int]:
+    """``_check_int`` over a list, with a fast path for plain in-range Python ints."""
+    values = list(values)
+    if all(type(v) is int for v in values) and \
+            (not values or (min(values) >= bounds[0] and max(values) <= bounds[1])):
+        return values
+    return [_check_int(name, layer, v, bounds, path) for v in values]
+
+
 def format_record(records: Mapping[str, LayerRecord], path: str = "<record>") -> str:
-    """The protobuf text of ``records`` (keys on one line; ``skip_fusion`` only when true)."""
-    msg = pb.ScaleOffsetRecord()
-    for name, r in records.items():
-        entry = msg.record.add()
-        entry.key = name
-        v = entry.value
-        if r.scale_d is not None:
-            v.scale_d = float(r.scale_d)
-        if r.offset_d is not None:
-            v.offset_d = _check_int("offset_d", name, r.offset_d, _INT32, path)
-        v.scale_w.extend(float(s) for s in r.scale_w)
-        v.offset_w.extend(_check_int("offset_w", name, o, _INT32, path) for o in r.offset_w)
-        v.shift_bit.extend(_check_int("shift_bit", name, s, _UINT32, path) for s in r.shift_bit)
-        for key in ("channels", "height", "width"):
-            if getattr(r, key) is not None:
-                setattr(v, key, _check_int(key, name, getattr(r, key), _UINT32, path))
-        if r.skip_fusion:
-            v.skip_fusion = True
-    from google.protobuf import text_format
-    return text_format.MessageToString(msg)
+    """The protobuf text of ``records``: exactly what protobuf's printer gives for the same
+    message (keys on one line; ``skip_fusion`` only when true)."""
+    return fasttext.format_records({name: _checked(name, r, path) for name, r in records.items()})
 
 
 def write_record(path: str, records: Mapping[str, LayerRecord]) -> None:
