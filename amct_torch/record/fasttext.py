@@ -22,14 +22,15 @@ from google.protobuf import text_encoding
 
 from amct_torch.record.types import LayerRecord
 
-# Every non-space character lands in some token (a lone quote is its own token), so nothing is
-# skipped silently.
-_TOKEN = re.compile(r'"[^"\\\n]*"|[{}:]|[^\s{}:"]+|"')
 _FLOAT1 = r"-?(?:(?:0|[1-9]\d*)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _INT1 = r"-?(?:0|[1-9]\d*)"
 # One regex call checks a whole list (values joined by newlines).
 _FLOATS = re.compile(rf"(?:{_FLOAT1}\n)*{_FLOAT1}")
 _INTS = re.compile(rf"(?:{_INT1}\n)*{_INT1}")
+# One entry in the usual layout: key first, then a flat value block.
+_ENTRY = re.compile(r'record\s*:?\s*\{\s*key\s*:\s*"([^"\\\n]*)"\s*value\s*:?\s*\{([^{}"]*)\}\s*\}')
+_PAIR = re.compile(r'([A-Za-z_]\w*)\s*:\s*([^\s{}:"]+)')
+_SINGULAR = ("scale_d", "offset_d", "channels", "height", "width", "skip_fusion")
 _UNSAFE = re.compile(r"[#'<>\[\];,\\]")
 _FLOAT_FIELDS = ("scale_d", "scale_w")
 _INT_FIELDS = {"offset_d": (-2 ** 31, 2 ** 31 - 1), "offset_w": (-2 ** 31, 2 ** 31 - 1),
@@ -49,60 +50,33 @@ def _to_f32(values: list) -> Optional[list]:
 
 
 def parse_records(text: str) -> Optional[list]:
-    """``[(key or None, LayerRecord)]`` in file order, or None when this fast path does not
-    apply (see the module docstring). Repeated singular fields keep the last value, as
-    protobuf's merge does."""
+    """``[(key, LayerRecord)]`` in file order, or None when this fast path does not apply (see
+    the module docstring). Repeated singular fields keep the last value, as protobuf's merge
+    does."""
     if _UNSAFE.search(text):
         return None
-    toks = _TOKEN.findall(text)
-    out: list = []
-    i, n = 0, len(toks)
-    try:
-        while i < n:
-            if toks[i] != "record":
+    entries: list = []
+    pos = 0
+    for m in _ENTRY.finditer(text):
+        if text[pos:m.start()].strip():
+            return None
+        pos = m.end()
+        body = m.group(2)
+        pairs = _PAIR.findall(body)
+        if len(pairs) != body.count(":") or _PAIR.sub("", body).strip():
+            return None
+        fields: dict = {}
+        for name, val in pairs:
+            if name in _REPEATED:
+                fields.setdefault(name, []).append(val)
+            elif name in _SINGULAR:
+                fields[name] = val
+            else:
                 return None
-            i += 1
-            if toks[i] == ":":
-                i += 1
-            if toks[i] != "{":
-                return None
-            i += 1
-            key, fields = None, None
-            while toks[i] != "}":
-                name = toks[i]
-                if name == "key":
-                    tok = toks[i + 2]
-                    if toks[i + 1] != ":" or len(tok) < 2 or tok[0] != '"' or tok[-1] != '"':
-                        return None
-                    key = tok[1:-1]
-                    i += 3
-                elif name == "value":
-                    i += 1
-                    if toks[i] == ":":
-                        i += 1
-                    if toks[i] != "{":
-                        return None
-                    i += 1
-                    fields = {} if fields is None else fields
-                    while toks[i] != "}":
-                        fname, colon, val = toks[i], toks[i + 1], toks[i + 2]
-                        if colon != ":":
-                            return None
-                        if fname in _REPEATED:
-                            fields.setdefault(fname, []).append(val)
-                        elif fname in _INT_FIELDS or fname in ("scale_d", "skip_fusion"):
-                            fields[fname] = val
-                        else:
-                            return None
-                        i += 3
-                    i += 1
-                else:
-                    return None
-            i += 1
-            out.append((key, fields or {}))
-    except IndexError:
+        entries.append((m.group(1), fields))
+    if text[pos:].strip():
         return None
-    return _convert(out)
+    return _convert(entries)
 
 
 def _convert(entries: list) -> Optional[list]:
@@ -156,16 +130,20 @@ def _shortest_f32(values: list) -> list:
 
 def format_records(records: Mapping[str, LayerRecord]) -> str:
     """The protobuf text of ``records`` (values already range-checked by the caller)."""
+    floats: list = []
+    for r in records.values():
+        if r.scale_d is not None:
+            floats.append(r.scale_d)
+        floats.extend(r.scale_w)
+    texts = iter(_shortest_f32(floats) if floats else [])
     parts: list[str] = []
     for name, r in records.items():
-        parts.append('record {\n  key: "%s"\n  value {\n'
-                     % text_encoding.CEscape(name, as_utf8=True))
+        parts.append('record {\n  key: "%s"\n  value {\n' % text_encoding.CEscape(name, as_utf8=True))
         if r.scale_d is not None:
-            parts.append("    scale_d: %s\n" % _shortest_f32([r.scale_d])[0])
+            parts.append("    scale_d: %s\n" % next(texts))
         if r.offset_d is not None:
             parts.append("    offset_d: %d\n" % int(r.offset_d))
-        if r.scale_w:
-            parts.extend("    scale_w: %s\n" % s for s in _shortest_f32(list(r.scale_w)))
+        parts.extend("    scale_w: %s\n" % next(texts) for _ in range(len(r.scale_w)))
         parts.extend("    offset_w: %d\n" % int(o) for o in r.offset_w)
         parts.extend("    shift_bit: %d\n" % int(s) for s in r.shift_bit)
         for key in ("channels", "height", "width"):
