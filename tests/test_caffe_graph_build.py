@@ -97,3 +97,29 @@ def test_caffe_blobs_round_trip_shapes(tmp_path):
     assert np.array_equal(cw, w) and np.array_equal(cb, b)
     assert mods["fc"].weight.shape == (2, 144)
     assert np.array_equal(mods["fc"].caffe_blobs()[0], fw)
+
+
+def test_inplace_reuse_only_when_no_one_else_reads(tmp_path):
+    """conv output 'c' feeds ReLU and Power: the ReLU must not overwrite it; the BN after a
+    single-use conv may. Results equal OpenCV's with in-place reuse on and off."""
+    body = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 3 kernel_size: 1 } }\n'
+            'layer { name: "relu" type: "ReLU" bottom: "c" top: "r" }\n'
+            'layer { name: "pow" type: "Power" bottom: "c" top: "p" power_param { scale: 2 } }\n'
+            'layer { name: "sum" type: "Eltwise" bottom: "r" bottom: "p" top: "sum" }\n'
+            'layer { name: "conv2" type: "Convolution" bottom: "sum" top: "c2" convolution_param { num_output: 3 kernel_size: 1 } }\n'
+            'layer { name: "bn" type: "BatchNorm" bottom: "c2" top: "c2" }\n'
+            'layer { name: "relu2" type: "ReLU" bottom: "c2" top: "c2" }')
+    blobs = {"conv": [rand(3, 3, 1, 1, seed=1), rand(3, seed=2)], "conv2": [rand(3, 3, 1, 1, seed=3), rand(3, seed=4)],
+             "bn": [rand(3, seed=5), np.ones(3, np.float32), np.ones(1, np.float32)]}
+    proto, model = make_net(tmp_path, body, {"data": (1, 3, 5, 5)}, blobs)
+    from amct_torch.caffe.graph import set_inplace
+    gm = load_caffe(proto, model)
+    mods = layer_modules(gm)
+    assert not mods["relu"].inplace and mods["sum"].inplace and mods["bn"].inplace and mods["relu2"].inplace
+    x = rand(1, 3, 5, 5, seed=6)
+    ref = run_cv(proto, model, {"data": x}, ["relu2"])["relu2"]
+    with torch.no_grad():
+        assert_close(gm(torch.from_numpy(x))["c2"].numpy(), ref, 1e-5)
+    set_inplace(gm, False)
+    assert not any(m.inplace for m in layer_modules(gm).values())
+    assert_close(gm(torch.from_numpy(x))["c2"].detach().numpy(), ref, 1e-5)

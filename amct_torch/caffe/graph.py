@@ -177,11 +177,44 @@ def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
     out = graph.output({name: values[name] for name in available})
     out.meta["caffe_layer"] = None
     out.meta["caffe_type"] = None
+    _mark_inplace(graph, root)
     gm = CaffeGraphModule(root, graph, class_name="CaffeNet")
     gm.caffe_net = parsed.net
     gm.caffe_inputs = [(n, list(s)) for n, s in parsed.inputs]
     gm.eval()
     return gm
+
+
+def _mark_inplace(graph: fx.Graph, root: nn.Module) -> None:
+    """Let a layer overwrite its first bottom when that bottom is a tensor just made by a layer
+    that returns fresh tensors and no other node (nor the graph output) reads it: the same
+    buffer reuse Caffe does for in-place layers. Works in place only without autograd."""
+    uses: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        fx.node.map_arg((node.args, node.kwargs), lambda a: uses.__setitem__(a, uses.get(a, 0) + 1))
+    for node in graph.nodes:
+        if node.op != "call_module" or not node.args:
+            continue
+        mod = root.get_submodule(node.target)
+        src = node.args[0]
+        if not (isinstance(mod, CaffeLayer) and mod.can_run_inplace and isinstance(src, fx.Node)):
+            continue
+        if src.op != "call_module" or uses.get(src, 0) != 1:
+            continue
+        producer = root.get_submodule(src.target)
+        mod.inplace = bool(getattr(producer, "fresh_output", False))
+
+
+def set_inplace(gm: fx.GraphModule, enabled: bool) -> None:
+    """Turn the in-place buffer reuse on (as built) or off for every layer of ``gm``. Turn it
+    off when forward hooks keep references to intermediate outputs that a later in-place
+    layer would overwrite (as with torchvision's ReLU(inplace=True))."""
+    if enabled:
+        _mark_inplace(gm.graph, gm)
+    else:
+        for mod in gm.modules():
+            if isinstance(mod, CaffeLayer):
+                mod.inplace = False
 
 
 def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGraphModule:

@@ -17,6 +17,8 @@ class ReLULayer(CaffeLayer):
     """y = max(x, 0) + negative_slope * min(x, 0)."""
 
     same_shape = True
+    can_run_inplace = True
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -24,8 +26,8 @@ class ReLULayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.negative_slope == 0.0:
-            return F.relu(x)
-        return F.leaky_relu(x, self.negative_slope)
+            return F.relu(x, inplace=self.may_overwrite(x))
+        return F.leaky_relu(x, self.negative_slope, inplace=self.may_overwrite(x))
 
 
 @register("PReLU")

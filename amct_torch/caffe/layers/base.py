@@ -54,6 +54,8 @@ class CaffeLayer(nn.Module):
     tops: ClassVar[tuple[int, Optional[int]]] = (1, 1)
     data_dependent: ClassVar[bool] = False  # output shape depends on values: no meta propagation
     same_shape: ClassVar[bool] = False  # element-wise: output shape = input shape (setup checks params)
+    can_run_inplace: ClassVar[bool] = False  # may overwrite its first bottom when ``inplace`` is set
+    fresh_output: ClassVar[bool] = False  # returns a new tensor (or an in-place one over a fresh one)
 
     def __init__(self, layer_param, blobs: Optional[Sequence[np.ndarray]] = None,
                  bottom_shapes: Optional[Sequence[Shape]] = None, file: Optional[str] = None) -> None:
@@ -66,6 +68,9 @@ class CaffeLayer(nn.Module):
         self.layer_param = lp
         self._file = file
         self.num_tops = len(lp.top)
+        # Set by the graph builder only when the first bottom is a fresh tensor no one else reads
+        # (Caffe's own in-place semantics); saves a memory pass and an allocation per layer.
+        self.inplace = False
         self._check_counts(len(lp.bottom), len(lp.top))
         self.setup(None if blobs is None else [np.asarray(b) for b in blobs],
                    None if bottom_shapes is None else [tuple(int(d) for d in s) for s in bottom_shapes])
@@ -88,6 +93,11 @@ class CaffeLayer(nn.Module):
         return None
 
     # -- helpers -------------------------------------------------------------------------
+    def may_overwrite(self, x: torch.Tensor) -> bool:
+        """True when this call may write its result into ``x`` (see ``inplace``); never while
+        autograd records ``x``."""
+        return self.inplace and not (x.requires_grad and torch.is_grad_enabled())
+
     def fail(self, message: str) -> NoReturn:
         """Raise the project's ModelError naming the file and this layer."""
         raise ModelError(message, file=self._file, layer=self.caffe_name)

@@ -40,6 +40,7 @@ def _hw(layer: CaffeLayer, param, rep: str, h: str, w: str, default: Optional[in
 
 class _ConvBase(CaffeLayer):
     transposed = False
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.convolution_param
@@ -145,6 +146,8 @@ class DeconvolutionLayer(_ConvBase):
 @register("InnerProduct")
 class InnerProductLayer(CaffeLayer):
     """Caffe InnerProduct: flatten from ``axis`` and y = x W^T + b, W kept as (N, K)."""
+
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.inner_product_param

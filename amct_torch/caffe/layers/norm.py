@@ -32,6 +32,8 @@ class BatchNormLayer(CaffeLayer):
     statistics even at test time; that is honoured (``uses_batch_stats``)."""
 
     same_shape = True
+    can_run_inplace = True
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.batch_norm_param
@@ -64,7 +66,10 @@ class BatchNormLayer(CaffeLayer):
         else:
             mean, var = self.mean, self.var
         inv = torch.rsqrt(var + self.eps)
-        return torch.addcmul((-mean * inv).view(view), x, inv.view(view))
+        shift, mul = (-mean * inv).view(view), inv.view(view)
+        if self.may_overwrite(x):
+            return torch.addcmul(shift, x, mul, out=x)
+        return torch.addcmul(shift, x, mul)
 
     def caffe_blobs(self) -> list[np.ndarray]:
         return [to_numpy(self.mean), to_numpy(self.var), np.ones(1, np.float32)]
@@ -77,6 +82,8 @@ class _AffineBase(CaffeLayer):
     """Shared by Scale and Bias: a parameter spanning input axes [axis, axis + num_axes)."""
 
     bottoms = (1, 2)
+    can_run_inplace = True
+    fresh_output = True
 
     def _param_axes(self, x: torch.Tensor, p_shape_ndim: int) -> tuple[int, int]:
         ax = canonical_axis(self.axis, x.dim(), self)
@@ -111,6 +118,11 @@ class _AffineBase(CaffeLayer):
         a = to_numpy(t)
         shape = getattr(self, "_pshape", None)
         return a.reshape(shape) if shape is not None and int(np.prod(shape)) == a.size else a
+
+
+def _fits(p: torch.Tensor, x: torch.Tensor) -> bool:
+    """True when broadcasting ``p`` against ``x`` gives x's shape (so x can take the result)."""
+    return p.dim() <= x.dim() and all(a == 1 or a == b for a, b in zip(p.shape[::-1], x.shape[::-1]))
 
 
 @register("Scale")
@@ -163,8 +175,11 @@ class ScaleLayer(_AffineBase):
             nd = scale.dim()
             g = self._view(x, scale, nd)
         if self.bias is None:
-            return x * g
-        return torch.addcmul(self._view(x, self.bias, nd), x, g)
+            return x.mul_(g) if self.may_overwrite(x) and _fits(g, x) else x * g
+        b = self._view(x, self.bias, nd)
+        if self.may_overwrite(x) and _fits(g, x) and _fits(b, x):
+            return torch.addcmul(b, x, g, out=x)
+        return torch.addcmul(b, x, g)
 
     def caffe_blobs(self) -> list[np.ndarray]:
         out = [] if self.weight is None else [self._caffe_shape(self.weight)]
@@ -201,9 +216,8 @@ class BiasLayer(_AffineBase):
         self.bias = nn.Parameter(b)
 
     def forward(self, x: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if b is None:
-            return x + self._view(x, self.bias, self._param_ndim(x))
-        return x + self._view(x, b, b.dim())
+        b = self._view(x, self.bias, self._param_ndim(x)) if b is None else self._view(x, b, b.dim())
+        return x.add_(b) if self.may_overwrite(x) and _fits(b, x) else x + b
 
     def caffe_blobs(self) -> list[np.ndarray]:
         return [] if self.bias is None else [self._caffe_shape(self.bias)]
@@ -216,6 +230,7 @@ class LRNLayer(CaffeLayer):
     (pad (n-1)/2, padding counted in the divisor)."""
 
     same_shape = True
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -243,6 +258,7 @@ class NormalizeLayer(CaffeLayer):
     position, times a learned scale (one value if channel_shared, else per channel)."""
 
     same_shape = True
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.norm_param

@@ -18,6 +18,8 @@ class EltwiseLayer(CaffeLayer):
     """PROD, SUM (optionally weighted by ``coeff``, one per bottom) or MAX of same-shape inputs."""
 
     bottoms = (2, None)
+    can_run_inplace = True
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -41,20 +43,21 @@ class EltwiseLayer(CaffeLayer):
         for x in xs[1:]:
             if x.shape != xs[0].shape:
                 self.fail(f"Eltwise inputs differ in shape: {list(xs[0].shape)} vs {list(x.shape)}")
+        first = xs[0] if self.may_overwrite(xs[0]) else None  # accumulate into bottom 0
         if self.operation == SUM:
             if self.coeff is None:
-                y = xs[0] + xs[1]
+                y = torch.add(xs[0], xs[1], out=first)
                 for x in xs[2:]:
-                    y = y + x
+                    y = y.add_(x)
                 return y
-            y = xs[0] * self.coeff[0]
+            y = torch.mul(xs[0], self.coeff[0], out=first)
             for c, x in zip(self.coeff[1:], xs[1:]):
-                y = torch.add(y, x, alpha=c)
+                y = y.add_(x, alpha=c)
             return y
         op = torch.mul if self.operation == PROD else torch.maximum
-        y = op(xs[0], xs[1])
+        y = op(xs[0], xs[1], out=first)
         for x in xs[2:]:
-            y = op(y, x)
+            y = op(y, x, out=y)
         return y
 
 
@@ -63,6 +66,7 @@ class ConcatLayer(CaffeLayer):
     """Concatenate along ``axis`` (legacy ``concat_dim`` if that is what the file gives)."""
 
     bottoms = (1, None)
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -225,6 +229,8 @@ class CropLayer(CaffeLayer):
 @register("Softmax")
 class SoftmaxLayer(CaffeLayer):
     """Softmax over ``axis`` (default 1, the channels)."""
+
+    fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
