@@ -156,7 +156,7 @@ class InputSpec:
         if self.shape is not None and t.dim() == len(self.shape) - 1:
             t = t.unsqueeze(0)
         if self.shape is not None:
-            want = ["N"] + self.shape[1:]
+            want = "(" + ", ".join(["N"] + [str(d) for d in self.shape[1:]]) + ")"
             bad = t.dim() != len(self.shape) or (len(self.shape) >= 2 and t.shape[1] != self.shape[1])
             if bad:
                 raise DataError(f"input '{self.name}' expects batches shaped {want}, got "

@@ -93,7 +93,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     config. ``batch_num`` overrides the config's; for an array or folder the default
     ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
     when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` also writes
-    ``{output}_quant.onnx``; ``report`` compares every quantized layer's output with the float
+    ``{output}_quant.onnx`` (QDQ) and ``{output}_float.onnx``; ``report`` compares every quantized layer's output with the float
     model on ``report_data`` (default: up to ``report_batches`` batches of the calibration data
     not used for calibration, else the calibration batches) and writes
     ``{output}_layer_report.json``.
@@ -138,7 +138,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                 files[_kind(p, prefix)] = p
         quant_model = fake_quant_model(graph.fused, records, graph.record_file).to(dev)
         if onnx:
-            files["onnx"] = export_onnx_model(graph, records, prefix + "_quant.onnx")
+            files["onnx_float"], files["onnx"] = export_onnx_model(graph, records, prefix)
         stats = None
         if report:
             from amct_torch.report import layer_report, write_report

@@ -55,14 +55,15 @@ def convert(model_file: str, weights_file: str, record_file: str, save_path: str
     return [p for p in output_paths(save_path, "Both") if os.path.exists(p)]
 
 
-def export_onnx_model(graph: Any, records: Mapping[str, Any], path: str) -> str:
-    """The fake-quant model as ONNX QDQ (``amct_torch.export.export_onnx``)."""
+def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str) -> tuple[str, str]:
+    """``{prefix}_float.onnx`` and ``{prefix}_quant.onnx`` (QDQ) via
+    ``amct_torch.export.export_onnx``; returns both paths."""
     fn = _exporter("export_onnx")
     if fn is None:
         raise ExportError("ONNX export is not available in this build "
                           "(amct_torch.export.export_onnx is missing)")
-    fn(graph.fused, records, path)
-    return path
+    float_path, quant_path = fn(graph.fused, records, prefix, file=graph.record_file)
+    return float_path, quant_path
 
 
 def exporters_available() -> bool:
