@@ -14,6 +14,7 @@ Resolution (SPEC §3.1, decisions written in docs/config_and_record.md):
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ from amct_torch.config.checks import check_bins, check_percentile, check_search
 from amct_torch.config.layers import (CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, LayerInfo,
                                       quantizable_layers)
 from amct_torch.config.textproto import parse_text_proto, read_text_file
-from amct_torch.config.types import (HFMG_DEFAULT_BINS, LayerQuantConfig, QuantConfig)
+from amct_torch.config.types import LayerQuantConfig, QuantConfig
 from amct_torch.errors import ConfigError
 from amct_torch.proto import calibration_config_pb2
 
@@ -200,7 +201,7 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
                     bool(cfg.activation_offset))
         lqc = _layer_config(sources[0] if sources else None, info, asym)
         if info.name in skip_layers or info.type in skip_types:
-            lqc = _replace(lqc, quant_enable=False)
+            lqc = replace(lqc, quant_enable=False)
         result[info.name] = lqc
     if not any(c.quant_enable for c in result.values()):
         raise ConfigError("nothing left to quantize: the model has no quantizable layer that is "
@@ -211,7 +212,3 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
                        skip_fusion_layers=list(dict.fromkeys(cfg.skip_fusion_layers)),
                        layers=result)
 
-
-def _replace(c: LayerQuantConfig, **kw: Any) -> LayerQuantConfig:
-    from dataclasses import replace
-    return replace(c, **kw)
