@@ -196,8 +196,11 @@ def _mark_inplace(graph: fx.Graph, root: nn.Module) -> None:
         if node.op != "call_module" or not node.args:
             continue
         mod = root.get_submodule(node.target)
+        if not isinstance(mod, CaffeLayer):
+            continue
+        mod.inplace = False
         src = node.args[0]
-        if not (isinstance(mod, CaffeLayer) and mod.can_run_inplace and isinstance(src, fx.Node)):
+        if not (mod.can_run_inplace and isinstance(src, fx.Node)):
             continue
         if src.op != "call_module" or uses.get(src, 0) != 1:
             continue
@@ -206,9 +209,10 @@ def _mark_inplace(graph: fx.Graph, root: nn.Module) -> None:
 
 
 def set_inplace(gm: fx.GraphModule, enabled: bool) -> None:
-    """Turn the in-place buffer reuse on (as built) or off for every layer of ``gm``. Turn it
-    off when forward hooks keep references to intermediate outputs that a later in-place
-    layer would overwrite (as with torchvision's ReLU(inplace=True))."""
+    """Recompute the in-place buffer reuse from the current graph (``enabled``), or turn it off
+    for every layer. Call it after editing the graph (fusion, inserted nodes), and turn it off
+    when forward hooks keep references to intermediate outputs that a later in-place layer
+    would overwrite (as with torchvision's ReLU(inplace=True))."""
     if enabled:
         _mark_inplace(gm.graph, gm)
     else:
