@@ -1,0 +1,309 @@
+"""Calibration over several processes with ``torch.distributed`` (``torchrun --nproc_per_node=N``).
+
+Why this shape: calibration statistics are mergeable values (ARCHITECTURE), so each rank runs
+its own contiguous block of the calibration batches through its own copy of the model, and
+before the factors are computed every observer's ``state_dict`` (tensors) is all-gathered and
+folded with ``Observer.merge`` in rank order on every rank. Contiguous blocks + rank-order
+folding reproduce the single-process batch order, so order-sensitive modes (IFMR exact: the
+merge is a concatenation) give bit-identical factors; IFMR streaming and HFMG merge within the
+tolerances documented in docs/algorithms.md. Every rank then computes the same factors; only
+rank 0 writes files (see ``is_writer``). NCCL is used for CUDA devices, gloo on CPU.
+
+The wire format is plain tensors (no pickling): per observer the union of state keys is
+agreed first (key names travel as uint8 tensors), then for each key a small int64 header
+(dtype code, ndim, shape) and the payload padded to the largest rank's size.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from amct_torch.errors import AmctError, CalibrationError
+
+log = logging.getLogger("amct_torch.calibration")
+
+#: dtypes that may appear in observer states (index = wire code)
+_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool,
+           torch.float16, torch.bfloat16)
+_MAX_DIMS = 8
+
+
+@dataclass
+class DistContext:
+    """Where this process stands in the job. ``device``: the device this rank calibrates on
+    (``cuda:LOCAL_RANK`` with NCCL, else CPU); ``owns_group``: this module initialised the
+    process group (and ``shutdown`` destroys it)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = "none"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    owns_group: bool = False
+    #: bytes this rank put into collectives, per calibration group (first layer name)
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def is_writer(self) -> bool:
+        """Only rank 0 writes the record and the models."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    """Whether the environment of a ``torchrun`` worker is present (WORLD_SIZE and RANK)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_distributed(device: Optional[str] = None, backend: Optional[str] = None) -> DistContext:
+    """Join (or reuse) the default process group of a ``torchrun`` job.
+
+    ``device`` "cpu" forces gloo on CPU; "cuda"/None/"auto" use NCCL on ``cuda:LOCAL_RANK``
+    when CUDA is present, else gloo on CPU. Outside torchrun (no WORLD_SIZE/RANK) this is a
+    one-process context and nothing is initialised."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        be = str(dist.get_backend())
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        dev = torch.device(f"cuda:{local}") if be == "nccl" else torch.device("cpu")
+        return DistContext(rank, world, local, be, dev, owns_group=False)
+    if not launched_by_torchrun():
+        return DistContext(device=_single_device(device))
+    if not dist.is_available():
+        raise AmctError("torch.distributed is not available in this PyTorch build")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    want_cuda = device not in ("cpu",) and torch.cuda.is_available() and \
+        (device is None or device == "auto" or str(device).startswith("cuda"))
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise AmctError(f"device {device!r} requested but CUDA is not available")
+    be = backend or ("nccl" if want_cuda else "gloo")
+    if be == "nccl":
+        if local >= torch.cuda.device_count():
+            raise AmctError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} CUDA device(s)")
+        dev = torch.device(f"cuda:{local}")
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group(be)
+    ctx = DistContext(dist.get_rank(), dist.get_world_size(), local, be, dev, owns_group=True)
+    log.info("distributed calibration: rank %d of %d (%s on %s)", ctx.rank, ctx.world_size, be, dev)
+    return ctx
+
+
+def _single_device(device: Optional[str]) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def shutdown(ctx: DistContext) -> None:
+    """Destroy the process group if ``init_distributed`` created it."""
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+        ctx.owns_group = False
+
+
+def shard_range(n_batches: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of the contiguous block of batches rank ``rank`` calibrates on: the
+    first ``n % world`` ranks get one batch more (rank 0 always has one when n ≥ 1)."""
+    base, extra = divmod(int(n_batches), int(world_size))
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+# -- collectives on tensors ---------------------------------------------------------------
+def _gather_fixed(t: torch.Tensor, ctx: DistContext, key: str) -> list[torch.Tensor]:
+    t = t.to(ctx.device).contiguous()
+    out = [torch.empty_like(t) for _ in range(ctx.world_size)]
+    dist.all_gather(out, t)
+    ctx.bytes_sent[key] = ctx.bytes_sent.get(key, 0) + t.numel() * t.element_size()
+    return out
+
+
+def _gather_header(t: Optional[torch.Tensor], ctx: DistContext, key: str) -> list[Optional[tuple]]:
+    """Everyone's (dtype code, shape) for one tensor (None where a rank has none)."""
+    h = torch.full((2 + _MAX_DIMS,), -1, dtype=torch.int64)
+    if t is not None:
+        if t.dim() > _MAX_DIMS or t.dtype not in _DTYPES:
+            raise CalibrationError(f"observer state tensor {tuple(t.shape)} {t.dtype} cannot be sent")
+        h[0], h[1] = _DTYPES.index(t.dtype), t.dim()
+        h[2:2 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
+    out = []
+    for g in _gather_fixed(h, ctx, key):
+        g = g.cpu().tolist()
+        out.append(None if g[0] < 0 else (_DTYPES[g[0]], tuple(g[2:2 + g[1]])))
+    return out
+
+
+def all_gather_tensor(t: Optional[torch.Tensor], ctx: DistContext, key: str = "") -> list[Optional[torch.Tensor]]:
+    """Every rank's tensor (any shape; ``None`` = this rank has none), on CPU, in rank order.
+    Payloads are padded to the largest one; bytes sent are counted under ``key``."""
+    heads = _gather_header(t, ctx, key)
+    present = [h for h in heads if h is not None]
+    if not present:
+        return [None] * ctx.world_size
+    dtype = present[0][0]
+    if any(h[0] != dtype for h in present):
+        raise CalibrationError("ranks disagree on an observer state's dtype", layer=key or None)
+    size = max(int(torch.Size(h[1]).numel()) for h in present)
+    wire = torch.bool if dtype == torch.bool else dtype
+    buf = torch.zeros(size, dtype=torch.uint8 if wire == torch.bool else wire)
+    if t is not None:
+        flat = t.detach().reshape(-1)
+        buf[:flat.numel()] = flat.to(buf.dtype).cpu()
+    got = _gather_fixed(buf, ctx, key)
+    out: list[Optional[torch.Tensor]] = []
+    for h, g in zip(heads, got):
+        if h is None:
+            out.append(None)
+            continue
+        n = int(torch.Size(h[1]).numel())
+        out.append(g[:n].cpu().to(dtype).reshape(h[1]))
+    return out
+
+
+def _all_gather_keys(keys: Sequence[str], ctx: DistContext, key: str) -> list[str]:
+    """The sorted union of every rank's state keys."""
+    raw = torch.tensor(list("\n".join(keys).encode()), dtype=torch.uint8)
+    union: set[str] = set()
+    for g in all_gather_tensor(raw, ctx, key):
+        if g is not None and g.numel():
+            union.update(bytes(g.tolist()).decode().split("\n"))
+    return sorted(union)
+
+
+def gather_states(state: dict[str, torch.Tensor], ctx: DistContext, key: str = "") -> list[dict[str, torch.Tensor]]:
+    """Every rank's ``state_dict`` (CPU tensors), in rank order."""
+    keys = _all_gather_keys(list(state), ctx, key)
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(ctx.world_size)]
+    for k in keys:
+        for r, t in enumerate(all_gather_tensor(state.get(k), ctx, key)):
+            if t is not None:
+                out[r][k] = t
+    return out
+
+
+def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistContext) -> dict[str, int]:
+    """Replace every observer's state by the fold, in rank order, of all ranks' states
+    (``obs.reset()`` then ``merge`` of rank 0, 1, …). Returns the bytes this rank sent per
+    observer (keyed by ``names``). A no-op in a one-process context."""
+    import copy
+
+    if not ctx.active:
+        return {}
+    for obs, name in zip(observers, names):
+        ctx.bytes_sent.pop(name, None)
+        states = gather_states(obs.state_dict(), ctx, name)
+        dev = _state_device(obs)
+        obs.reset()
+        for sd in states:
+            part = copy.copy(obs)
+            part.load_state_dict({k: v.to(dev) for k, v in sd.items()})
+            obs.merge(part)
+    return {n: ctx.bytes_sent.get(n, 0) for n in names}
+
+
+def _state_device(obs: Any) -> torch.device:
+    for t in obs.state_dict().values():
+        if t.numel():
+            return t.device
+    return torch.device("cpu")
+
+
+# -- the sharded calibration loop ---------------------------------------------------------
+def run_sharded_calibration(model: nn.Module, session: Any, batches: Iterable[Any], ctx: DistContext,
+                            quiet: bool = True, checkpoint: Optional[str] = None) -> Iterator[Any]:
+    """Calibrate ``session`` (a ``CalibrationSession`` on ``model``) on this rank's block of the
+    first ``session.batch_num`` batches of ``batches`` (every rank reads the same data), fold
+    the observers of all ranks, and finish the session (factors computed on every rank; its
+    ``on_finish`` should write only where ``ctx.is_writer``).
+
+    ``checkpoint``: a path; this rank saves its observer states there (suffix ``.rankR`` when
+    distributed) after every batch, and resumes from it if it exists (see checkpoint.py).
+    Returns the iterator over the batches after the first ``batch_num`` (held-out data)."""
+    from amct_torch.calibration.checkpoint import Checkpointer
+    from amct_torch.calibration.loop import _to, forward, progress_enabled
+    from amct_torch.errors import DataError
+
+    n = session.batch_num
+    ctx.bytes_sent.clear()
+    start, stop = shard_range(n, ctx.rank, ctx.world_size)
+    ckpt = None
+    if checkpoint is not None:
+        path = f"{checkpoint}.rank{ctx.rank}" if ctx.active else checkpoint
+        ckpt = Checkpointer(session, path, batch_total=stop - start)
+    done_local = ckpt.resume() if ckpt is not None else 0
+    # keep the session from finishing on its own: the fold must come first
+    session.batch_num = n + 1
+    bar = None
+    if progress_enabled(quiet) and ctx.is_writer:
+        from tqdm import tqdm
+        bar = tqdm(total=stop - start, initial=done_local, desc=f"calibrating (rank 0 of {ctx.world_size})",
+                   unit="batch")
+    it = iter(batches)
+    try:
+        for i in range(n):
+            batch = next(it, None)
+            if batch is None:
+                raise DataError(f"the calibration data has only {i} batch(es); batch_num is {n}")
+            if not (start + done_local <= i < stop):
+                continue
+            forward(model, _to(batch, ctx.device), i)
+            if ckpt is not None:
+                ckpt.save()
+            if bar is not None:
+                bar.update(1)
+    finally:
+        session.batch_num = n
+        if bar is not None:
+            bar.close()
+    names = [g.layers[0] for g in session.groups]
+    reduce_observers(session.observers, names, ctx)
+    _share_shapes(session, ctx)
+    session.batches_seen = n
+    session.finish()
+    if ckpt is not None:
+        ckpt.remove()
+    return it
+
+
+def _share_shapes(session: Any, ctx: DistContext) -> None:
+    """Give every rank the (C, H, W) of each group (a rank with no batch never saw them)."""
+    if not ctx.active:
+        return
+    t = torch.tensor([list(g.shape) if g.shape is not None else [-1, -1, -1] for g in session.groups],
+                     dtype=torch.int64).reshape(-1, 3)
+    for g_t in all_gather_tensor(t, ctx, "shapes"):
+        for group, row in zip(session.groups, g_t.tolist()):
+            if group.shape is None and not group.joint and row[0] >= 0:
+                group.shape = tuple(int(v) for v in row)
+
+
+def rank_output(path: str, ctx: DistContext) -> str:
+    """``path`` on rank 0; on other ranks the same file name in a private temporary folder
+    (removed at exit), so AMCT-workflow scripts can pass the same paths on every rank while
+    only rank 0 writes where the user looks."""
+    if ctx.is_writer:
+        return path
+    import atexit
+    import shutil
+    import tempfile
+
+    global _PRIVATE
+    if _PRIVATE is None:
+        _PRIVATE = tempfile.mkdtemp(prefix=f"amct_rank{ctx.rank}_")
+        atexit.register(shutil.rmtree, _PRIVATE, True)
+    return os.path.join(_PRIVATE, os.path.basename(os.fspath(path)))
+
+
+_PRIVATE: Optional[str] = None
