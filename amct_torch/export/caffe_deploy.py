@@ -60,7 +60,7 @@ def deploy_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
 def save_deploy(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                 offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_deploy_model.prototxt`` and ``{save_path}_deploy_weights.caffemodel``."""
-    emitted = deploy_net(gm, records, file)
+    emitted = deploy_net(gm, records, file).attach_blobs()
     write_caffe(emitted.net, f"{save_path}_deploy_model.prototxt",
                 f"{save_path}_deploy_weights.caffemodel", offset_form)
     return emitted

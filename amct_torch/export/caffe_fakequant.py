@@ -16,7 +16,7 @@ import torch
 
 from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
-from amct_torch.caffe.netio import ParsedNet, blob_to_array
+from amct_torch.caffe.netio import ParsedNet
 from amct_torch.export.caffe_text import write_caffe
 from amct_torch.export.netbuild import EmittedNet, emit_net
 from amct_torch.export.plan import LayerQuant, plan_layers
@@ -42,11 +42,10 @@ def fake_quant_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
     return emit_net(gm, plan, _fake_blobs, _fake_dequant_blobs, file)
 
 
-def graph_from_net(net, inputs, model_file: Optional[str] = None) -> CaffeGraphModule:
-    """Build a graph from an in-memory NetParameter whose layers carry float blobs."""
-    layers = [l for l in net.layer if l.type != "Input"]
-    blobs = {l.name: [blob_to_array(b, model_file, l.name, i) for i, b in enumerate(l.blobs)]
-             for l in layers if l.blobs}
+def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
+                   model_file: Optional[str] = None) -> CaffeGraphModule:
+    """Build a graph from an in-memory NetParameter and its float blobs by layer name."""
+    blobs = {k: [np.asarray(a, np.float32) for a in v] for k, v in blobs.items() if v}
     clean = type(net)()
     clean.CopyFrom(net)
     for l in clean.layer:
@@ -66,7 +65,7 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
     q = clamp(round(x/scale_d) + offset_d, −128, 127), y = (q − offset_d)·scale_d.
     The result is on the device of ``fused_gm``'s first parameter."""
     emitted = fake_quant_net(fused_gm, records, file)
-    gm = graph_from_net(emitted.net, fused_gm.caffe_inputs, file)
+    gm = graph_from_net(emitted.net, fused_gm.caffe_inputs, emitted.arrays, file)
     exact = {q.name: (q.scale_d, q.offset_d) for q in emitted.quants}
     for name, mod in layer_modules(gm).items():
         if isinstance(mod, QuantLayer) and name in exact:
@@ -82,7 +81,7 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
 def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                     offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
-    emitted = fake_quant_net(gm, records, file)
+    emitted = fake_quant_net(gm, records, file).attach_blobs()
     write_caffe(emitted.net, f"{save_path}_fake_quant_model.prototxt",
                 f"{save_path}_fake_quant_weights.caffemodel", offset_form)
     return emitted

@@ -8,6 +8,7 @@ a user already has, without calibration: load the float model, validate the reco
 from __future__ import annotations
 
 import os
+import re
 from typing import Mapping, Optional, Sequence
 
 import torch
@@ -23,11 +24,23 @@ from amct_torch.record import LayerRecord, read_record, validate_record
 
 SAVE_TYPES = ("Fakequant", "Deploy", "Both")
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")
+_QUANT_TYPE_TEXT = re.compile(r'\btype\s*:\s*"(' + "|".join(_QUANT_TYPES) + r')"')
+_NAME_TEXT = re.compile(r'\bname\s*:\s*"([^"]*)"')
 
 
 def refuse_quantized_model(model_file: str, weights_file: Optional[str]) -> None:
     """A model that already has Quant/DeQuant layers or int8/int32/uint64 blob data is an
     output of quantization, not an input: ModelError naming the file and layer."""
+    try:
+        text = open(model_file, encoding="utf-8", errors="replace").read()
+    except OSError:
+        text = ""
+    m = _QUANT_TYPE_TEXT.search(text)
+    if m is not None:  # also catches our uint8-offset form, which the schema cannot parse
+        names = _NAME_TEXT.findall(text[:m.start()])
+        raise ModelError(f"the model already contains a {m.group(1)} layer (it is a quantized "
+                         "model); convert_model needs the original float model",
+                         file=model_file, layer=names[-1] if names else None)
     net = parse_prototxt(model_file)
     for layer in list(net.layer):
         if layer.type in _QUANT_TYPES:

@@ -46,6 +46,15 @@ class EmittedNet:
     net: pb.NetParameter
     quants: list[InsertedQuant]
     dequants: dict[str, str]  # quantized layer -> its DeQuant layer
+    arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)  # layer -> blobs
+
+    def attach_blobs(self) -> "EmittedNet":
+        """Put ``arrays`` into the layers' BlobProtos (needed before writing a caffemodel)."""
+        for layer in self.net.layer:
+            if not layer.blobs:
+                for arr in self.arrays.get(layer.name, []):
+                    array_to_blob(arr, layer.blobs.add())
+        return self
 
 
 def quant_param_values(scale_d: float, offset_d: int) -> tuple[float, bytes]:
@@ -69,7 +78,8 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
              dequant_blobs: Callable[[LayerQuant], list[np.ndarray]],
              file: Optional[str] = None) -> EmittedNet:
     """The graph as a NetParameter (inputs as in ``gm.caffe_net``) with Quant/DeQuant around
-    every layer of ``plan``."""
+    every layer of ``plan``. Blobs are returned as arrays (``EmittedNet.arrays``); call
+    ``attach_blobs`` to put them into the message."""
     base = gm.caffe_net
     net = pb.NetParameter()
     net.CopyFrom(base)
@@ -112,6 +122,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
     quants: list[InsertedQuant] = []
     shared: dict[tuple, InsertedQuant] = {}
     dequants: dict[str, str] = {}
+    arrays: dict[str, list[np.ndarray]] = {}
     for n in nodes:
         at = pos[n]
         if n.op in ("placeholder", "output"):
@@ -170,16 +181,13 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
             if mod.num_tops == 1 and v in outputs:
                 desired = outputs[v]
             layer.top.append(bind(v, desired, at))
-        for arr in blobs(lq, mod):
-            if isinstance(arr, torch.Tensor):
-                arr = arr.detach().cpu().numpy()
-            array_to_blob(arr, layer.blobs.add())
+        arrays[layer.name] = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+                              for a in blobs(lq, mod)]
         if lq is not None and not lq.joint:
             dname = fresh(f"{mod.caffe_name}_dequant_layer", taken_layers)
             dl = net.layer.add(name=dname, type="DeQuant")
             dl.bottom.append(layer.top[0])
             dl.top.append(layer.top[0])
-            for arr in dequant_blobs(lq):
-                array_to_blob(arr, dl.blobs.add())
+            arrays[dname] = list(dequant_blobs(lq))
             dequants[mod.caffe_name] = dname
-    return EmittedNet(net, quants, dequants)
+    return EmittedNet(net, quants, dequants, arrays)
