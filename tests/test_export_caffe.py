@@ -14,7 +14,7 @@ from caffe_net_helpers import make_net
 from conftest import natural_images_bgr
 from export_helpers import SMALL_BODY, minmax_records, register_cv_layers, small_blobs
 from amct_torch.caffe.graph import layer_modules, load_caffe
-from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt
+from amct_torch.caffe.netio import parse_caffemodel
 from amct_torch.errors import ExportError
 from amct_torch.export import fake_quant_graph, save_quant_models, unpack_deq_scale
 from amct_torch.fusion import fuse_bn
@@ -83,7 +83,6 @@ def test_deploy_decodes_to_record_and_integer_simulation_matches(small):
     folder, gm, recs, x = small
     prefix = str(folder / "d")
     save_quant_models(gm, recs, save_type="Both", save_path=prefix)
-    text = parse_prototxt(f"{prefix}_deploy_model.prototxt") if False else None  # noqa: F841
     net = parse_caffemodel(f"{prefix}_deploy_weights.caffemodel")
     layers = {l.name: l for l in net.layer}
     mods = layer_modules(gm)
