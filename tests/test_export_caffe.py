@@ -138,3 +138,19 @@ def test_int32_bias_overflow_names_layer(small, tmp_path):
         save_quant_models(gm, bad, save_type="Both", save_path=str(tmp_path / "o"))
     assert err.value.layer == "conv1"
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_written_fake_quant_model_loads_back_in_torch(small):
+    """``load_caffe`` reads the fake-quant files we write (Quant offset in the OpenCV-readable
+    uint8 number form) and computes what the in-memory fake-quant model computes."""
+    folder, gm, recs, x = small
+    prefix = str(folder / "back")
+    save_quant_models(gm, recs, save_type="Fakequant", save_path=prefix)
+    loaded = load_caffe(f"{prefix}_fake_quant_model.prototxt", f"{prefix}_fake_quant_weights.caffemodel")
+    offsets = {m.caffe_name: m.offset for m in loaded.modules() if getattr(m, "caffe_type", "") == "Quant"}
+    assert offsets and any(o < 0 for o in offsets.values())  # negative offsets survive the uint8 form
+    with torch.no_grad():
+        ours = fake_quant_graph(gm, recs)(x)["fc1"].numpy()
+        back = loaded(x)["fc1"].numpy()
+    # the file keeps float32(1/scale_d): the same rounding-boundary tolerance as OpenCV above
+    assert np.abs(back - ours).max() <= 2 * recs["fc1"].scale_d

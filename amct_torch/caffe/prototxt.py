@@ -62,6 +62,7 @@ class _Walker:
     def __init__(self, tokens: list[tuple[str, str, int, int]]) -> None:
         self.t = tokens
         self.found: list[tuple[str, int, int]] = []  # (path, start, end)
+        self.byte_numbers: list[tuple[int, int, int]] = []  # (start, end, byte value)
 
     def _tok(self, i: int) -> Optional[tuple[str, str, int, int]]:
         return self.t[i] if i < len(self.t) else None
@@ -92,6 +93,17 @@ class _Walker:
             return i + 1
         raise _Abandon()
 
+    def _note_byte_number(self, i: int) -> None:
+        """A bytes field written as an integer in [-128, 255] (``quant_param { offset: 253 }``,
+        the form OpenCV's importer accepts where it rejects AMCT's one-byte string) is read as
+        that one byte, so our own fake-quant models load back (see docs/export.md)."""
+        tok = self._tok(i)
+        if tok is None or tok[0] != "word" or not re.fullmatch(r"[+-]?\d+", tok[1]):
+            return
+        value = int(tok[1])
+        if -128 <= value <= 255:
+            self.byte_numbers.append((tok[2], tok[3], value & 0xFF))
+
     def walk(self, desc: _descriptor.Descriptor, i: int, path: str, closing: Optional[str]) -> int:
         counts: dict[str, int] = {}
         while True:
@@ -118,6 +130,8 @@ class _Walker:
                 self.found.append((path, start, self.t[end_i - 1][3]))
                 i = end_i
                 continue
+            if field.type == _descriptor.FieldDescriptor.TYPE_BYTES:
+                self._note_byte_number(i)
             if field.type != _descriptor.FieldDescriptor.TYPE_MESSAGE:
                 i = self._skip_value(i)
                 continue
@@ -178,6 +192,8 @@ def strip_unknown_fields(text: str, desc: _descriptor.Descriptor) -> tuple[str, 
         for k in range(start, end):
             if chars[k] != "\n":
                 chars[k] = " "
+    for start, end, value in walker.byte_numbers:  # one line each: line numbers stay exact
+        chars[start:end] = [f'"\\{value:03o}"'] + [""] * (end - start - 1)
     return "".join(chars), entries
 
 
