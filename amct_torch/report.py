@@ -82,7 +82,8 @@ def _capture(model: nn.Module, layers: Sequence[str], store: dict) -> list:
     handles = []
     for name in layers:
         def hook(_m, _a, out, name=name):
-            store[name] = _first_tensor(out)
+            # a copy: Caffe's in-place layers (ReLU after a conv) may overwrite the tensor later
+            store[name] = _first_tensor(out).detach().clone()
         handles.append(mods[name].register_forward_hook(hook))
     return handles
 
