@@ -25,18 +25,18 @@ BATCH_NUM = 5       # uneven shards on 2 ranks: 3 + 2
 BATCH_SIZE = 36
 
 
-def batches() -> list[torch.Tensor]:
+def batches(n: int = BATCH_NUM) -> list[torch.Tensor]:
     from amct_torch.examples import example_data
     x, _ = example_data("calib")
-    return [torch.from_numpy(x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]) for i in range(BATCH_NUM)]
+    return [torch.from_numpy(x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]) for i in range(n)]
 
 
-def write_config(path: str, mode: str) -> None:
+def write_config(path: str, mode: str, n: int = BATCH_NUM) -> None:
     """JSON quant config for the example: IFMR everywhere, or HFMG everywhere."""
     from amct_torch.config import create_quant_config
     from amct_torch.examples import example_model
     model, weights = example_model()
-    create_quant_config(path, model, weights, batch_num=BATCH_NUM)
+    create_quant_config(path, model, weights, batch_num=n)
     if mode == "hfmg":
         with open(path) as f:
             cfg = json.load(f)
@@ -52,20 +52,20 @@ def ifmr_mode(mode: str) -> str:
     return "exact" if mode == "exact" else "streaming"
 
 
-def single_process_record(tmp: str, mode: str) -> dict:
+def single_process_record(tmp: str, mode: str, n: int = BATCH_NUM) -> dict:
     """The reference: AMCT workflow, the user's plain loop over all batches."""
     from amct_torch.api import init, quantize_model
     from amct_torch.examples import example_model
     from amct_torch.record import read_record
     model, weights = example_model()
     cfg = os.path.join(tmp, f"{mode}.json")
-    write_config(cfg, mode)
+    write_config(cfg, mode, n)
     rec = os.path.join(tmp, f"{mode}_single_record.txt")
     graph = init(cfg, model, weights, rec)
     m = quantize_model(graph, os.path.join(tmp, "m.prototxt"), os.path.join(tmp, "m.caffemodel"),
                        ifmr_mode=ifmr_mode(mode))
     with torch.no_grad():
-        for b in batches():
+        for b in batches(n):
             m(b)
     assert graph.session.done
     return read_record(rec)
@@ -92,6 +92,13 @@ def worker(out: str) -> None:
                            ifmr_mode=ifmr_mode(mode))
         run_sharded_calibration(m, graph.session, batches(), ctx)
         sent[mode] = dict(ctx.bytes_sent)
+    for mode in MODES:  # one batch: rank 1 calibrates nothing and contributes an empty state
+        cfg = os.path.join(scratch, f"{mode}1.json")
+        write_config(cfg, mode, 1)
+        graph = init(cfg, model, weights, rank_output(os.path.join(out, f"{mode}_one_record.txt"), ctx))
+        m = quantize_model(graph, os.path.join(scratch, "m.prototxt"), os.path.join(scratch, "m.caffemodel"),
+                           ifmr_mode=ifmr_mode(mode))
+        run_sharded_calibration(m, graph.session, batches(1), ctx)
     with open(os.path.join(scratch, "ignored"), "w"):
         pass
     if ctx.is_writer:
@@ -114,7 +121,8 @@ def torchrun_out(tmp_path_factory):
 
 def test_only_rank0_writes(torchrun_out):
     out, cwd = torchrun_out
-    expected = {f"{m}_{s}" for m in MODES for s in ("record.txt", "modified.prototxt", "modified.caffemodel")}
+    expected = {f"{m}_{s}" for m in MODES
+                for s in ("record.txt", "modified.prototxt", "modified.caffemodel", "one_record.txt")}
     assert set(os.listdir(out)) == expected | {"bytes_rank0.json"}
     assert os.listdir(cwd) == []
 
@@ -144,6 +152,17 @@ def test_merged_modes_within_tolerance(torchrun_out, tmp_path, mode):
         assert d.scale_d == pytest.approx(r.scale_d, rel=0.01), name
         assert abs(d.offset_d - r.offset_d) <= 1, name
         assert d.scale_w == r.scale_w, name
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rank_without_batches(torchrun_out, tmp_path, mode):
+    """batch_num 1 on 2 ranks: rank 1's empty state merges away; the record is the
+    one-process record of that batch, identical for every mode."""
+    from amct_torch.record import read_record
+    dist_rec = read_record(os.path.join(torchrun_out[0], f"{mode}_one_record.txt"))
+    ref = single_process_record(str(tmp_path), mode, 1)
+    assert {n: (r.scale_d, r.offset_d, r.channels) for n, r in dist_rec.items()} == \
+        {n: (r.scale_d, r.offset_d, r.channels) for n, r in ref.items()}
 
 
 def test_bytes_sent_per_layer(torchrun_out):

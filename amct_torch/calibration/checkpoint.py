@@ -124,11 +124,15 @@ class Checkpointer:
     the updated count; after the last batch it deletes the file instead). ``resume()`` loads
     the file when it exists and returns the batches already done (0 otherwise)."""
 
-    def __init__(self, session: Any, path: str, batch_total: Optional[int] = None) -> None:
+    def __init__(self, session: Any, path: str, batch_total: Optional[int] = None, every: int = 1) -> None:
+        if every < 1:
+            raise CalibrationError(f"checkpoint interval must be >= 1 batch, got {every}")
         self.session = session
         self.path = os.fspath(path)
         self.batch_total = batch_total
+        self.every = int(every)
         self._handle = None
+        self._since = 0
 
     def resume(self) -> int:
         if not os.path.exists(self.path):
@@ -136,8 +140,12 @@ class Checkpointer:
         return load_checkpoint(self.session, self.path)
 
     def save(self) -> None:
-        if not self.session.done:
+        """Save now if ``every`` batches passed since the last save (IFMR exact states grow
+        with every batch: a larger ``every`` keeps the cost of saving down)."""
+        self._since += 1
+        if not self.session.done and self._since >= self.every:
             save_checkpoint(self.session, self.path)
+            self._since = 0
 
     def remove(self) -> None:
         """Delete the checkpoint (the calibration finished) and detach the hook."""

@@ -91,7 +91,10 @@ def init_distributed(device: Optional[str] = None, backend: Optional[str] = None
             raise AmctError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} CUDA device(s)")
         dev = torch.device(f"cuda:{local}")
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
+        try:
+            dist.init_process_group("nccl", device_id=dev)
+        except TypeError:  # torch < 2.3 has no device_id
+            dist.init_process_group("nccl")
     else:
         dev = torch.device("cpu")
         dist.init_process_group(be)
@@ -204,7 +207,7 @@ def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistCo
     for obs, name in zip(observers, names):
         ctx.bytes_sent.pop(name, None)
         states = gather_states(obs.state_dict(), ctx, name)
-        dev = _state_device(obs)
+        dev = _state_device(obs) or ctx.device
         obs.reset()
         for sd in states:
             part = copy.copy(obs)
@@ -213,11 +216,12 @@ def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistCo
     return {n: ctx.bytes_sent.get(n, 0) for n in names}
 
 
-def _state_device(obs: Any) -> torch.device:
+def _state_device(obs: Any) -> Optional[torch.device]:
+    """Where the observer keeps its statistics (None when it has none yet)."""
     for t in obs.state_dict().values():
-        if t.numel():
+        if t.numel() > 1:
             return t.device
-    return torch.device("cpu")
+    return None
 
 
 # -- the sharded calibration loop ---------------------------------------------------------
