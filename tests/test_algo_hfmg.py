@@ -53,7 +53,7 @@ def ref_walk(counts):
     step = max(math.ceil(total / 100000), 1)
     min_bins = math.ceil(nbins / 4)
     left, right = 0, nbins - 1
-    cands = [(left, right)]
+    cands = []
     while right - left > min_bins:
         tl, acc = left, 0
         while acc < step and tl < right:

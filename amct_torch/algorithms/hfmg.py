@@ -70,26 +70,28 @@ def redistribute(counts: torch.Tensor, old_min: float, old_max: float,
 
 
 def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Candidate bin ranges (left, right) of the greedy walk of SPEC §5.3 step 2, preceded by
-    the full range (0, nbins−1).
+    """Candidate bin ranges (left, right) of the greedy walk of SPEC §5.3 step 2, in walk
+    order (one recorded after each trim, as SPEC says). Compact tensors on counts' device;
+    this public form reads the valid count back (the search itself does not: see
+    ``hfmg_factors``)."""
+    lefts, rights, valid, unfinished = _walk_table(counts)
+    if bool(unfinished):
+        return _host_walk(counts)
+    return lefts[valid], rights[valid]
 
-    The walk runs on the host over the prefix sums (one transfer of the histogram, then
-    O(log nbins) per trim with bisection — no per-bin reads of device memory)."""
+
+def _host_walk(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same walk on the host with bisection over the prefix sums: the fallback for an end
+    game longer than ``_walk_table`` unrolls (not expected to happen; kept for safety)."""
     nbins = counts.numel()
     pre = [0] + torch.cumsum(counts.cpu(), 0).tolist()   # pre[t] = mass of bins [0, t)
-    total = pre[-1]
-    step = max(math.ceil(total / 100000), 1)
+    step = max(math.ceil(pre[-1] / 100000), 1)
     min_bins = math.ceil(nbins / 4)
     left, right = 0, nbins - 1
-    lefts, rights = [left], [right]
+    lefts, rights = [], []
     while right - left > min_bins:
-        # left walk: smallest tl in (left, right] with mass[left, tl) ≥ step, else right
-        tl = bisect.bisect_left(pre, pre[left] + step, left + 1, right + 1)
-        tl = min(tl, right)
-        # right walk: largest tr in [tl, right) with mass(tr, right] ≥ step, else tl
-        need = pre[right + 1] - step
-        tr = bisect.bisect_right(pre, need, tl + 1, right + 1) - 2
-        tr = max(tr, tl)
+        tl = min(bisect.bisect_left(pre, pre[left] + step, left + 1, right + 1), right)
+        tr = max(bisect.bisect_right(pre, pre[right + 1] - step, tl + 1, right + 1) - 2, tl)
         if right - tr >= tl - left:
             right = tr
         else:
@@ -97,37 +99,138 @@ def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         lefts.append(left)
         rights.append(right)
     dev = counts.device
-    return torch.tensor(lefts, device=dev), torch.tensor(rights, device=dev)
+    return (torch.tensor(lefts, dtype=torch.int64, device=dev),
+            torch.tensor(rights, dtype=torch.int64, device=dev))
+
+
+def _walk_table(counts: torch.Tensor):
+    """The greedy walk of SPEC §5.3 step 2 as fixed-size tensor ops (no host reads).
+
+    Returns (lefts, rights, valid, unfinished): candidate ranges in walk order where
+    ``valid`` marks the real ones (the rest is padding), and a 0-d flag that is true only if
+    the bounded end game below did not finish (the caller then falls back to the host walk).
+
+    How: TL[L] (left walk from L) and TR[R] (right walk from R) come from prefix sums by
+    searchsorted. Ignoring the "not past each other" clamps, the left bounds visited form the
+    chain 0 → TL[0] → …, the right bounds n−1 → TR[n−1] → …, and each step trims the side with
+    the larger gap (right on ties); that greedy interleaving of two sequences equals a stable
+    merge keyed by each sequence's running minimum of gaps, so the state before every step is
+    known from searchsorted ranks. The chains are found by pointer doubling. The clamps only
+    act when less than two steps' mass is left; from the first step where one would act (or
+    the loop would stop) a few masked general steps finish the walk (each such step at least
+    halves the open range, so ≤ 3 are needed before right − left ≤ nbins/4; 8 are run).
+    """
+    n = counts.numel()
+    dev = counts.device
+    min_bins = math.ceil(n / 4)
+    pre = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(counts, 0, out=pre[1:])
+    step = torch.clamp((pre[-1] + 99999) // 100000, min=1)
+    tl = torch.searchsorted(pre, pre[:n] + step)                       # in [1, n+1]
+    tr = torch.searchsorted(pre, pre[1:] - step, right=True) - 2       # in [-2, n-2]
+    big = torch.full((2,), n + 1, dtype=torch.int64, device=dev)
+    tl_p = torch.cat([tl, big])                                        # nodes 0 … n+1
+    tr_p = torch.cat([torch.full((2,), -2, dtype=torch.int64, device=dev), tr])  # at R + 2
+    chain_l = _chain(tl_p, 0, ascending=True, fill=n + 1)
+    chain_r = _chain(tr_p + 2, n + 1, ascending=False, fill=0)             # node = R + 2
+    gap_l = (chain_l[1:] - chain_l[:-1]).cummin(0).values
+    gap_r = (chain_r[:-1] - chain_r[1:]).cummin(0).values
+    m = gap_l.numel()
+    pos_l = torch.arange(m, device=dev) + torch.searchsorted(-gap_r, -gap_l, right=True)
+    is_left = torch.zeros(2 * m, dtype=torch.int64, device=dev)
+    is_left[pos_l] = 1
+    steps = n - min_bins + 1
+    i_l = torch.zeros(steps + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(is_left[:steps], 0, out=i_l[1:])
+    j_r = torch.arange(steps + 1, device=dev) - i_l
+    left = chain_l[i_l]
+    right = chain_r[j_r] - 2
+    nxt_l = tl_p[left.clamp(0, n + 1)]
+    clamp = (nxt_l > right) | (tr_p[right + 2] < nxt_l)
+    free = (right - left > min_bins) & ~clamp
+    n_free = free.to(torch.int64).cumprod(0).sum()                     # steps before the end game
+    idx = torch.arange(1, steps + 1, device=dev)
+    lefts, rights, valid = [left[1:]], [right[1:]], [idx <= n_free]
+    lft, rgt = left[n_free], right[n_free]
+    active = rgt - lft > min_bins
+    for _ in range(8):
+        a = torch.minimum(tl_p[lft.clamp(0, n + 1)], rgt)
+        b = torch.maximum(tr_p[(rgt + 2).clamp(0, n + 1)], a)
+        trim_right = (rgt - b) >= (a - lft)
+        lft = torch.where(active & ~trim_right, a, lft)
+        rgt = torch.where(active & trim_right, b, rgt)
+        lefts.append(lft[None]); rights.append(rgt[None]); valid.append(active[None])
+        active = active & (rgt - lft > min_bins)
+    return torch.cat(lefts), torch.cat(rights), torch.cat(valid), active
+
+
+def _chain(nxt: torch.Tensor, start: int, ascending: bool, fill: int) -> torch.Tensor:
+    """Nodes reached from ``start`` by repeatedly following ``nxt`` (a monotone map), in
+    visiting order, padded with ``fill`` to nxt's length — pointer doubling, log2(n) rounds."""
+    size = nxt.numel()
+    vis = torch.zeros(size, dtype=torch.int64, device=nxt.device)
+    vis[start] = 1
+    jump = nxt
+    for _ in range(max(1, math.ceil(math.log2(size)) + 1)):
+        vis = vis.index_add(0, jump, vis).clamp_(max=1)
+        jump = jump[jump]
+    rank = (vis.cumsum(0) if ascending else vis.flip(0).cumsum(0).flip(0)) - 1
+    out = torch.full((size + 1,), fill, dtype=torch.int64, device=nxt.device)
+    out.index_copy_(0, torch.where(vis > 0, rank, size), torch.arange(size, device=nxt.device))
+    return out[:size]
 
 
 def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torch.Tensor,
-           block: int = 1 << 21) -> torch.Tensor:
-    """Analytic L2 loss (SPEC §5.3 step 3) of every candidate, float64, chunked over
-    candidates: source bins mapped to 256 destination bins, uniform density inside each."""
-    nbins = counts.numel()
+           block: int = 1 << 20) -> torch.Tensor:
+    """Analytic L2 loss (SPEC §5.3 step 3) of every candidate, float64, O(256) per candidate.
+
+    In units of one source bin (loss = width² · that), destination bin d of candidate (l, r)
+    spans [y_d, y_{d+1}) with y_k = l + k·D, D = (r − l + 1)/256, except y_0 = 0 and
+    y_256 = nbins (clamped indices: outside mass joins the end bins), centre c_d = l + (d+½)D.
+    Its error is the whole source bins inside it — Σ c_j((j − c)² + (j − c) + ⅓), taken from
+    exact int64 prefix sums of c_j, c_j·j, c_j·j² re-centred on the integer m = ⌊c⌋ so no
+    large terms cancel — plus the partial source bins at its two edges, c_J((y − c)³ −
+    (J − c)³)/3. Exact integer moments need Σcounts·nbins² < 2⁶³ (≈ 1.3e11 elements at 8192
+    bins). Chunked over candidates (``block`` elements per work array)."""
+    n = counts.numel()
     dev = counts.device
-    density = (counts.double() / width)[None, :] if width > 0 else None
-    src = torch.arange(nbins, dtype=torch.float64, device=dev)[None, :]
     out = torch.zeros(lefts.numel(), dtype=torch.float64, device=dev)
-    if width <= 0:
+    if width <= 0 or lefts.numel() == 0:
         return out
-    chunk = max(1, block // nbins)
+    j = torch.arange(n, dtype=torch.int64, device=dev)
+    c = counts.to(torch.int64)
+    pref = torch.zeros(3, n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(torch.stack([c, c * j, c * j * j]), 1, out=pref[:, 1:])
+    cnt = torch.cat([c, c.new_zeros(1)]).double()
+    k = torch.arange(DST_BINS + 1, dtype=torch.float64, device=dev)
+    half = torch.arange(DST_BINS, dtype=torch.float64, device=dev) + 0.5
+    chunk = max(1, block // (DST_BINS + 1))
     for st in range(0, lefts.numel(), chunk):
-        l = lefts[st:st + chunk].double()[:, None]
-        r = rights[st:st + chunk].double()[:, None]
-        dw = width * (r - l + 1) / DST_BINS
-        b = (src - l) * width
-        e = b + width
-        db_i = torch.floor(b / dw).clamp_(0, DST_BINS - 1)
-        de_i = torch.floor(e / dw).clamp_(0, DST_BINS - 1)
-        half = dw / 2
-        c_b = (db_i + 0.5) * dw
-        c_e = (de_i + 0.5) * dw
-        norm = ((half ** 3 - (b - c_b) ** 3)
-                + (de_i - db_i - 1) * (2 * half ** 3)
-                + ((e - c_e) ** 3 + half ** 3)) / 3
-        loss = (density * norm).sum(dim=1)
-        out[st:st + chunk] = torch.where(dw[:, 0] < FLT_EPS, torch.zeros_like(loss), loss)
+        l = lefts[st:st + chunk].to(torch.int64)[:, None]
+        d = (rights[st:st + chunk].to(torch.int64)[:, None] - l + 1).double() / DST_BINS
+        y = torch.addcmul(l.double(), k, d)             # [m, 257] edges in bin units (exact)
+        y[:, 0] = 0.0
+        y[:, -1] = float(n)
+        jf = torch.floor(y)
+        jj = jf.to(torch.int64).clamp_(0, n)
+        ds = pref[:, jj].diff(dim=2)                    # [3, m, 256] moments of whole bins
+        cen = torch.addcmul(l.double(), half, d)        # [m, 256] centres
+        mf = torch.floor(cen)
+        phi = cen - mf
+        mi = mf.to(torch.int64)
+        t0, ds1 = ds[0], ds[1]
+        t1 = ds1 - mi * t0
+        t2 = ds[2] - mi * (ds1 + t1)                    # Σc(j−m)² = S2 − 2mS1 + m²S0
+        full = t2.double() + (1 - 2 * phi) * t1.double() + (phi * (phi - 1) + 1.0 / 3) * t0.double()
+        # partial bins: c_J((y − c)³ − (J − c)³)/3 at the upper edge minus at the lower edge
+        cj = cnt[jj]
+        u_lo, v_lo = y[:, :-1] - cen, jf[:, :-1] - cen
+        u_hi, v_hi = y[:, 1:] - cen, jf[:, 1:] - cen
+        edge = cj[:, 1:] * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi) \
+            - cj[:, :-1] * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo)
+        loss = torch.add(full, edge, alpha=1.0 / 3).sum(dim=1) * (width * width)
+        dw = width * d[:, 0]
+        out[st:st + chunk] = torch.where(dw < FLT_EPS, torch.zeros_like(loss), loss)
     return out
 
 
@@ -146,10 +249,19 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
     """Search the histogram of [mn, mx] and return the factors (SPEC §5.3 steps 2–4)."""
     nbins = counts.numel()
     width = bin_width(mn, mx, nbins)
-    lefts, rights = candidates(counts)
+    lefts, rights, valid, unfinished = _walk_table(counts)
     loss = losses(counts, width, lefts, rights)
-    i = int(torch.argmin(loss))
-    left, right = int(lefts[i]), int(rights[i])
+    masked = torch.where(valid, loss, torch.full_like(loss, math.inf))
+    i = torch.argmin(masked)
+    # the one host read of the search: chosen range, number of candidates, fallback flag
+    left, right, unf = torch.stack([lefts[i], rights[i], unfinished.to(torch.int64)]).tolist()
+    if unf:
+        lefts, rights = _host_walk(counts)
+        loss = losses(counts, width, lefts, rights)
+        i = torch.argmin(loss)
+        left, right = int(lefts[i]), int(rights[i])
+    else:
+        loss = loss[valid]
     f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731  float32 arithmetic
     clip_min = f32(mn + left * width)
     clip_max = f32(mn + (right + 1) * width)
