@@ -164,3 +164,36 @@ def test_redistribute_matches_reference(device):
         got = hfmg.redistribute(torch.from_numpy(counts).to(device), omn, omx, nmn, nmx)
         assert np.array_equal(got.cpu().numpy(), ref_redistribute(counts, omn, omx, nmn, nmx))
         assert int(got.sum()) == counts.sum()
+
+
+def _sparse_counts(rng, kind, n):
+    if kind == 0:
+        return rng.integers(0, 50, n)
+    c = np.zeros(n, np.int64)
+    if kind == 1:   # a few spikes: the walks jump over empty stretches and meet (the clamps)
+        c[rng.integers(0, n, rng.integers(1, 4))] = rng.integers(1, 10 ** 6)
+    elif kind == 2:  # scattered heavy bins
+        c = (rng.random(n) < 0.05) * rng.integers(1, 10 ** 7, n)
+    elif kind == 3:  # one bin
+        c[n // 2] = rng.integers(1, 10 ** 7)
+    else:            # sparse light bins (mass per bin below the step)
+        c = (rng.random(n) < 0.01) * rng.integers(1, 300000, n)
+    c = np.asarray(c, np.int64)
+    if c.sum() == 0:
+        c[0] = 1
+    return c
+
+
+def test_walk_and_losses_on_sparse_histograms(device):
+    """The tensor walk (chains, merge, end game) and the prefix-sum loss against the plain
+    loops on histograms where the two walks meet early."""
+    rng = np.random.default_rng(11)
+    for t in range(250):
+        n = int(rng.choice([8, 13, 64, 1024]))
+        c = _sparse_counts(rng, t % 5, n)
+        lefts, rights = hfmg.candidates(torch.from_numpy(c).to(device))
+        cands = ref_walk(c)
+        assert list(zip(lefts.tolist(), rights.tolist())) == cands, (t, n)
+        if t % 10 == 0:
+            got = hfmg.losses(torch.from_numpy(c).to(device), 0.37, lefts, rights).cpu().numpy()
+            np.testing.assert_allclose(got, [ref_loss(c, 0.37, a, b) for a, b in cands], rtol=1e-9)

@@ -12,6 +12,7 @@ from typing import Tuple
 
 import torch
 
+from amct_torch.algorithms.histogram import count_bins
 from amct_torch.algorithms.quant import FLT_EPS
 
 DST_BINS = 256
@@ -32,10 +33,7 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor
     w = bin_width(mn, mx, nbins)
     t = torch.sub(x, torch.tensor(mn, dtype=torch.float32, device=x.device))
     t.div_(torch.tensor(w, dtype=torch.float32, device=x.device))
-    cnt = torch.bincount(t.to(torch.int32), minlength=nbins)
-    if cnt.numel() > nbins:
-        cnt[nbins - 1] += cnt[nbins:].sum()
-        cnt = cnt[:nbins]
+    cnt = count_bins(t.to(torch.int32).clamp_(max=nbins - 1), nbins)
     return cnt
 
 

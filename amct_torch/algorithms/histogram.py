@@ -36,13 +36,20 @@ def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor
     u = torch.mul(x, math.ldexp(1.0, -e)).sub_(float(base))
     idx = u.to(torch.int32)          # u ≥ 0 (up to rounding): truncation is the floor
     u.sub_(idx)                      # offset inside the bin, in bin units
-    cnt = torch.bincount(idx, minlength=nbins)
+    cnt = count_bins(idx, nbins + 1)
     dsum = torch.bincount(idx, weights=u, minlength=nbins).double()
     if cnt.numel() > nbins:          # x/w − base rounded up to nbins: belongs to the last bin
         cnt[nbins - 1] += cnt[nbins:].sum()
         dsum[nbins - 1] += dsum[nbins:].sum() + cnt[nbins:].sum().double()
         cnt, dsum = cnt[:nbins], dsum[:nbins]
     return cnt, dsum
+
+
+def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 counts of non-negative int ``idx`` (all < ``size``): one scatter-add of a
+    broadcast 1 (``bincount`` also scans for the min and max first — two extra passes)."""
+    out = torch.zeros(size, dtype=torch.int64, device=idx.device)
+    return out.index_add_(0, idx, torch.ones((), dtype=torch.int64, device=idx.device).expand(idx.numel()))
 
 
 def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old: int, base_old: int,

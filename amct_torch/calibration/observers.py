@@ -143,18 +143,15 @@ class IfmrStreamingObserver(Observer):
         self.gmin = math.inf
         self.gmax = -math.inf
 
-    def _extremes(self, xf: torch.Tensor, largest: bool) -> torch.Tensor:
-        """Candidates for the top (or bottom) K of xf: the K chunks with the largest maxima
-        (smallest minima) hold them, plus the ragged tail."""
-        k = self.topk
-        n = xf.numel()
-        full = n // _CHUNK * _CHUNK
-        if full // _CHUNK <= 4 * k:
-            return xf
-        rows = xf[:full].view(-1, _CHUNK)
-        ext = rows.amax(1) if largest else rows.amin(1)
-        pick = torch.topk(ext, k, largest=largest, sorted=False).indices
-        return torch.cat([rows[pick].reshape(-1), xf[full:]])
+    def _candidates(self, rows: torch.Tensor, ext: torch.Tensor, tail: torch.Tensor, many: int,
+                    largest: bool) -> torch.Tensor:
+        """Values that can enter the top (or bottom) K: the ``many`` chunks (rows) whose
+        maxima (minima) pass the current K-th value — at most K of them, those with the
+        largest maxima, provably hold the batch's part of the new top K — plus the ragged tail."""
+        if many == 0:
+            return tail
+        pick = torch.topk(ext, min(many, self.topk), largest=largest, sorted=False).indices
+        return torch.cat([rows[pick].reshape(-1), tail])
 
     def _ensure(self, device: torch.device) -> None:
         if self.top is None:
@@ -178,13 +175,27 @@ class IfmrStreamingObserver(Observer):
         if xf.numel() == 0:
             return
         self._ensure(xf.device)
-        top = torch.topk(torch.cat([self.top, self._extremes(xf, True)]), self.topk).values
-        bottom = torch.topk(torch.cat([self.bottom, self._extremes(xf, False)]), self.topk, largest=False).values
-        hi, lo = top[0], bottom[0]
-        lo_f, hi_f = torch.stack([lo, hi]).tolist()
+        n = xf.numel()
+        full = n // _CHUNK * _CHUNK
+        rows = xf[:full].view(-1, _CHUNK)
+        tail = xf[full:]
+        # one pass for chunk extremes; the cheap threshold test against the current K-th
+        # values tells how many chunks can matter (usually none after the first batches)
+        if full:
+            ext_lo, ext_hi = torch.aminmax(rows, dim=1)
+        else:
+            ext_lo = ext_hi = xf.new_zeros(0)
+        all_lo = torch.cat([ext_lo, tail, self.bottom[:1]]).min()
+        all_hi = torch.cat([ext_hi, tail, self.top[:1]]).max()
+        n_hi = (ext_hi > self.top[-1]).sum()
+        n_lo = (ext_lo < self.bottom[-1]).sum()
+        lo_f, hi_f, m_hi, m_lo = torch.stack([all_lo.double(), all_hi.double(), n_hi.double(),
+                                              n_lo.double()]).tolist()
         _check(self.layer, lo_f, hi_f)
-        if torch.isnan(top).any():  # NaN sorts above +inf in topk; make sure it is reported
-            _check(self.layer, math.nan, 0.0)
+        top = torch.topk(torch.cat([self.top, self._candidates(rows, ext_hi, tail, int(m_hi), True)]),
+                         self.topk).values
+        bottom = torch.topk(torch.cat([self.bottom, self._candidates(rows, ext_lo, tail, int(m_lo), False)]),
+                            self.topk, largest=False).values
         self.top, self.bottom = top, bottom
         self._move_to(min(lo_f, self.gmin), max(hi_f, self.gmax))
         cnt, dsum = histogram.bin_of(xf, *self.frame, self.nbins)
