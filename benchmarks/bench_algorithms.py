@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import tracemalloc
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -62,11 +62,13 @@ def batches(device: str, n: int, size: int, kind: str = "relu", seed: int = 0) -
     return out
 
 
-def streaming_agreement(tensors: Sequence[Sequence[torch.Tensor]], asymmetric: bool = True) -> dict:
+def streaming_agreement(tensors: Sequence[Sequence[torch.Tensor]], asymmetric: bool = True,
+                        details: Optional[dict] = None, names: Optional[Sequence[str]] = None) -> dict:
     """For each entry (one layer: a list of activation batches) compute exact and streaming
-    IFMR and report agreement: same factors, step distance, MSE ratio."""
+    IFMR and report agreement: same factors, step distance, MSE ratio. ``details`` (a dict)
+    receives one row per layer, keyed by ``names`` (or the index)."""
     same, worst_steps, worst_mse = 0, 0, 0.0
-    for layer in tensors:
+    for n_layer, layer in enumerate(tensors):
         layer = [layer] if isinstance(layer, torch.Tensor) else list(layer)
         e, s = IfmrExactObserver("l", asymmetric=asymmetric), IfmrStreamingObserver("l", asymmetric=asymmetric)
         for x in layer:
@@ -77,10 +79,17 @@ def streaming_agreement(tensors: Sequence[Sequence[torch.Tensor]], asymmetric: b
         ratios = candidate_ratios(0.7, 1.3, 0.01, flat.device)
         _, _, scales = candidate_grid(torch.tensor(ref.max_init), torch.tensor(ref.min_init), ratios, asymmetric)
         idx_s = int(torch.argmin((scales.cpu() - ss).abs()))
-        worst_steps = max(worst_steps, abs(idx_s - ref.index))
+        steps = abs(idx_s - ref.index)
+        worst_steps = max(worst_steps, steps)
         me, ms = mse(flat, se, oe), mse(flat, ss, os_)
-        worst_mse = max(worst_mse, ms / me - 1 if me > 0 else 0.0)
+        excess = ms / me - 1 if me > 0 else 0.0
+        worst_mse = max(worst_mse, excess)
         same += (se, oe) == (ss, os_)
+        if details is not None:
+            key = names[n_layer] if names is not None else n_layer
+            details[key] = {"elements": flat.numel(), "exact_scale": se, "exact_offset": oe,
+                            "streaming_scale": ss, "streaming_offset": os_, "step_distance": steps,
+                            "mse_excess": excess}
     return {"cases": len(tensors), "same_fraction": same / max(1, len(tensors)),
             "max_step_distance": worst_steps, "max_mse_excess": worst_mse}
 
