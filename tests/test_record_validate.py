@@ -123,7 +123,17 @@ def test_key_not_quantizable(name, ltype):
     e = err(r)
     assert str(e) == (f"{PATH}, layer '{name}': layer type {ltype} is not quantizable here "
                       "(quantizable: Convolution, Deconvolution, InnerProduct, AVE non-global "
-                      "Pooling); remove its record entry")
+                      "Pooling, and Eltwise with joint_quant); remove its record entry")
+
+
+def test_joint_quant_eltwise_entry_accepted_with_activation_factors_only():
+    layers = LAYERS + [LayerInfo("add1", "Eltwise", False, False)]
+    r = good()
+    r["add1"] = LayerRecord(0.05, -10, channels=8, height=8, width=8)
+    validate_record(r, layers, PATH)
+    r["add1"] = LayerRecord(0.05, -10, [1.0], [0])
+    e = err(r, layers)
+    assert e.layer == "add1" and "only scale_d/offset_d" in str(e)
 
 
 def test_per_tensor_allowed_when_out_channels_unknown():

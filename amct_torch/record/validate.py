@@ -20,9 +20,11 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
     def fail(text: str) -> None:
         raise RecordError(text, file=path, layer=name)
 
-    if not info.quantizable:
+    joint = info.type == "Eltwise"  # joint_quant: one shared input factor (SPEC §3.3)
+    if not info.quantizable and not joint:
         fail(f"layer type {info.type} is not quantizable here (quantizable: Convolution, "
-             "Deconvolution, InnerProduct, AVE non-global Pooling); remove its record entry")
+             "Deconvolution, InnerProduct, AVE non-global Pooling, and Eltwise with "
+             "joint_quant); remove its record entry")
     if r.scale_d is None or r.offset_d is None:
         missing = " and ".join(k for k in ("scale_d", "offset_d") if getattr(r, k) is None)
         fail(f"{missing} missing: every record entry needs activation factors")
@@ -49,6 +51,9 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
         if info.type == "InnerProduct" and len(r.scale_w) != 1:
             fail(f"InnerProduct weights are quantized per tensor: expected 1 scale_w, got "
                  f"{len(r.scale_w)}")
+    elif joint and (r.scale_w or r.offset_w):
+        fail("an Eltwise (joint_quant) entry holds only scale_d/offset_d: remove its "
+             "scale_w/offset_w lines")
     elif r.scale_w or r.offset_w:
         # AVE Pooling has no weights; only the neutral factors (1.0, 0) are tolerated.
         if not (r.scale_w == [1.0] and r.offset_w == [0]):
