@@ -2,7 +2,8 @@
 
 - calibration time with 1 vs N processes under torchrun (gloo on CPU; NCCL on GPUs when
   present and ``--gpu``), measured on rank 0 from the first calibration forward to the
-  computed factors, with the observer fold (all-gather + merge) timed separately;
+  computed factors, with the fold (all-gather, merge and factor search on each layer's owner rank) timed separately, and rank 0's
+  CPU time over the same span (what it computed, independent of other load on the machine);
 - bytes each rank puts into the collectives per calibrated layer, per observer kind.
 
 Usage: ``python benchmarks/bench_distributed.py [--model nsfw|example] [--batches 8]
@@ -53,14 +54,14 @@ def worker(args) -> None:
     (model, weights), batches = model_and_batches(args.model, args.batches, args.batch_size)
     tmp = tempfile.mkdtemp()
     fold = {"s": 0.0}
-    real_reduce = D.reduce_observers
+    real_reduce = D.reduce_and_compute
 
     def timed_reduce(*a, **k):
         t = time.perf_counter()
         out = real_reduce(*a, **k)
         fold["s"] += time.perf_counter() - t
         return out
-    D.reduce_observers = timed_reduce
+    D.reduce_and_compute = timed_reduce
     from amct_torch.caffe.graph import load_caffe
     with torch.no_grad():  # warm-up (first-call allocations) outside the timings
         load_caffe(model, weights).to(ctx.device)(batches[0].to(ctx.device))
@@ -84,17 +85,18 @@ def worker(args) -> None:
         if ctx.active:
             torch.distributed.barrier()
         fold["s"] = 0.0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         D.run_sharded_calibration(m, graph.session, dev_batches, ctx)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         if ctx.is_writer:
-            layers = {k: v for k, v in ctx.bytes_sent.items() if k != "shapes"}
+            layers = {k: v for k, v in ctx.bytes_sent.items() if k not in ("shapes", "factors")}
             print(json.dumps({"figure": "calibration_time", "model": args.model, "mode": mode,
                               "nproc": ctx.world_size, "backend": ctx.backend,
                               "threads_per_proc": args.threads, "batches": args.batches,
-                              "batch_size": args.batch_size, "seconds": round(total, 4),
+                              "batch_size": args.batch_size, "seconds": round(total, 4), "rank0_cpu_seconds": round(cpu, 4),
                               "fold_seconds": round(fold["s"], 4)}), flush=True)
             if ctx.active:
                 vals = sorted(layers.values())

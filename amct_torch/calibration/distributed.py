@@ -3,10 +3,11 @@
 Why this shape: calibration statistics are mergeable values (ARCHITECTURE), so each rank runs
 its own contiguous block of the calibration batches through its own copy of the model, and
 before the factors are computed every observer's ``state_dict`` (tensors) is all-gathered and
-folded with ``Observer.merge`` in rank order on every rank. Contiguous blocks + rank-order
+folded with ``Observer.merge`` in rank order — on one owner rank per layer, which also runs the
+factor search, and the factors are then shared, so the costly compute is split too. Contiguous blocks + rank-order
 folding reproduce the single-process batch order, so order-sensitive modes (IFMR exact: the
 merge is a concatenation) give bit-identical factors; IFMR streaming and HFMG merge within the
-tolerances documented in docs/algorithms.md. Every rank then computes the same factors; only
+tolerances documented in docs/distributed.md. Every rank ends with the same factors; only
 rank 0 writes files (see ``is_writer``). NCCL is used for CUDA devices, gloo on CPU.
 
 The wire format is plain tensors (no pickling): per observer the union of state keys is
@@ -196,24 +197,86 @@ def gather_states(state: dict[str, torch.Tensor], ctx: DistContext, key: str = "
     return out
 
 
-def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistContext) -> dict[str, int]:
-    """Replace every observer's state by the fold, in rank order, of all ranks' states
-    (``obs.reset()`` then ``merge`` of rank 0, 1, …). Returns the bytes this rank sent per
-    observer (keyed by ``names``). A no-op in a one-process context."""
+def _fold(obs: Any, states: Sequence[dict[str, torch.Tensor]], dev: Optional[torch.device]) -> None:
+    """``obs`` := merge of ``states`` in order (``reset()`` then ``merge`` of each)."""
     import copy
 
+    obs.reset()
+    for sd in states:
+        part = copy.copy(obs)
+        part.load_state_dict({k: v.to(dev) if dev is not None else v for k, v in sd.items()})
+        obs.merge(part)
+
+
+def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistContext) -> dict[str, int]:
+    """Replace every observer's state, on every rank, by the fold in rank order of all ranks'
+    states. Returns the bytes this rank sent per observer (keyed by ``names``). A no-op in a
+    one-process context. (``run_sharded_calibration`` uses ``reduce_and_compute``, which folds
+    each observer on one rank only.)"""
     if not ctx.active:
         return {}
     for obs, name in zip(observers, names):
         ctx.bytes_sent.pop(name, None)
         states = gather_states(obs.state_dict(), ctx, name)
-        dev = _state_device(obs) or ctx.device
-        obs.reset()
-        for sd in states:
-            part = copy.copy(obs)
-            part.load_state_dict({k: v.to(dev) for k, v in sd.items()})
-            obs.merge(part)
+        _fold(obs, states, _state_device(obs) or ctx.device)
     return {n: ctx.bytes_sent.get(n, 0) for n in names}
+
+
+class _Computed:
+    """Stands in for an observer whose factors were computed on another rank."""
+
+    def __init__(self, scale: float, offset: int) -> None:
+        self.scale, self.offset = scale, offset
+
+    def compute(self) -> tuple[float, int]:
+        return self.scale, self.offset
+
+
+def reduce_and_compute(session: Any, ctx: DistContext) -> None:
+    """Fold each group's states (all ranks', in rank order) on its owner rank (group i → rank
+    i mod world), compute its factors there, and share the factors: the fold and the factor
+    search — the costly part for HFMG and IFMR — are split over the ranks instead of repeated
+    on each. Afterwards every session's observers report the shared factors, so
+    ``session.finish()`` gives the same record on every rank. An error on an owner (NaN data,
+    a layer that saw no data) is raised on every rank with the owner's message."""
+    from amct_torch.errors import AmctError
+
+    if not ctx.active:
+        return
+    groups = session.groups
+    names = [g.layers[0] for g in groups]
+    out = torch.zeros(len(groups), 2, dtype=torch.float64)
+    errors: dict[int, str] = {}
+    owned: dict[int, list] = {}
+    # all collectives first, then the owners compute without waiting on each other
+    for i, (obs, name) in enumerate(zip(session.observers, names)):
+        ctx.bytes_sent.pop(name, None)
+        states = gather_states(obs.state_dict(), ctx, name)
+        if i % ctx.world_size == ctx.rank:
+            owned[i] = states
+        else:
+            obs.reset()  # free the statistics: the owner computes
+    for i, states in owned.items():
+        obs = session.observers[i]
+        try:
+            _fold(obs, states, _state_device(obs) or ctx.device)
+            scale, offset = obs.compute()
+            out[i, 0], out[i, 1] = float(scale), float(offset)
+        except AmctError as err:
+            errors[i] = str(err)
+        except (RuntimeError, ValueError) as err:
+            errors[i] = f"cannot compute activation factors: {err}"
+    import json
+
+    msgs = all_gather_tensor(torch.tensor(list(json.dumps(errors).encode()), dtype=torch.uint8), ctx, "factors")
+    for m in msgs:
+        bad = json.loads(bytes(m.tolist()).decode()) if m is not None else {}
+        if bad:
+            i = min(int(k) for k in bad)
+            raise CalibrationError(f"on rank {i % ctx.world_size}: {bad[str(i)]}", layer=names[i])
+    for r, t in enumerate(all_gather_tensor(out, ctx, "factors")):
+        for i in range(r, len(groups), ctx.world_size):
+            session.observers[i] = _Computed(float(t[i, 0]), int(t[i, 1]))
 
 
 def _state_device(obs: Any) -> Optional[torch.device]:
@@ -271,8 +334,7 @@ def run_sharded_calibration(model: nn.Module, session: Any, batches: Iterable[An
         session.batch_num = n
         if bar is not None:
             bar.close()
-    names = [g.layers[0] for g in session.groups]
-    reduce_observers(session.observers, names, ctx)
+    reduce_and_compute(session, ctx)
     _share_shapes(session, ctx)
     session.batches_seen = n
     session.finish()
