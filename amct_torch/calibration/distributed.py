@@ -100,6 +100,8 @@ def init_distributed(device: Optional[str] = None, backend: Optional[str] = None
         dev = torch.device("cpu")
         dist.init_process_group(be)
     ctx = DistContext(dist.get_rank(), dist.get_world_size(), local, be, dev, owns_group=True)
+    import atexit
+    atexit.register(shutdown, ctx)  # a clean exit for callers (quantize, the CLI) that do not
     log.info("distributed calibration: rank %d of %d (%s on %s)", ctx.rank, ctx.world_size, be, dev)
     return ctx
 
