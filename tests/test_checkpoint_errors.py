@@ -26,21 +26,29 @@ def _session(tmp, mode="exact"):
     return graph.session, m
 
 
-def test_roundtrip_restores_state(tmp_path):
+def test_roundtrip_restores_state(tmp_path, device):
+    """Saved after 2 batches, loaded into a fresh session on the same device: identical states
+    (on that device), and one more batch keeps both sessions identical."""
     from amct_torch.calibration.checkpoint import load_checkpoint, save_checkpoint
     (tmp_path / "a").mkdir()
-    s1, m1 = _session(tmp_path / "a")
+    s1, m1 = _session(tmp_path / "a", "streaming")
+    m1.to(device)
     it = batches()
     with torch.no_grad():
-        m1(next(it)); m1(next(it))
+        m1(next(it).to(device)); m1(next(it).to(device))
     path = str(tmp_path / "c.ckpt")
     save_checkpoint(s1, path)
     (tmp_path / "b").mkdir()
-    s2, _ = _session(tmp_path / "b")
+    s2, m2 = _session(tmp_path / "b", "streaming")
+    m2.to(device)
     assert load_checkpoint(s2, path) == 2
+    third = next(it).to(device)
+    with torch.no_grad():
+        m1(third); m2(third)
     for o1, o2 in zip(s1.observers, s2.observers):
         a, b = o1.state_dict(), o2.state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert all(v.device.type == torch.device(device).type for k, v in b.items() if k in ("top", "bottom", "counts"))
     assert [g.shape for g in s1.groups] == [g.shape for g in s2.groups]
 
 
