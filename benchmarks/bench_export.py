@@ -1,9 +1,10 @@
 """Export benchmark (JSON lines): ONNX Runtime CPU latency on nsfw at batch 1 and 8 of our
-int8 QDQ model (int8 and uint8 activations) vs the float model and vs ORT's own
-``quantize_static`` QDQ output (per channel, the same calibration crops, S8S8 and U8S8);
-and the time of ``convert_model`` on nsfw.
+int8 QDQ model in every export variant (int8/uint8 activations, float/int32 bias, the opt-in
+``quantize_residual_outputs``) vs the float model and vs ORT's own ``quantize_static`` QDQ
+output (per channel, the same calibration crops, S8S8 and U8S8), with the number of
+convolutions ORT runs as int8 kernels; and the time of ``convert_model`` on nsfw.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 15]
 """
 from __future__ import annotations
 
@@ -52,19 +53,44 @@ def minmax_records(gm, x):
     return recs
 
 
-def latency(path, x, runs=20):
+def session(path, threads):
     so = ort.SessionOptions()
-    so.intra_op_num_threads = os.cpu_count() or 1
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    name = s.get_inputs()[0].name
-    for _ in range(3):
-        s.run(None, {name: x})
-    t = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        s.run(None, {name: x})
-        t.append(time.perf_counter() - t0)
-    return float(np.median(t))
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def kernel_counts(path, threads):
+    """Op counts of ORT's optimized graph (how many convolutions run as int8 kernels)."""
+    import collections
+    import onnx
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.optimized_model_filepath = path + ".opt.onnx"
+    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(n.op_type for n in onnx.load(path + ".opt.onnx").graph.node)
+    return {"QLinearConv": ops["QLinearConv"], "float_conv": ops["Conv"] + ops["FusedConv"]}
+
+
+def latencies(models, x, threads, rounds, per_round):
+    """Median latency per model. Runs are interleaved (each round times ``per_round`` runs of
+    every model in turn, order rotated) so that the noise of this shared machine hits all
+    models alike; every session is warmed up first."""
+    sessions = {k: session(p, threads) for k, p in models.items()}
+    for s in sessions.values():
+        for _ in range(5):
+            s.run(None, {"data": x})
+    times = {k: [] for k in models}
+    keys = list(models)
+    for r in range(rounds):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for k in order:
+            s = sessions[k]
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                s.run(None, {"data": x})
+                times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def ort_static(float_path, out_path, calib, act_type):
@@ -82,7 +108,24 @@ def ort_static(float_path, out_path, calib, act_type):
                     activation_type=act_type, weight_type=QuantType.QInt8)
 
 
+VARIANTS = {  # name -> export_onnx keyword arguments
+    "ours_int8": dict(activations="int8"),
+    "ours_uint8": dict(activations="uint8"),
+    "ours_int8_bias_int32": dict(activations="int8", bias="int32"),
+    "ours_uint8_bias_int32": dict(activations="uint8", bias="int32"),
+    "ours_int8_residual": dict(activations="int8", quantize_residual_outputs=True),
+    "ours_uint8_residual": dict(activations="uint8", quantize_residual_outputs=True),
+}
+
+
 def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--per-round", type=int, default=4)
+    ap.add_argument("--no-convert", action="store_true")
+    args = ap.parse_args()
     d = nsfw_dir()
     proto, weights = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
     calib = natural_images_bgr(count=8, seed=1)
@@ -91,21 +134,28 @@ def main():
     from onnxruntime.quantization import QuantType
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
-        for act in ("int8", "uint8"):
-            f, q = export_onnx(gm, recs, os.path.join(tmp, f"ours_{act}"), activations=act)
-            models["float"], models[f"ours_{act}"] = f, q
+        for tag, kw in VARIANTS.items():
+            if kw.get("quantize_residual_outputs"):
+                kw = dict(kw, calibration_data=calib)
+            f, q = export_onnx(gm, recs, os.path.join(tmp, tag), **kw)
+            models["float"], models[tag] = f, q
         for tag, qt in (("ort_s8s8", QuantType.QInt8), ("ort_u8s8", QuantType.QUInt8)):
             models[tag] = os.path.join(tmp, f"{tag}.onnx")
             ort_static(models["float"], models[tag], calib, qt)
+        kernels = {k: kernel_counts(p, args.threads) for k, p in models.items()}
         for batch in (1, 8):
             x = natural_images_bgr(count=batch, seed=2)
-            lat = {k: latency(p, x) for k, p in models.items()}
+            lat = latencies(models, x, args.threads, args.rounds, args.per_round)
             best_ort = min(lat["ort_s8s8"], lat["ort_u8s8"])
             for k, v in lat.items():
                 print(json.dumps({"bench": "onnxruntime_cpu_nsfw", "batch": batch, "model": k,
+                                  "threads": args.threads, "runs": args.rounds * args.per_round,
                                   "latency_ms": round(v * 1e3, 2),
                                   "speed_vs_float": round(lat["float"] / v, 3),
-                                  "speed_vs_best_ort_quant": round(best_ort / v, 3)}), flush=True)
+                                  "speed_vs_best_ort_quant": round(best_ort / v, 3),
+                                  **kernels[k]}), flush=True)
+        if args.no_convert:
+            return
         rec_path = os.path.join(tmp, "record.txt")
         write_record(rec_path, recs)
         t0 = time.perf_counter()

@@ -8,10 +8,19 @@ Caffe fake-quant model has its Quant layers.
 Quant model (SPEC §5.4, §7): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
 DequantizeLinear`` (one pair per distinct input and factors, shared like the Caffe Quant);
 weights are int8 initializers (ARQ grid with the record's scale_w) behind ``DequantizeLinear``
-(per channel through ``axis``); a bias is an int32 initializer = round(b/(scale_d·scale_w))
-behind ``DequantizeLinear`` (scale scale_d·scale_w), the form ONNX Runtime folds into
-QLinearConv. int8 activations use zero point offset_d; ``activations="uint8"`` writes the same
-grid as uint8 with zero point offset_d + 128 (ORT's faster U8S8 kernels on x86 without VNNI).
+(per channel through ``axis``). A bias stays float by default (``bias="float"``), as in the
+fake-quant Caffe/torch model, so that ONNX Runtime with graph optimizations disabled computes the
+torch fake-quant model to float rounding; ORT's own bias quantization (scale scale_d·scale_w)
+turns it into the int32 bias of QLinearConv when it fuses int8 kernels. ``bias="int32"`` writes
+round(b/(scale_d·scale_w)) behind ``DequantizeLinear`` instead (the deploy model's bias; for
+runtimes that want it explicit; the torch model then differs by up to half an accumulator unit).
+int8 activations use zero point offset_d; ``activations="uint8"`` writes the same grid as uint8
+with zero point offset_d + 128 (ORT's U8S8 kernels).
+
+``quantize_residual_outputs`` (opt-in, NOT AMCT semantics): a quantized Conv/InnerProduct whose
+output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
+this option adds a Q/DQ pair on that output with factors from calibration data
+(``onnx_residual``), which lets ORT run those convolutions with int8 kernels too.
 """
 from __future__ import annotations
 
@@ -41,8 +50,11 @@ class _Builder:
     """Collects nodes and initializers; one instance per written model."""
 
     def __init__(self, gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
-                 file: Optional[str]) -> None:
+                 file: Optional[str], bias: str = "float",
+                 out_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> None:
         self.gm, self.plan, self.act, self.file = gm, plan, activations, file
+        self.bias_form = bias
+        self.out_factors = dict(out_factors or {})
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.names: set[str] = set()
@@ -71,17 +83,22 @@ class _Builder:
 
     # -- quantization ------------------------------------------------------------------
     def quant_act(self, x: str, lq: LayerQuant) -> str:
-        key = (x, float(lq.scale_d), int(lq.offset_d))
+        return self.qdq(x, lq.name, "in", lq.scale_d, lq.offset_d)
+
+    def qdq(self, x: str, name: str, where: str, scale_d: float, offset_d: int) -> str:
+        """``QuantizeLinear → DequantizeLinear`` of SPEC §5.4 on ``x`` (one pair per value and
+        factors), named ``{name}_{where}_q`` / ``_dq``."""
+        key = (x, float(scale_d), int(offset_d))
         if key in self.qcache:
             return self.qcache[key]
         if self.act == "uint8":
-            zp = np.array(lq.offset_d + 128, np.uint8)
+            zp = np.array(offset_d + 128, np.uint8)
         else:
-            zp = np.array(lq.offset_d, np.int8)
-        s = self.init(f"{lq.name}_in_scale", np.array(lq.scale_d, np.float32))
-        z = self.init(f"{lq.name}_in_zero_point", zp)
-        q = self.node("QuantizeLinear", [x, s, z], f"{lq.name}_in_q")[0]
-        dq = self.node("DequantizeLinear", [q, s, z], f"{lq.name}_in_dq")[0]
+            zp = np.array(offset_d, np.int8)
+        s = self.init(f"{name}_{where}_scale", np.array(scale_d, np.float32))
+        z = self.init(f"{name}_{where}_zero_point", zp)
+        q = self.node("QuantizeLinear", [x, s, z], f"{name}_{where}_q")[0]
+        dq = self.node("DequantizeLinear", [q, s, z], f"{name}_{where}_dq")[0]
         self.qcache[key] = dq
         return dq
 
@@ -96,6 +113,8 @@ class _Builder:
         return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight")[0]
 
     def quant_bias(self, lq: LayerQuant) -> str:
+        if self.bias_form == "float":
+            return self.init(f"{lq.name}_bias", lq.bias.astype(np.float32))
         qb = self.init(f"{lq.name}_bias_int32", lq.bias_int32.astype(np.int32))
         s = self.init(f"{lq.name}_bias_scale", lq.deq_scale.astype(np.float32))
         z = self.init(f"{lq.name}_bias_zero_point", np.zeros(lq.deq_scale.size, np.int32))
@@ -107,10 +126,11 @@ class _Builder:
         if lq is not None:
             n_q = len(xs) if lq.joint else 1
             xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
-        if t in ("Convolution", "Deconvolution"):
-            return [self._conv(mod, xs[0], lq)]
-        if t == "InnerProduct":
-            return [self._fc(mod, xs[0], in_shapes[0], lq)]
+        if t in ("Convolution", "Deconvolution", "InnerProduct"):
+            y = self._conv(mod, xs[0], lq) if t != "InnerProduct" else self._fc(mod, xs[0], in_shapes[0], lq)
+            if name in self.out_factors:
+                y = self.qdq(y, name, "out", *self.out_factors[name])
+            return [y]
         if t == "Pooling":
             return [self._pool(mod, xs[0], in_shapes[0])]
         if t == "ReLU":
@@ -221,12 +241,13 @@ class _Builder:
 
 
 def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
-           file: Optional[str], graph_name: str) -> onnx.ModelProto:
+           file: Optional[str], graph_name: str, bias: str = "float",
+           out_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> onnx.ModelProto:
     inputs = gm.caffe_inputs
     example = [torch.zeros([1] + list(s[1:]) if s else [1]) for _, s in inputs]
     cpu = copy.deepcopy(gm).to("cpu") if any(p.device.type != "cpu" for p in gm.parameters()) else gm
     ShapeProp(cpu).propagate(*example)
-    b = _Builder(cpu, plan, activations, file)
+    b = _Builder(cpu, plan, activations, file, bias, out_factors)
     value: dict[fx.Node, str] = {}
     g_inputs = []
     for node in cpu.graph.nodes:
@@ -265,18 +286,35 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
 
 
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
-                activations: str = "int8", file: Optional[str] = None) -> tuple[str, str]:
+                activations: str = "int8", bias: str = "float",
+                quantize_residual_outputs: bool = False, calibration_data=None,
+                file: Optional[str] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
     ``activations``: "int8" (zero point offset_d) or "uint8" (zero point offset_d + 128, the
-    same values). Opset 17; both models pass ``onnx.checker`` (full check)."""
+    same values). ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8
+    kernels) or "int32" (round(b/(scale_d·scale_w)) behind DequantizeLinear).
+    ``quantize_residual_outputs`` (opt-in, departs from AMCT: one more rounding per residual
+    branch): Q/DQ after quantized layers that feed an Eltwise, factors from min/max of
+    ``calibration_data`` (an N×C×H×W array or an iterable of them) in the torch fake-quant
+    model. Opset 17; both models pass ``onnx.checker`` (full check)."""
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
+    if bias not in ("float", "int32"):
+        raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
     plan = plan_layers(graph, records, file)
+    out_factors = None
+    if quantize_residual_outputs:
+        if calibration_data is None:
+            raise ValueError("quantize_residual_outputs needs calibration_data")
+        from amct_torch.export.caffe_fakequant import fake_quant_graph
+        from amct_torch.export.onnx_residual import residual_layers, residual_output_factors
+        out_factors = residual_output_factors(fake_quant_graph(graph, records, file),
+                                              residual_layers(graph, plan), calibration_data, file)
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
     models = [(_build(graph, {}, activations, file, "float"), float_path),
-              (_build(graph, plan, activations, file, "quant"), quant_path)]
+              (_build(graph, plan, activations, file, "quant", bias, out_factors), quant_path)]
     for model, path in models:
         tmp = f"{path}.tmp{os.getpid()}"
         onnx.save(model, tmp)
