@@ -53,6 +53,14 @@ def nsfw(nsfw_model):
     return gm, recs, fake_quant_graph(gm, recs), natural_images_bgr(count=4, seed=3)
 
 
+@pytest.fixture(scope="module")
+def exported(nsfw, tmp_path_factory):
+    """The default export with int8 and with uint8 activations: {activations: (float, quant)}."""
+    gm, recs, _, _ = nsfw
+    d = tmp_path_factory.mktemp("onnx")
+    return {a: export_onnx(gm, recs, str(d / a), activations=a) for a in ("int8", "uint8")}
+
+
 def torch_logits(model, x: np.ndarray, dtype=torch.float32) -> np.ndarray:
     got = []
     h = layer_modules(model)[LOGITS].register_forward_hook(lambda m, a, o: got.append(o.double().numpy()))
@@ -87,9 +95,9 @@ def with_observers(qp: str) -> tuple[onnx.ModelProto, dict[str, str]]:
     return m, obs
 
 
-def test_structure_and_float_model(tmp_path, nsfw):
+def test_structure_and_float_model(nsfw, exported):
     gm, recs, fq, x = nsfw
-    fp, qp = export_onnx(gm, recs, str(tmp_path / "m"))
+    fp, qp = exported["int8"]
     for p in (fp, qp):
         m = onnx.load(p)
         onnx.checker.check_model(m, full_check=True)
@@ -125,7 +133,7 @@ def test_int32_bias_form(tmp_path, nsfw):
 
 
 @pytest.mark.parametrize("activations,level", [("int8", "DISABLE_ALL"), ("uint8", "ENABLE_ALL")])
-def test_layer_local_equality(tmp_path, nsfw, activations, level):
+def test_layer_local_equality(tmp_path, nsfw, exported, activations, level):
     """Teacher forcing (see the module docstring). Optimizations off: only float rounding
     separates ORT from torch, so a code may differ only for values within 1e-3 of a step from a
     .5 boundary. Int8 kernels (uint8 activations: ORT fuses Q/DQ with observers attached only
@@ -134,7 +142,7 @@ def test_layer_local_equality(tmp_path, nsfw, activations, level):
     value by at most ``bias_steps`` steps (computed from the record), so codes differ by at
     most one step, and only within bias_steps + 1e-3 of a boundary."""
     gm, recs, fq, x = nsfw
-    _, qp = export_onnx(gm, recs, str(tmp_path / "m"), activations=activations)
+    _, qp = exported[activations]
     m, obs = with_observers(qp)
     sess = session(m, level, tmp_path / "opt.onnx")
     names = [o.name for o in sess.get_outputs()]
@@ -178,7 +186,7 @@ def test_layer_local_equality(tmp_path, nsfw, activations, level):
     np.testing.assert_allclose(res[LOGITS], forced, rtol=0, atol=atol)
 
 
-def test_end_to_end_logits(tmp_path, nsfw):
+def test_end_to_end_logits(tmp_path, nsfw, exported):
     """Free-running logits. The chaos scale is measured on torch itself: the same fake-quant
     model in float64 arithmetic vs float32. ORT (optimizations off and on, int8 and uint8) must
     stay within 6 dB of that (an implementation that differs from torch only by rounding
@@ -189,10 +197,10 @@ def test_end_to_end_logits(tmp_path, nsfw):
     chaos = sqnr_db(ref, torch_logits(fake_quant_graph(gm, recs).double(), x, torch.float64))
     assert sqnr_db(torch_logits(gm, x), ref) < 60  # it is a quantized model
     for act in ("int8", "uint8"):
-        _, qp = export_onnx(gm, recs, str(tmp_path / act), activations=act)
-        onnx.utils.extract_model(qp, qp + ".logits.onnx", ["data"], [LOGITS])
+        lp = str(tmp_path / f"{act}_logits.onnx")
+        onnx.utils.extract_model(exported[act][1], lp, ["data"], [LOGITS])
         for level in ("DISABLE_ALL", "ENABLE_ALL"):
-            out = session(qp + ".logits.onnx", level).run(None, {"data": x})[0]
+            out = session(lp, level).run(None, {"data": x})[0]
             assert sqnr_db(ref, out) >= chaos - 6.0, (act, level, sqnr_db(ref, out), chaos)
             assert (out.argmax(1) == ref.argmax(1)).all()
 
