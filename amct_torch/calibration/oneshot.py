@@ -84,7 +84,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
              save_type: Optional[str] = "Both", onnx: bool = False, report: bool = True,
              report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
-             quiet: bool = False) -> QuantizeResult:
+             quiet: bool = False, improve: Optional[str] = None) -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
@@ -96,7 +96,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     ``{output}_quant.onnx`` (QDQ) and ``{output}_float.onnx``; ``report`` compares every quantized layer's output with the float
     model on ``report_data`` (default: up to ``report_batches`` batches of the calibration data
     not used for calibration, else the calibration batches) and writes
-    ``{output}_layer_report.json``.
+    ``{output}_layer_report.json``. ``improve``: None (AMCT's result) or an opt-in
+    improvement beyond AMCT, one of ``IMPROVEMENTS``: "bias_correction" folds the sequential
+    empirical bias correction of every quantized layer into the fused biases before anything
+    is written (``calibration/bias_correction.py``); the factors stay AMCT's, ``float_model``
+    stays the uncorrected float model.
     Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
     from amct_torch.api import SAVE_TYPES, init, quantize_model, save_model
     from amct_torch.calibration.outputs import export_onnx_model
@@ -108,6 +112,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {save_type!r}")
     if batch_num is not None and (isinstance(batch_num, bool) or int(batch_num) < 1):
         raise ConfigError(f"batch_num must be >= 1, got {batch_num!r}")
+    if improve is not None and improve not in IMPROVEMENTS:
+        raise AmctError(f"improve must be one of {', '.join(IMPROVEMENTS)} or None, got {improve!r}")
     dev = resolve_device(device)
     output = os.fspath(output)
     if not os.path.basename(output):
@@ -132,6 +138,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         files = {"config": prefix + "_quant_config.json", "record": prefix + "_record.txt"}
         os.replace(cfg, files["config"])
         records = _records(graph, save_type)
+        if improve == "bias_correction":
+            model = _bias_correct(graph, records, keeper.cache, dev)
         if save_type is not None:
             written = save_model(graph, save_type, prefix)
             for p in written:
@@ -156,6 +164,20 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                               quant_model=quant_model, graph=graph, report=stats, device=dev)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+IMPROVEMENTS = ("bias_correction",)
+
+
+def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.device) -> Any:
+    """Fold the bias correction into ``graph.fused`` (what every output is written from) and
+    return an uncorrected copy of it: the float model the report and the caller compare with."""
+    import copy
+    from amct_torch.calibration.bias_correction import correct_biases
+
+    float_model = copy.deepcopy(graph.fused)
+    correct_biases(graph.fused, records, batches, dev)
+    return float_model
 
 
 class _Keep:
