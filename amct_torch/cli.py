@@ -28,6 +28,9 @@ CALIBRATE_EXAMPLES = """examples:
   # AMCT quant.cfg (skip layers, HFMG, overrides) and an ONNX QDQ model too
   amct-torch calibrate deploy.prototxt weights.caffemodel calib.npz --config quant.cfg --onnx
 
+  # beyond AMCT: fold each quantized layer's mean output error into its bias
+  amct-torch calibrate deploy.prototxt weights.caffemodel images/ --mean 104,117,123 --improve bias_correction
+
 outputs (prefix --output):
   _quant_config.json  _record.txt  _fake_quant_model.prototxt  _fake_quant_weights.caffemodel
   _deploy_model.prototxt  _deploy_weights.caffemodel  _quant.json  _layer_report.json  [_quant.onnx]
@@ -128,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--onnx", action="store_true", help="also write the fake-quant model as ONNX QDQ")
     c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
                    help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
+    c.add_argument("--improve", choices=("bias_correction",),
+                   help="opt-in improvement beyond AMCT (default: none, AMCT's result): "
+                        "bias_correction folds the per-channel mean output error of each quantized "
+                        "layer into its bias (sequential, on the calibration data)")
     c.add_argument("--report-batches", type=int, default=2, help="held-out batches for the per-layer report (0: none)")
     c.add_argument("--report-rows", type=int, default=15, help="rows of the per-layer table printed (default: %(default)s)")
     _common(c)
@@ -217,7 +224,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                       preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
                       onnx=args.onnx, report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
-                      quiet=args.quiet)
+                      quiet=args.quiet, improve=args.improve)
     _summary(result)
     _print_report(result, args.report_rows)
     _print_files(result.files)
