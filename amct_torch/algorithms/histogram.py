@@ -32,17 +32,24 @@ def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
 
 
 def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Counts and offset sums of flat float32 ``x`` (all inside the frame) per bin."""
-    u = torch.mul(x, math.ldexp(1.0, -e)).sub_(float(base))
-    idx = u.to(torch.int32)          # u ≥ 0 (up to rounding): truncation is the floor
-    u.sub_(idx)                      # offset inside the bin, in bin units
+    """Counts (int64) and offset sums (float64, bin units) of flat float32 ``x`` (all inside
+    the frame) per bin.
+
+    Four passes over x plus two scatters: u = x/w − base (exact scaling, one rounding),
+    idx = trunc(u) (u ≥ 0, so the floor), u.frac_() (the offset), then counts and offset
+    sums by ``index_add_``. The offsets are summed in float32 within one call (as ``bincount``
+    would), the running state is float64."""
+    u = torch.mul(x, math.ldexp(1.0, -e))
+    if base:
+        u.sub_(float(base))
+    idx = u.to(torch.int32)
+    u.frac_()                        # u − trunc(u) = offset inside the bin, in bin units
     cnt = count_bins(idx, nbins + 1)
-    dsum = torch.bincount(idx, weights=u, minlength=nbins).double()
-    if cnt.numel() > nbins:          # x/w − base rounded up to nbins: belongs to the last bin
-        cnt[nbins - 1] += cnt[nbins:].sum()
-        dsum[nbins - 1] += dsum[nbins:].sum() + cnt[nbins:].sum().double()
-        cnt, dsum = cnt[:nbins], dsum[:nbins]
-    return cnt, dsum
+    dsum = torch.zeros(nbins + 1, dtype=torch.float32, device=x.device).index_add_(0, idx, u).double()
+    # x/w − base rounded up to nbins: belongs to the last bin, at offset 1
+    cnt[nbins - 1] += cnt[nbins]
+    dsum[nbins - 1] += dsum[nbins] + cnt[nbins].double()
+    return cnt[:nbins], dsum[:nbins]
 
 
 def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:

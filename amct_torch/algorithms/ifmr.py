@@ -166,36 +166,43 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
                      lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor,
                      block: int = 1 << 20) -> torch.Tensor:
     """Loss of every candidate from a histogram, float64 [n], up to a constant shared by all
-    candidates (Σ over bins of Σ(x − bin_lo)², which the histogram does not keep).
+    candidates (Σx² over the data, which the histogram does not keep).
 
-    Bin b covers [bin_lo_b, bin_lo_b + width) and holds ``counts`` elements whose offsets from
-    bin_lo sum to ``dsum`` (absolute units). A bin inside one quantization level contributes
-    exactly n(q−a)² − 2(q−a)D. A bin that straddles a rounding boundary is split at the first
-    boundary assuming uniform density inside the bin; the upper piece takes the level of the
-    bin's top edge.
+    Bin b covers [bin_lo_b, bin_lo_b + width) (``bin_lo`` ascending) and holds ``counts``
+    elements whose offsets from bin_lo sum to ``dsum`` (absolute units). Every element of one
+    quantization level j (value q_j) adds (q_j − x)², so a candidate's loss is
+    Σ_j q_j²·N_j − 2·q_j·S_j + Σx², with N_j, S_j the count and first moment of the data
+    between two rounding boundaries. Those come from prefix sums over the bins, read at each
+    boundary; inside the bin holding a boundary the density is taken as uniform. Clipping needs
+    no special case: everything below the first boundary rounds to the lowest level and
+    everything above the last one to the highest. Cost O(candidates × levels), not × bins.
+    ``block`` is unused (kept for callers of the former per-bin evaluation).
     """
-    occupied = counts > 0
-    a = bin_lo[occupied]
-    n_b = counts[occupied].double()
-    d_b = dsum[occupied].double()
-    lo64, hi64, s64 = lo.double()[:, None], hi.double()[:, None], s.double()[:, None]
-    n_cand = lo.numel()
-    out = torch.zeros(n_cand, dtype=torch.float64, device=bin_lo.device)
-    chunk = max(1, block // max(1, n_cand))
-    for st in range(0, a.numel(), chunk):
-        aa, nn, dd = a[None, st:st + chunk], n_b[None, st:st + chunk], d_b[None, st:st + chunk]
-        m_lo = torch.round(torch.clamp(aa, min=lo64, max=hi64) / s64)
-        q_lo = m_lo * s64 - aa
-        q_hi = torch.round(torch.clamp(aa + width, min=lo64, max=hi64) / s64) * s64 - aa
-        brk = torch.clamp((m_lo + 0.5) * s64 - aa, min=0.0, max=width)
-        same = q_lo == q_hi
-        n1 = torch.where(same, nn, nn * (brk / width))
-        d1 = torch.where(same, dd, n1 * brk * 0.5)
-        n2 = nn - n1
-        d2 = dd - d1
-        part = n1 * q_lo * q_lo - 2 * q_lo * d1 + n2 * q_hi * q_hi - 2 * q_hi * d2
-        out += part.sum(dim=1)
-    return out
+    dev = bin_lo.device
+    n_b = counts.double()
+    first = n_b * bin_lo.double() + dsum.double()           # Σx per bin
+    zero = torch.zeros(1, dtype=torch.float64, device=dev)
+    cum_n = torch.cat([zero, n_b.cumsum(0)])                  # count of bins < b, length nbins+1
+    cum_s = torch.cat([zero, first.cumsum(0)])
+    s64 = s.double()[:, None]
+    m_lo = torch.round(lo.double()[:, None] / s64)            # lowest and highest level index
+    m_hi = torch.round(hi.double()[:, None] / s64)
+    k = (m_hi - m_lo).clamp_(min=0)                          # boundaries per candidate
+    n_bound = int(k.max()) if k.numel() else 0
+    j = torch.arange(n_bound + 1, dtype=torch.float64, device=dev)[None, :]
+    t = torch.where(j < k, (m_lo + j + 0.5) * s64, torch.full_like(s64, math.inf))
+    # value of the prefix sums at t: bins wholly below plus the uniform share of t's bin
+    b = (torch.searchsorted(bin_lo.double().contiguous(), t.reshape(-1), right=True) - 1).clamp_(min=0)
+    a = bin_lo.double()[b].view_as(t)
+    f = ((t - a) / width).clamp_(0.0, 1.0)
+    nb = n_b[b].view_as(t)
+    b = b.view_as(t)
+    cnt_at = cum_n[b] + nb * f
+    sum_at = cum_s[b] + nb * f * (a + f * (0.5 * width))
+    n_lvl = torch.diff(cnt_at, dim=1, prepend=torch.zeros_like(s64))
+    s_lvl = torch.diff(sum_at, dim=1, prepend=torch.zeros_like(s64))
+    q = (m_lo + j) * s64
+    return (q * (q * n_lvl - 2.0 * s_lvl)).sum(dim=1)
 
 
 def histogram_quantile_top(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, k: int) -> torch.Tensor:
