@@ -10,7 +10,7 @@ exact for every bin that does not straddle a rounding boundary.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -33,30 +33,64 @@ def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
 
 def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Counts (int64) and offset sums (float64, bin units) of flat float32 ``x`` (all inside
-    the frame) per bin.
+    the frame) per bin."""
+    counts = torch.zeros(nbins + 1, dtype=torch.int64, device=x.device)
+    dsum = torch.zeros(nbins + 1, dtype=torch.float64, device=x.device)
+    accumulate(x, e, base, counts, dsum)
+    fold_overflow(counts, dsum)
+    return counts[:nbins], dsum[:nbins]
+
+
+def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor,
+               scratch: Optional[torch.Tensor] = None) -> None:
+    """Add flat float32 ``x`` (all inside the frame) into ``counts`` (int64) and ``dsum``
+    (float64, offsets in bin units), both of nbins + 1 entries: the extra slot takes elements
+    whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
 
     Four passes over x plus two scatters: u = x/w − base (exact scaling, one rounding),
     idx = trunc(u) (u ≥ 0, so the floor), u.frac_() (the offset), then counts and offset
-    sums by ``index_add_``. The offsets are summed in float32 within one call (as ``bincount``
-    would), the running state is float64."""
+    sums by ``index_add_`` (offsets summed in float32 within one call — into ``scratch``, a
+    reusable float32 buffer of nbins + 1 — then added to the float64 state)."""
     u = torch.mul(x, math.ldexp(1.0, -e))
     if base:
         u.sub_(float(base))
     idx = u.to(torch.int32)
     u.frac_()                        # u − trunc(u) = offset inside the bin, in bin units
-    cnt = count_bins(idx, nbins + 1)
-    dsum = torch.zeros(nbins + 1, dtype=torch.float32, device=x.device).index_add_(0, idx, u).double()
-    # x/w − base rounded up to nbins: belongs to the last bin, at offset 1
-    cnt[nbins - 1] += cnt[nbins]
-    dsum[nbins - 1] += dsum[nbins] + cnt[nbins].double()
-    return cnt[:nbins], dsum[:nbins]
+    counts.index_add_(0, idx, _one(x.device).expand(idx.numel()))
+    if scratch is None:
+        scratch = torch.zeros(dsum.numel(), dtype=torch.float32, device=x.device)
+    else:
+        scratch.zero_()
+    dsum.add_(scratch.index_add_(0, idx, u))
+
+
+def fold_overflow(counts: torch.Tensor, dsum: torch.Tensor) -> None:
+    """Move the overflow slot (last entry) of an nbins + 1 state into the last bin, in place:
+    those elements sit at the bin's top edge (offset 1)."""
+    n = counts.numel() - 1
+    counts[n - 1] += counts[n]
+    dsum[n - 1] += dsum[n] + counts[n].double()
+    counts[n] = 0
+    dsum[n] = 0.0
+
+
+_ONES: dict = {}
+
+
+def _one(device) -> torch.Tensor:
+    """A cached int64 scalar 1 per device (broadcast as the scatter source of counts)."""
+    key = str(device)
+    t = _ONES.get(key)
+    if t is None:
+        t = _ONES[key] = torch.ones((), dtype=torch.int64, device=device)
+    return t
 
 
 def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:
     """int64 counts of non-negative int ``idx`` (all < ``size``): one scatter-add of a
     broadcast 1 (``bincount`` also scans for the min and max first — two extra passes)."""
     out = torch.zeros(size, dtype=torch.int64, device=idx.device)
-    return out.index_add_(0, idx, torch.ones((), dtype=torch.int64, device=idx.device).expand(idx.numel()))
+    return out.index_add_(0, idx, _one(idx.device).expand(idx.numel()))
 
 
 def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old: int, base_old: int,

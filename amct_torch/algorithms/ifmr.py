@@ -168,7 +168,7 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     """Loss of every candidate from a histogram, float64 [n], up to a constant shared by all
     candidates (Σx² over the data, which the histogram does not keep).
 
-    Bin b covers [bin_lo_b, bin_lo_b + width) (``bin_lo`` ascending) and holds ``counts``
+    Bin b covers [bin_lo_b, bin_lo_b + width) (a uniform grid: bin_lo_b = bin_lo_0 + b·width) and holds ``counts``
     elements whose offsets from bin_lo sum to ``dsum`` (absolute units). Every element of one
     quantization level j (value q_j) adds (q_j − x)², so a candidate's loss is
     Σ_j q_j²·N_j − 2·q_j·S_j + Σx², with N_j, S_j the count and first moment of the data
@@ -192,11 +192,11 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     j = torch.arange(n_bound + 1, dtype=torch.float64, device=dev)[None, :]
     t = torch.where(j < k, (m_lo + j + 0.5) * s64, torch.full_like(s64, math.inf))
     # value of the prefix sums at t: bins wholly below plus the uniform share of t's bin
-    b = (torch.searchsorted(bin_lo.double().contiguous(), t.reshape(-1), right=True) - 1).clamp_(min=0)
-    a = bin_lo.double()[b].view_as(t)
+    start = bin_lo[:1].double()
+    b = torch.floor((t - start) / width).clamp_(0, n_b.numel() - 1).long()
+    a = start + b.double() * width
     f = ((t - a) / width).clamp_(0.0, 1.0)
-    nb = n_b[b].view_as(t)
-    b = b.view_as(t)
+    nb = n_b[b]
     cnt_at = cum_n[b] + nb * f
     sum_at = cum_s[b] + nb * f * (a + f * (0.5 * width))
     n_lvl = torch.diff(cnt_at, dim=1, prepend=torch.zeros_like(s64))
