@@ -10,7 +10,7 @@ exact for every bin that does not straddle a rounding boundary.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -41,27 +41,26 @@ def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor
     return counts[:nbins], dsum[:nbins]
 
 
-def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor,
-               scratch: Optional[torch.Tensor] = None) -> None:
+def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor) -> None:
     """Add flat float32 ``x`` (all inside the frame) into ``counts`` (int64) and ``dsum``
-    (float64, offsets in bin units), both of nbins + 1 entries: the extra slot takes elements
-    whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
+    (offsets in bin units; float32 or float64), both of nbins + 1 entries: the extra slot takes
+    elements whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
 
     Four passes over x plus two scatters: u = x/w − base (exact scaling, one rounding),
     idx = trunc(u) (u ≥ 0, so the floor), u.frac_() (the offset), then counts and offset
-    sums by ``index_add_`` (offsets summed in float32 within one call — into ``scratch``, a
-    reusable float32 buffer of nbins + 1 — then added to the float64 state)."""
+    sums by ``index_add_``. A float64 ``dsum`` goes through a float32 temporary (index_add_
+    needs one dtype): offsets are then summed in float32 within the call, as ``bincount``
+    would."""
     u = torch.mul(x, math.ldexp(1.0, -e))
     if base:
         u.sub_(float(base))
     idx = u.to(torch.int32)
     u.frac_()                        # u − trunc(u) = offset inside the bin, in bin units
     counts.index_add_(0, idx, _one(x.device).expand(idx.numel()))
-    if scratch is None:
-        scratch = torch.zeros(dsum.numel(), dtype=torch.float32, device=x.device)
+    if dsum.dtype == torch.float32:
+        dsum.index_add_(0, idx, u)
     else:
-        scratch.zero_()
-    dsum.add_(scratch.index_add_(0, idx, u))
+        dsum.add_(torch.zeros(dsum.numel(), dtype=torch.float32, device=x.device).index_add_(0, idx, u))
 
 
 def fold_overflow(counts: torch.Tensor, dsum: torch.Tensor) -> None:

@@ -25,6 +25,8 @@ STREAM_BINS = 16384
 _CHUNK = 256
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
+#: elements whose offsets may be summed in float32 before moving to the float64 state
+_FLUSH = 1 << 20
 
 
 #: intra-op threads for the observers' CPU work (None: leave torch's setting). The update is
@@ -170,18 +172,28 @@ class IfmrStreamingObserver(Observer):
         self.top: Optional[torch.Tensor] = None      # descending, −inf padded
         self.bottom: Optional[torch.Tensor] = None   # ascending, +inf padded
         self._cnt: Optional[torch.Tensor] = None     # nbins + 1 (overflow slot)
-        self._ds: Optional[torch.Tensor] = None
-        self._scratch: Optional[torch.Tensor] = None
+        self._ds: Optional[torch.Tensor] = None      # float64
+        self._ds32: Optional[torch.Tensor] = None    # float32 offset sums not yet in _ds
+        self._pending = 0                            # elements in _ds32
+        self._thr = (-math.inf, math.inf)            # current K-th largest / smallest value
         self.frame = (0, 0)
         self.gmin = math.inf
         self.gmax = -math.inf
+
+    def _settle(self) -> None:
+        """Flush the float32 offset sums into the float64 state and fold the overflow slot."""
+        if self._pending:
+            self._ds.add_(self._ds32)
+            self._ds32.zero_()
+            self._pending = 0
+        histogram.fold_overflow(self._cnt, self._ds)
 
     @property
     def counts(self) -> Optional[torch.Tensor]:
         """Per-bin counts (int64, nbins), overflow folded."""
         if self._cnt is None:
             return None
-        histogram.fold_overflow(self._cnt, self._ds)
+        self._settle()
         return self._cnt[:self.nbins]
 
     @property
@@ -189,39 +201,44 @@ class IfmrStreamingObserver(Observer):
         """Per-bin sums of offsets in bin units (float64, nbins), overflow folded."""
         if self._cnt is None:
             return None
-        histogram.fold_overflow(self._cnt, self._ds)
+        self._settle()
         return self._ds[:self.nbins]
 
     def _set_hist(self, counts: torch.Tensor, dsum: torch.Tensor) -> None:
         dev = counts.device
         self._cnt = torch.cat([counts.to(torch.int64), torch.zeros(1, dtype=torch.int64, device=dev)])
         self._ds = torch.cat([dsum.double().to(dev), torch.zeros(1, dtype=torch.float64, device=dev)])
+        self._ds32 = torch.zeros(self._ds.numel(), dtype=torch.float32, device=dev)
+        self._pending = 0
 
-    def _candidates(self, rows: torch.Tensor, ext: torch.Tensor, tail: torch.Tensor, many: int,
+    def _candidates(self, rows: torch.Tensor, ext: torch.Tensor, tail: torch.Tensor,
                     largest: bool) -> torch.Tensor:
-        """Values that can enter the top (or bottom) K: the ``many`` chunks (rows) whose
-        maxima (minima) pass the current K-th value — at most K of them, those with the
-        largest maxima, provably hold the batch's part of the new top K — plus the ragged tail.
-        When that is many chunks (the first batch), the same argument is applied once more to
-        their 16-element groups, so the final top-k runs on ≤ 16·K values instead of 256·K."""
-        if many == 0:
-            return tail
-        m = min(many, self.topk)
-        pick = torch.topk(ext, m, largest=largest, sorted=False).indices
-        sel = rows[pick]
-        if m * _CHUNK > _GROUP * self.topk:
+        """Values that can enter the top (or bottom) K, plus the ragged tail: the elements
+        passing the current K-th value inside the chunks (rows) whose maxima (minima, ``ext``)
+        pass it. When those chunks hold more than 16·K values, their 16-element groups are
+        screened the same way first — and if more than K groups pass (the first batches), only
+        the K with the largest maxima are kept: they provably hold the batch's part of the new
+        top K (a value outside them has K larger group maxima above it)."""
+        thr = self._thr[0] if largest else self._thr[1]
+        sel = rows[ext > thr] if largest else rows[ext < thr]
+        if sel.shape[0] * _CHUNK > _GROUP * self.topk:
             groups = sel.view(-1, _GROUP)
             gext = groups.amax(dim=1) if largest else groups.amin(dim=1)
-            sel = groups[torch.topk(gext, self.topk, largest=largest, sorted=False).indices]
+            passing = gext > thr if largest else gext < thr
+            if int(passing.sum()) > self.topk:
+                sel = groups[torch.topk(gext, self.topk, largest=largest, sorted=False).indices]
+            else:
+                sel = groups[passing]
         sel = sel.reshape(-1)
+        sel = sel[sel > thr] if largest else sel[sel < thr]
         return torch.cat([sel, tail]) if tail.numel() else sel
 
     def _ensure(self, device: torch.device) -> None:
         if self.top is None:
             self.top = torch.full((self.topk,), -math.inf, device=device)
             self.bottom = torch.full((self.topk,), math.inf, device=device)
-            self._cnt = torch.zeros(self.nbins + 1, dtype=torch.int64, device=device)
-            self._ds = torch.zeros(self.nbins + 1, dtype=torch.float64, device=device)
+            self._set_hist(torch.zeros(self.nbins, dtype=torch.int64, device=device),
+                           torch.zeros(self.nbins, dtype=torch.float64, device=device))
 
     def _move_to(self, gmin: float, gmax: float) -> None:
         e, base = histogram.frame_for(gmin, gmax, self.nbins)
@@ -247,8 +264,8 @@ class IfmrStreamingObserver(Observer):
         rows = xf[:full].view(-1, _CHUNK) if full < n else xf.view(-1, _CHUNK)
         tail = xf[full:]
         # chunk extremes (amax and amin: two vectorised passes, ~8× faster than one
-        # aminmax(dim=1)); the cheap threshold test against the current K-th values tells how
-        # many chunks can matter (usually few after the first batch). One host read.
+        # aminmax(dim=1)) give the batch's range in one host read; only when it passes the
+        # current K-th values are the chunks that can enter the top/bottom K gathered
         if full:
             ext_hi, ext_lo = rows.amax(dim=1), rows.amin(dim=1)
             hi_src = torch.cat([ext_hi, tail]) if tail.numel() else ext_hi
@@ -256,22 +273,22 @@ class IfmrStreamingObserver(Observer):
         else:
             ext_hi = ext_lo = xf.new_zeros(0)
             hi_src = lo_src = tail
-        f32 = torch.float32
-        hi_f, lo_f, m_hi, m_lo = torch.stack([hi_src.max(), lo_src.min(),
-                                              (ext_hi > self.top[-1]).sum(dtype=f32),
-                                              (ext_lo < self.bottom[-1]).sum(dtype=f32)]).tolist()
+        hi_f, lo_f = torch.stack([hi_src.max(), lo_src.min()]).tolist()
         _check(self.layer, lo_f, hi_f)
-        if m_hi or tail.numel():
-            self.top = torch.topk(torch.cat([self.top, self._candidates(rows, ext_hi, tail, int(m_hi), True)]),
+        if hi_f > self._thr[0]:
+            self.top = torch.topk(torch.cat([self.top, self._candidates(rows, ext_hi, tail, True)]),
                                   self.topk).values
-        if m_lo or tail.numel():
-            self.bottom = torch.topk(torch.cat([self.bottom, self._candidates(rows, ext_lo, tail, int(m_lo), False)]),
+        if lo_f < self._thr[1]:
+            self.bottom = torch.topk(torch.cat([self.bottom, self._candidates(rows, ext_lo, tail, False)]),
                                      self.topk, largest=False).values
+        if hi_f > self._thr[0] or lo_f < self._thr[1]:
+            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
         if lo_f < self.gmin or hi_f > self.gmax:
             self._move_to(min(lo_f, self.gmin), max(hi_f, self.gmax))
-        if self._scratch is None:
-            self._scratch = torch.empty(self.nbins + 1, dtype=torch.float32, device=xf.device)
-        histogram.accumulate(xf, *self.frame, self._cnt, self._ds, self._scratch)
+        if self._pending and self._pending + n > _FLUSH:
+            self._settle()
+        histogram.accumulate(xf, *self.frame, self._cnt, self._ds32)
+        self._pending += n
         self.count += n
 
     def merge(self, other: "IfmrStreamingObserver") -> None:
@@ -284,6 +301,7 @@ class IfmrStreamingObserver(Observer):
             self.top = torch.topk(torch.cat([self.top, other.top.to(self.top.device)]), self.topk).values
             self.bottom = torch.topk(torch.cat([self.bottom, other.bottom.to(self.top.device)]), self.topk,
                                      largest=False).values
+            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
             self._move_to(min(self.gmin, other.gmin), max(self.gmax, other.gmax))
             dev = self._cnt.device
             oc, od = histogram.reframe(other.counts.to(dev), other.dsum.to(dev), *other.frame, *self.frame)
@@ -315,6 +333,7 @@ class IfmrStreamingObserver(Observer):
         self.count = int(d["count"])
         if self.count:
             self.top, self.bottom = d["top"].float().clone(), d["bottom"].float().clone()
+            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
             self._set_hist(d["counts"], d["dsum"].to(d["counts"].device))
             self.topk, self.nbins = self.top.numel(), d["counts"].numel()
             self.frame = tuple(int(v) for v in d["frame"].tolist())
