@@ -197,8 +197,9 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     a = start + b.double() * width
     f = ((t - a) / width).clamp_(0.0, 1.0)
     nb = n_b[b]
-    cnt_at = cum_n[b] + nb * f
-    sum_at = cum_s[b] + nb * f * (a + f * (0.5 * width))
+    past = f >= 1.0                                           # beyond the last bin: the totals
+    cnt_at = torch.where(past, cum_n[b + 1], cum_n[b] + nb * f)
+    sum_at = torch.where(past, cum_s[b + 1], cum_s[b] + nb * f * (a + f * (0.5 * width)))
     n_lvl = torch.diff(cnt_at, dim=1, prepend=torch.zeros_like(s64))
     s_lvl = torch.diff(sum_at, dim=1, prepend=torch.zeros_like(s64))
     q = (m_lo + j) * s64
