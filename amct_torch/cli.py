@@ -28,6 +28,10 @@ CALIBRATE_EXAMPLES = """examples:
   # AMCT quant.cfg (skip layers, HFMG, overrides) and an ONNX QDQ model too
   amct-torch calibrate deploy.prototxt weights.caffemodel calib.npz --config quant.cfg --onnx
 
+  # 4 GPUs, each calibrating a quarter of the batches; resumable if the job is killed
+  torchrun --nproc_per_node=4 -m amct_torch.cli calibrate deploy.prototxt weights.caffemodel \\
+      images/ --batch-num 16 --distributed --checkpoint out/calib.ckpt --output out/resnet
+
   # beyond AMCT: fold each quantized layer's mean output error into its bias
   amct-torch calibrate deploy.prototxt weights.caffemodel images/ --mean 104,117,123 --improve bias_correction
 
@@ -135,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="opt-in improvement beyond AMCT (default: none, AMCT's result): "
                         "bias_correction folds the per-channel mean output error of each quantized "
                         "layer into its bias (sequential, on the calibration data)")
+    c.add_argument("--distributed", action="store_true",
+                   help="run under torchrun: each process calibrates its share of the batches "
+                        "(NCCL on GPUs, gloo on CPU); rank 0 writes the outputs")
+    c.add_argument("--checkpoint", metavar="PATH",
+                   help="save the calibration state after each batch to PATH and resume from it "
+                        "if it exists (a killed job continues with the same result)")
     c.add_argument("--report-batches", type=int, default=2, help="held-out batches for the per-layer report (0: none)")
     c.add_argument("--report-rows", type=int, default=15, help="rows of the per-layer table printed (default: %(default)s)")
     _common(c)
@@ -224,7 +234,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                       preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
                       onnx=args.onnx, report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
-                      quiet=args.quiet, improve=args.improve)
+                      quiet=args.quiet, improve=args.improve, distributed=args.distributed,
+                      checkpoint=args.checkpoint)
+    if result.rank != 0:
+        return 0
     _summary(result)
     _print_report(result, args.report_rows)
     _print_files(result.files)

@@ -43,6 +43,8 @@ class QuantizeResult:
     graph: QuantGraph
     report: Optional[list] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: torch.distributed rank (0 without distributed); ranks > 0 write nothing (``files`` empty)
+    rank: int = 0
 
 
 def _config_json(config: Optional[str], tmp: str, model_file: str, weights_file: str,
@@ -84,7 +86,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
              save_type: Optional[str] = "Both", onnx: bool = False, report: bool = True,
              report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
-             quiet: bool = False, improve: Optional[str] = None) -> QuantizeResult:
+             quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
+             checkpoint: Optional[str] = None) -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
@@ -101,6 +104,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     empirical bias correction of every quantized layer into the fused biases before anything
     is written (``calibration/bias_correction.py``); the factors stay AMCT's, ``float_model``
     stays the uncorrected float model.
+    ``distributed``: under ``torchrun``, each process calibrates its share of the batches and
+    rank 0 alone writes the outputs (docs/distributed.md); ``checkpoint``: a path where the
+    observer states are saved after each batch, and resumed from when it exists.
     Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
     from amct_torch.api import SAVE_TYPES, init, quantize_model, save_model
     from amct_torch.calibration.outputs import export_onnx_model
@@ -114,7 +120,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         raise ConfigError(f"batch_num must be >= 1, got {batch_num!r}")
     if improve is not None and improve not in IMPROVEMENTS:
         raise AmctError(f"improve must be one of {', '.join(IMPROVEMENTS)} or None, got {improve!r}")
-    dev = resolve_device(device)
+    ctx = None
+    if distributed:
+        from amct_torch.calibration.distributed import init_distributed
+        ctx = init_distributed(device)
+    dev = ctx.device if ctx is not None and ctx.active else resolve_device(device)
     output = os.fspath(output)
     if not os.path.basename(output):
         raise AmctError("output must be a path prefix such as out/model, not a folder", file=output)
@@ -134,7 +144,16 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         bs = batch_size if batch_size is not None else (max(1, -(-count // n)) if count else None)
         batches = calibration_batches(calibration_data, graph.model.caffe_inputs, bs, preprocess)
         keeper = _Keep()
-        rest = run_calibration(model, graph.session, keeper(batches, n), dev, quiet=quiet)
+        if ctx is not None or checkpoint is not None:
+            from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
+            rest = run_sharded_calibration(model, graph.session, keeper(batches, n),
+                                           ctx or DistContext(device=dev), quiet=quiet,
+                                           checkpoint=checkpoint)
+        else:
+            rest = run_calibration(model, graph.session, keeper(batches, n), dev, quiet=quiet)
+        if ctx is not None and not ctx.is_writer:  # only rank 0 writes; tmp is removed below
+            return QuantizeResult(files={}, records=_records(graph, save_type), float_model=model,
+                                  quant_model=None, graph=graph, device=dev, rank=ctx.rank)
         files = {"config": prefix + "_quant_config.json", "record": prefix + "_record.txt"}
         os.replace(cfg, files["config"])
         records = _records(graph, save_type)
