@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -80,7 +80,10 @@ class CosineSimilaritySensitivity:
     (measured on the example model: with conv2 misconfigured the report ranks conv3 first)."""
 
     def rank(self, float_model: nn.Module, quant_model: nn.Module, batches: Sequence[Any],
-             layers: Sequence[str]) -> list[tuple[str, float]]:
+             layers: Sequence[str], records: Mapping[str, Any]) -> list[tuple[str, float]]:
+        """``quant_model``: the fake-quant model (its layers hold the fake-quant weights);
+        ``records``: the factors whose scale_d/offset_d quantize each layer's float input."""
+        from amct_torch.algorithms.quant import fake_quant
         from amct_torch.caffe.graph import layer_modules
         from amct_torch.report import _Acc, _first_tensor
 
@@ -89,7 +92,9 @@ class CosineSimilaritySensitivity:
         handles = []
         for name in layers:
             def hook(_m: nn.Module, args: tuple, out: Any, name: str = name) -> None:
-                accs[name].add(_first_tensor(out), _first_tensor(qmods[name](*args)))
+                r = records[name]
+                qargs = tuple(fake_quant(a, r.scale_d, r.offset_d) for a in args)
+                accs[name].add(_first_tensor(out), _first_tensor(qmods[name](*qargs)))
             handles.append(fmods[name].register_forward_hook(hook))
         try:
             with torch.no_grad():
@@ -167,7 +172,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     batches, layers) -> [(layer, value)]`` worst first."""
     from amct_torch.api import checked_records, init, quantize_model
     from amct_torch.caffe.graph import load_caffe
-    from amct_torch.calibration.fakequant_model import fake_quant_model
+    from amct_torch.export import fake_quant_graph
     from amct_torch.calibration.outputs import export_models, exporters_available
     from amct_torch.config.json_config import write_quant_config_json
     from amct_torch.record import write_record
@@ -203,7 +208,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
 
         def run(skip: Sequence[str]) -> tuple[bool, float]:
             kept = {n: r for n, r in records.items() if n not in set(skip)}
-            qm = fake_quant_model(graph.fused, kept, graph.record_file).to(dev).eval()
+            qm = fake_quant_graph(graph.fused, kept, graph.record_file).to(dev).eval()
             metric = _metric(model_evaluator, qm)
             ok, loss = model_evaluator.metric_eval(original, metric)
             history.append({"float_layers": list(skip), "metric": metric, "loss": float(loss),
@@ -216,8 +221,8 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
         ranking: list[tuple[str, float]] = []
         skip: list[str] = []
         if not ok:
-            qm = fake_quant_model(graph.fused, records, graph.record_file).to(dev).eval()
-            ranking = list(sens.rank(graph.fused.eval(), qm, seen, candidates))
+            qm = fake_quant_graph(graph.fused, records, graph.record_file).to(dev).eval()
+            ranking = list(sens.rank(graph.fused.eval(), qm, seen, candidates, records))
             order = [name for name, _ in ranking]
 
             def passes(k: int) -> bool:

@@ -31,7 +31,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -40,6 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import amct_torch  # noqa: E402
+from amct_torch.algorithms.quant import QMAX, QMIN, channel_view, fake_quant  # noqa: E402
 from amct_torch.caffe.graph import layer_modules  # noqa: E402
 
 MEAN = np.array([104, 117, 123], np.float32)
@@ -214,11 +214,35 @@ def example_accuracy(tmp, improve=None) -> None:
           "float_pct": round(f, 2), "int8_pct": round(q, 2), "drop_points": round(f - q, 2)})
 
 
+# -- a hook-based partial fake-quant model, for the attribution only --------------------------
+def _input_quant_hook(scale: float, offset: int):
+    def hook(_module, args):
+        return (fake_quant(args[0], scale, offset),) + tuple(args[1:])
+    return hook
+
+
+def _fake_quant_weight(mod, r) -> None:
+    """Replace ``mod``'s weight by its ARQ fake-quant with the record's scale_w."""
+    w = mod.weight.detach()
+    s = channel_view(torch.tensor(r.scale_w, dtype=torch.float32), tuple(w.shape), mod.caffe_type,
+                     int(getattr(mod, "groups", 1)))
+    mod.weight = torch.nn.Parameter(torch.round(w / s).clamp_(QMIN, QMAX) * s, requires_grad=False)
+
+
+def _inputs_quantized(fm, recs):
+    """A copy of the float model where only the inputs of ``recs``' layers are fake-quantized
+    (SPEC §5.4); the weights stay float."""
+    m = copy.deepcopy(fm)
+    mods = layer_modules(m)
+    for n, r in recs.items():
+        mods[n].register_forward_pre_hook(_input_quant_hook(r.scale_d, r.offset_d))
+    return m
+
+
 # -- per-layer attribution (--ablate) -------------------------------------------------------
 def ablate(proto, weights, calib, held, args, tmp) -> None:
     """Quantize one thing at a time — one layer's input (its activation fake-quant) or one
     layer's weight (ARQ) — and score the logits: which quantized tensor costs the most."""
-    from amct_torch.calibration.fakequant_model import _fake_quant_weight, fake_quant_model
     r = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, "ab", "m"),
                             batch_num=len(calib) // args.batch, batch_size=args.batch,
                             save_type=None, report=False, quiet=True, device="cpu")
@@ -231,11 +255,11 @@ def ablate(proto, weights, calib, held, args, tmp) -> None:
         mods = layer_modules(m)
         for n in names:
             if recs[n].scale_w and getattr(mods[n], "weight", None) is not None:
-                _fake_quant_weight(mods[n], recs[n], n)
+                _fake_quant_weight(mods[n], recs[n])
         return metrics(ref, logits_of(m, x, args.infer_batch))["sqnr_db"]
 
     def inputs_only(names):
-        m = fake_quant_model(fm, {n: replace(recs[n], scale_w=[]) for n in names})
+        m = _inputs_quantized(fm, {n: recs[n] for n in names})
         return metrics(ref, logits_of(m, x, args.infer_batch))["sqnr_db"]
 
     emit({"bench": "ablate", "n": len(x), "all": metrics(ref, logits_of(r.quant_model, x, args.infer_batch))["sqnr_db"],

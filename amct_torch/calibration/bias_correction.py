@@ -116,7 +116,7 @@ def correct_biases(fused: fx.GraphModule, records: Mapping[str, LayerRecord],
     and the fake-quant pass use the same first ``max_samples`` samples (float: in batches of the
     original size; fake-quant: as one batch)."""
     from amct_torch.caffe.graph import layer_modules
-    from amct_torch.calibration.fakequant_model import fake_quant_model
+    from amct_torch.export import fake_quant_graph
 
     if max_samples < 1:
         raise ValueError(f"max_samples must be >= 1, got {max_samples}")
@@ -137,7 +137,7 @@ def correct_biases(fused: fx.GraphModule, records: Mapping[str, LayerRecord],
     finally:
         ref.close()
     target = ref.means()
-    quant = fake_quant_model(fused, records).to(device)
+    quant = fake_quant_graph(fused, records).to(device)
     qmods = layer_modules(quant)
     total: dict[str, torch.Tensor] = {}
     handles = [qmods[n].register_forward_hook(_sequential_hook(n, target[n], total)) for n in names]

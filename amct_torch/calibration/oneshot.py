@@ -17,8 +17,8 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
+from amct_torch.export import fake_quant_graph
 from amct_torch.calibration.data import Preprocess, calibration_batches
-from amct_torch.calibration.fakequant_model import fake_quant_model
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.calibration.workflow import QuantGraph
 from amct_torch.errors import AmctError, ConfigError, DataError, ModelError
@@ -163,7 +163,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             written = save_model(graph, save_type, prefix)
             for p in written:
                 files[_kind(p, prefix)] = p
-        quant_model = fake_quant_model(graph.fused, records, graph.record_file).to(dev)
+        quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
         if onnx:
             files["onnx_float"], files["onnx"] = export_onnx_model(graph, records, prefix)
         stats = None
