@@ -176,7 +176,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     from amct_torch.calibration.outputs import export_models, exporters_available
     from amct_torch.config.json_config import write_quant_config_json
     from amct_torch.record import write_record
-    from amct_torch.record.atomic import atomic_write_text
+    from amct_torch.atomic import atomic_write_text
 
     _check_evaluator(model_evaluator)
     search = _resolve("strategy", strategy, {"BinarySearch": BinarySearchStrategy}, "search")

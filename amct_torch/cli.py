@@ -191,7 +191,6 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _summary(result, out=None) -> None:
     out = out or sys.stdout
-    from amct_torch.config.types import QuantConfig  # noqa: F401  (type only)
     qc = result.graph.config
     rows = []
     for name, r in result.records.items():

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import nn
 
-from amct_torch.record.atomic import atomic_write_text
+from amct_torch.atomic import atomic_write_text
 
 #: AMCT's rule of thumb: a layer under this cosine deserves a look
 COSINE_WARN = 0.99

@@ -8,7 +8,6 @@ graphs back, atomically. Every problem with a user's file is a ``ModelError`` na
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +16,7 @@ import numpy as np
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
+from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
@@ -276,33 +276,14 @@ def _binary(net: pb.NetParameter) -> bytes:
     return out.SerializeToString()
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write to a temp file beside ``path`` and rename it over; nothing half-written remains."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=os.path.basename(path), dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optional[str] = None) -> None:
     """Write ``net`` as a text prototxt (no blobs) and, if a path is given, a binary caffemodel
     (with blobs). Both contents are built before any file is touched; each file is atomic."""
     text = net_to_prototxt_text(net).encode("utf-8")
     binary = _binary(net) if caffemodel_path is not None else None
-    _write_atomic(prototxt_path, text)
+    atomic_write_bytes(prototxt_path, text)
     if caffemodel_path is not None:
-        _write_atomic(caffemodel_path, binary)
+        atomic_write_bytes(caffemodel_path, binary)
 
 
 def _graph_layers(gm: Any) -> list[Any]:

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -21,7 +21,7 @@ from amct_torch.export import fake_quant_graph
 from amct_torch.calibration.data import Preprocess, calibration_batches
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.calibration.workflow import QuantGraph
-from amct_torch.errors import AmctError, ConfigError, DataError, ModelError
+from amct_torch.errors import AmctError, ConfigError, ModelError
 
 log = logging.getLogger("amct_torch")
 

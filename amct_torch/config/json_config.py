@@ -13,7 +13,7 @@ from amct_torch.config.layers import CHANNEL_WISE_TYPES, LayerInfo, quantizable_
 from amct_torch.config.types import (ACT_ALGOS, HFMG_DEFAULT_BINS, IFMR_DEFAULTS, JSON_VERSION,
                                      NUM_BITS, WTS_ALGO, LayerQuantConfig, QuantConfig)
 from amct_torch.errors import ConfigError
-from amct_torch.record.atomic import atomic_write_text
+from amct_torch.atomic import atomic_write_text
 
 GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                "skip_fusion_layers")

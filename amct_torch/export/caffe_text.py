@@ -9,9 +9,7 @@ turn it back into the int8 −3. See docs/export.md.
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from typing import Optional
 
 from google.protobuf import text_encoding
@@ -19,7 +17,7 @@ from google.protobuf import text_encoding
 from amct_torch.caffe.netio import net_to_prototxt_text
 from amct_torch.caffe.prototxt import clear_unknown
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.record import atomic_write_text
+from amct_torch.atomic import atomic_write_bytes, atomic_write_text
 
 OFFSET_FORMS = ("uint8", "bytes")
 
@@ -42,24 +40,6 @@ def prototxt_text(net: pb.NetParameter, offset_form: str = "uint8") -> str:
     return _uint8_offsets(text) if offset_form == "uint8" else text
 
 
-def _atomic_bytes(path: str, data: bytes) -> None:
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optional[str],
                 offset_form: str = "uint8") -> None:
     """Write ``net`` as prototxt (no blobs; offset form as chosen) and caffemodel (binary,
@@ -73,4 +53,4 @@ def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optio
         binary = out.SerializeToString()
     atomic_write_text(prototxt_path, text)
     if binary is not None:
-        _atomic_bytes(caffemodel_path, binary)
+        atomic_write_bytes(caffemodel_path, binary)

@@ -17,7 +17,7 @@ from amct_torch.config.textproto import (join_multiline_strings, parse_text_prot
 from amct_torch.errors import RecordError
 from amct_torch.proto import scale_offset_record_pb2 as pb
 from amct_torch.record import fasttext
-from amct_torch.record.atomic import atomic_write_text
+from amct_torch.atomic import atomic_write_text
 from amct_torch.record.types import LayerRecord
 
 _INT32 = (-2 ** 31, 2 ** 31 - 1)

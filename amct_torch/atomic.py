@@ -11,14 +11,19 @@ import tempfile
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically; the old file stays intact on failure."""
+    """Write ``text`` (UTF-8, ``\n`` line ends) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically; the old file stays intact on failure."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
