@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     import cv2
     from amct_torch import load_caffe
-    from amct_torch.caffe.graph import set_inplace
+    from amct_torch.caffe.graph import layer_modules, set_inplace
     from amct_torch.fusion import fold_for_inference
 
     torch.set_num_threads(args.threads)
@@ -115,9 +115,21 @@ def main() -> None:
         row.update({f"ratio_{n}": round(med[n] / med["opencv"], 3) for n in graphs})
         row.update({f"ratio_min_{n}": round(best[n] / best["opencv"], 3) for n in graphs})
         emit(**row)
-        ref = np.asarray(cv_run()).reshape(batch, -1)
-        emit(metric="max_abs_diff_prob_vs_opencv", batch=batch,
-             **{n: float(np.abs(np.asarray(fns[n]()).reshape(batch, -1) - ref).max()) for n in graphs})
+        net.setInput(x)
+        ref_fc, ref = (np.asarray(o).reshape(batch, -1) for o in net.forward(["fc_nsfw", "prob"]))
+        prob_diff, fc_diff = {}, {}
+        for n, (g, _) in graphs.items():
+            seen: list[torch.Tensor] = []
+            hook = layer_modules(g)["fc_nsfw"].register_forward_hook(lambda m, i, o: seen.append(o.clone()))
+            try:
+                prob = np.asarray(fns[n]()).reshape(batch, -1)
+            finally:
+                hook.remove()
+            prob_diff[n] = float(np.abs(prob - ref).max())
+            fc_diff[n] = float(np.abs(seen[0].numpy().reshape(batch, -1) - ref_fc).max() / np.abs(ref_fc).max())
+        emit(metric="max_abs_diff_prob_vs_opencv", batch=batch, **prob_diff)
+        emit(metric="max_rel_diff_fc_nsfw_vs_opencv", batch=batch, note="pre-softmax, relative to its max |value|",
+             **fc_diff)
 
 
 if __name__ == "__main__":
