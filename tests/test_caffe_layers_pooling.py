@@ -59,13 +59,14 @@ CASES = [  # (kernel, stride, pad, H, W)
 ]
 
 
+@pytest.mark.parametrize("c", [3, 16])  # 16: MAX on CPU takes the channels-last path
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("k,s,p,h,w", CASES)
-def test_pooling_ceil_matches_caffe_and_opencv(tmp_path, method, k, s, p, h, w, device):
+def test_pooling_ceil_matches_caffe_and_opencv(tmp_path, method, k, s, p, h, w, c, device):
     body = (f'layer {{ name: "pool" type: "Pooling" bottom: "data" top: "pool" '
             f'pooling_param {{ pool: {method} kernel_size: {k} stride: {s} pad: {p} }} }}')
-    proto, model = make_net(tmp_path, body, {"data": (2, 3, h, w)})
-    x = rand(2, 3, h, w, seed=k * 100 + h)
+    proto, model = make_net(tmp_path, body, {"data": (2, c, h, w)})
+    x = rand(2, c, h, w, seed=k * 100 + h)
     ours = run_ours(proto, model, x, device=device)["pool"]
     ref = caffe_pool_reference(x, method, (k, k), (s, s), (p, p))
     assert ours.shape == ref.shape
