@@ -166,14 +166,13 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     Writes ``record_file`` (factors of the layers that stay quantized; overwritten), and under
     the prefix ``save_dir`` (e.g. ``out/model``): ``_final_quant_config.json`` (the config with
     ``quant_enable: false`` for the float layers), ``_sensitivity.json``,
-    ``_auto_calibration_history.json`` and the fake-quant/deploy models (when the exporters
-    are present). ``strategy``: "BinarySearch" or an object with ``search(n, passes) -> k``;
+    ``_auto_calibration_history.json`` and the fake-quant/deploy models. ``strategy``: "BinarySearch" or an object with ``search(n, passes) -> k``;
     ``sensitivity``: "CosineSimilarity" or an object with ``rank(float_model, quant_model,
-    batches, layers) -> [(layer, value)]`` worst first."""
+    batches, layers, records) -> [(layer, value)]`` worst first."""
     from amct_torch.api import checked_records, init, quantize_model
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.export import fake_quant_graph
-    from amct_torch.calibration.outputs import export_models, exporters_available
+    from amct_torch.calibration.outputs import export_models
     from amct_torch.config.json_config import write_quant_config_json
     from amct_torch.record import write_record
     from amct_torch.atomic import atomic_write_text
@@ -238,7 +237,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
 
         files = _write_outputs(graph, records, skip, ranking, history, original, metric, save_dir,
                                write_quant_config_json, write_record, atomic_write_text,
-                               export_models if exporters_available() else None)
+                               export_models)
         return AutoCalibrationResult(original, metric, skip, ranking, history, files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated layers not to quantize (without --config)")
     c.add_argument("--save-type", choices=("Fakequant", "Deploy", "Both"), default="Both",
                    help="Caffe models to write (default: %(default)s)")
-    c.add_argument("--onnx", action="store_true", help="also write the fake-quant model as ONNX QDQ")
+    c.add_argument("--onnx", action="store_true", help="also write the float and the QDQ ONNX model")
+    c.add_argument("--onnx-activations", choices=("int8", "uint8"), default="int8",
+                   help="activation type of the QDQ model: int8 (zero point = offset_d, default) or "
+                        "uint8 (zero point offset_d+128: the same numbers, faster int8 kernels in "
+                        "ONNX Runtime on x86)")
     c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
                    help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
     c.add_argument("--improve", choices=("bias_correction",),
@@ -231,7 +235,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     result = quantize(args.model, args.weights, args.data, config=args.config, output=args.output,
                       batch_num=args.batch_num, batch_size=args.batch_size, device=args.device,
                       preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
-                      onnx=args.onnx, report=args.report_batches > 0,
+                      onnx=args.onnx_activations if args.onnx else False,
+                      report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
                       quiet=args.quiet, improve=args.improve, distributed=args.distributed,
                       checkpoint=args.checkpoint)

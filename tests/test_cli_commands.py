@@ -152,3 +152,21 @@ def test_bad_argument_is_one_line_too(tmp_path, example_npz):
     assert_user_error(res, "--batch-num")
     res = _bad(tmp_path, "calibrate", proto, weights, example_npz, "--batch-num", "1000")
     assert_user_error(res, "batch_num")
+
+
+def test_calibrate_onnx_uint8_activations(tmp_path, example_npz):
+    """--onnx-activations uint8: every activation QuantizeLinear has a uint8 zero point equal
+    to the record's offset_d + 128 (the same grid as int8 with zero point offset_d)."""
+    import onnx
+    from onnx import numpy_helper
+    proto, weights = example_model()
+    out = tmp_path / "u8" / "lenet"
+    res = cli("calibrate", proto, weights, example_npz, "--batch-num", "2", "--output", str(out),
+              "--onnx", "--onnx-activations", "uint8", "--save-type", "Fakequant", "--quiet")
+    assert res.returncode == 0, res.stderr
+    rec = read_record(f"{out}_record.txt")
+    model = onnx.load(f"{out}_quant.onnx")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    zps = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zps and all(z.dtype == np.uint8 for z in zps)
+    assert {int(z) for z in zps} <= {r.offset_d + 128 for r in rec.values()}

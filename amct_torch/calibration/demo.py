@@ -31,7 +31,6 @@ def run_demo(output: str = "amct_demo/lenet_digits", batch_num: int = 4,
     """Quantize the example model, print accuracies, the report and the outputs; exit code."""
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.calibration.oneshot import quantize
-    from amct_torch.calibration.outputs import exporters_available
     from amct_torch.examples import example_data, example_model
     from amct_torch.report import format_table
 
@@ -40,7 +39,7 @@ def run_demo(output: str = "amct_demo/lenet_digits", batch_num: int = 4,
     calib, _ = example_data("calib")
     test_x, test_y = example_data("test")
     result = quantize(model_file, weights_file, calib, output=output, batch_num=batch_num,
-                      device=device, save_type="Both" if exporters_available() else None,
+                      device=device, save_type="Both",
                       report_data=test_x[:128], quiet=quiet)
     dev = result.device
     original = load_caffe(model_file, weights_file).to(dev)

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -84,7 +84,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              batch_num: Optional[int] = None, batch_size: Optional[int] = None,
              device: Optional[str] = None, preprocess: Optional[Preprocess] = None,
              skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
-             save_type: Optional[str] = "Both", onnx: bool = False, report: bool = True,
+             save_type: Optional[str] = "Both", onnx: Union[bool, str] = False, report: bool = True,
              report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
              quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
              checkpoint: Optional[str] = None) -> QuantizeResult:
@@ -95,8 +95,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     preprocessed by ``preprocess``). ``config``: None (defaults), a quant.cfg or a JSON quant
     config. ``batch_num`` overrides the config's; for an array or folder the default
     ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
-    when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` also writes
-    ``{output}_quant.onnx`` (QDQ) and ``{output}_float.onnx``; ``report`` compares every quantized layer's output with the float
+    when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` (True, "int8" or
+    "uint8": the activation type) also writes ``{output}_quant.onnx`` (QDQ) and
+    ``{output}_float.onnx``; ``report`` compares every quantized layer's output with the float
     model on ``report_data`` (default: up to ``report_batches`` batches of the calibration data
     not used for calibration, else the calibration batches) and writes
     ``{output}_layer_report.json``. ``improve``: None (AMCT's result) or an opt-in
@@ -116,6 +117,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             raise ModelError(f"{what} not found", file=str(p))
     if save_type is not None and save_type not in SAVE_TYPES:
         raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {save_type!r}")
+    if onnx not in (False, None, True, "int8", "uint8"):
+        raise AmctError(f"onnx must be True, False, 'int8' or 'uint8', got {onnx!r}")
     if batch_num is not None and (isinstance(batch_num, bool) or int(batch_num) < 1):
         raise ConfigError(f"batch_num must be >= 1, got {batch_num!r}")
     if improve is not None and improve not in IMPROVEMENTS:
@@ -165,7 +168,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                 files[_kind(p, prefix)] = p
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
         if onnx:
-            files["onnx_float"], files["onnx"] = export_onnx_model(graph, records, prefix)
+            activations = onnx if isinstance(onnx, str) else "int8"
+            files["onnx_float"], files["onnx"] = export_onnx_model(graph, records, prefix, activations)
         stats = None
         if report:
             from amct_torch.report import layer_report, write_report
