@@ -196,13 +196,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def _summary(result, out=None) -> None:
     out = out or sys.stdout
     qc = result.graph.config
+    infos = {l.name: l for l in result.graph.layers}
     rows = []
     for name, r in result.records.items():
         cfg = qc.layers.get(name)
         algo = (cfg.act_algo if cfg is not None else "ifmr (joint)")
         nw = len(r.scale_w)
+        weighted = infos.get(name) is not None and infos[name].weighted
         rows.append((name, algo, f"{r.scale_d:.6g}", str(r.offset_d),
-                     "-" if not nw else ("per-tensor" if nw == 1 else f"{nw} channels")))
+                     "-" if not (nw and weighted) else ("per-tensor" if nw == 1 else f"{nw} channels")))
     head = ("layer", "act algo", "scale_d", "offset_d", "weights")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
