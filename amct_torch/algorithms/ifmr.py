@@ -61,18 +61,38 @@ def percentile_k(length: int, p: float) -> int:
     return max(1, length - math.floor(p * length))
 
 
+#: elements per chunk of the small-k selection (chunk extremes first, then a top-k of those)
+SELECT_CHUNK = 256
+
+
+def _topk_few(x: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """k-th largest (smallest) value for small k: the k chunks with the most extreme chunk
+    extremes hold it — if one of the k most extreme elements sits in another chunk, those k
+    chunks' extremes are k distinct elements at least as extreme — so the top-k runs on
+    k·SELECT_CHUNK values (plus the tail) instead of all of x; one cheap reduction pass."""
+    n = x.numel()
+    m = n // SELECT_CHUNK
+    if m < 4 * k:
+        return torch.topk(x, k, largest=largest, sorted=True).values[k - 1]
+    body = x[:m * SELECT_CHUNK].view(m, SELECT_CHUNK)
+    ext = body.amax(dim=1) if largest else body.amin(dim=1)
+    rows = torch.topk(ext, k, largest=largest, sorted=False).indices
+    cand = torch.cat([body[rows].reshape(-1), x[m * SELECT_CHUNK:]])
+    return torch.topk(cand, k, largest=largest, sorted=True).values[k - 1]
+
+
 def kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
     """k-th largest element of the flat tensor ``x`` as a 0-d tensor (no host sync)."""
     n = x.numel()
     if k <= 4096:
-        return torch.topk(x, k, sorted=True).values[k - 1]
+        return _topk_few(x, k, True)
     return torch.kthvalue(x.cpu() if x.device.type == "mps" else x, n - k + 1).values.to(x.device)
 
 
 def kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
     """k-th smallest element of the flat tensor ``x`` as a 0-d tensor."""
     if k <= 4096:
-        return torch.topk(x, k, largest=False, sorted=True).values[k - 1]
+        return _topk_few(x, k, False)
     return torch.kthvalue(x, k).values
 
 
@@ -125,6 +145,113 @@ def exact_losses(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, s: torch.T
     return total
 
 
+def level_thresholds(lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor):
+    """Exact level edges of every candidate: (levels, thresholds, valid, ok).
+
+    An element's level is round(clip(x, lo, hi)/s) in float32 (SPEC §5.2) — a monotone step
+    function of x, so each level is an interval of x. ``levels`` [n, m] are the integer levels
+    j_lo … j_hi of each candidate (padded rows repeat nothing: ``valid`` marks real entries);
+    ``thresholds`` [n, m−1] holds, for level j, the smallest float32 T whose level exceeds j,
+    so the elements of level j are exactly those with T_{j−1} ≤ x < T_j. T is found bit-exactly
+    by evaluating the very float32 expression on the ±4-ulp neighbourhood of (j + ½)·s (the
+    true edge is within about one ulp of it); ``ok`` (0-d bool) is False if some edge was not
+    bracketed by that window (then the caller takes the brute-force path)."""
+    dev = s.device
+    lo_c, hi_c, s_c = lo[:, None], hi[:, None], s[:, None]
+    j_lo = torch.round(lo / s)                                   # level of everything ≤ lo
+    j_hi = torch.round(hi / s)
+    count = (j_hi - j_lo).clamp_(min=0)                          # thresholds per candidate
+    m = int(count.max()) if count.numel() else 0                 # ≤ 257: a host read of the grid only
+    step = torch.arange(max(m, 1), dtype=torch.float32, device=dev)[None, :]
+    level = j_lo[:, None] + step                                 # the level below each edge
+    valid = step < count[:, None]
+    guess = ((level.double() + 0.5) * s_c.double()).float()
+    guess = torch.where(valid, guess, lo_c.expand_as(guess))
+    # window of neighbouring floats around the guess: guess ± k ulps, k = −4 … 4
+    win = [guess]
+    up, down = guess, guess
+    for _ in range(4):
+        up = torch.nextafter(up, torch.full_like(up, math.inf))
+        down = torch.nextafter(down, torch.full_like(down, -math.inf))
+        win.append(up)
+        win.insert(0, down)
+    w = torch.stack(win, dim=-1)                                 # [n, m, 9] ascending
+    above = torch.round(torch.minimum(torch.maximum(w, lo_c[..., None]), hi_c[..., None]) / s_c[..., None]) > level[..., None]
+    first = torch.argmax(above.to(torch.uint8), dim=-1)          # first float whose level > j
+    thr = torch.gather(w, -1, first[..., None])[..., 0]
+    bracketed = above[..., -1] & ~above[..., 0]
+    ok = torch.all(bracketed | ~valid)
+    thr = torch.where(valid, thr, torch.full_like(thr, math.inf))
+    return level, thr, valid, ok
+
+
+def boundary_losses(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor,
+                    bins: int = 0):
+    """(losses, ok): the same losses as :func:`exact_losses` (float64 [n]) without touching every
+    element–candidate pair: O(N + candidates × levels).
+
+    Each candidate's loss is Σ_j Σ_{x in level j} (q_j − x)² = Σx² + Σ_j q_j(q_j·N_j − 2·S_j),
+    q_j = float32(j·s), with N_j and S_j the count and sum of the elements in level j. Those
+    come from the counts and sums of elements below each exact level edge T (see
+    :func:`level_thresholds`): the data are binned once on a uniform float32 grid spanning the
+    edges (bin(x) monotone in x, computed by the same expression for data and edges, so bins
+    below bin(T) hold only elements < T and bins above only elements > T); the few bins that
+    hold an edge are gathered, sorted and searched exactly, the others enter through prefix
+    sums. Counts are exact; sums float64 — the same set of elements per level as the
+    element-wise definition, the arithmetic differs only by float64 rounding."""
+    x = x.reshape(-1)
+    n_el = x.numel()
+    dev = x.device
+    level, thr, valid, ok = level_thresholds(lo, hi, s)
+    xd = x.double()
+    total_sq = torch.dot(xd, xd)
+    nb = bins or min(max(n_el // 2, 1 << 10), 1 << 22)
+    big = torch.tensor(3.0e38, dtype=torch.float32, device=dev)
+    finite_thr = torch.where(valid, thr, torch.zeros_like(thr))
+    a = torch.where(valid, thr, big).min()
+    b = torch.where(valid, thr, -big).max()
+    a = torch.where(a > b, torch.zeros_like(a), a)               # no edges at all
+    span = (b - a).clamp_min(torch.finfo(torch.float32).tiny)
+    r = (torch.tensor(float(nb), dtype=torch.float32, device=dev) / span).clamp(max=3.0e38)
+
+    def bin_of(v: torch.Tensor) -> torch.Tensor:
+        # underflow bin 0, grid bins 1 … nb, overflow bin nb + 1; monotone in v (the value is
+        # ≥ 0 after the clamp and shift, so the integer conversion's truncation is a floor)
+        return ((v - a).mul_(r).clamp_(-1, nb).add_(1)).to(torch.int32)
+
+    idx = bin_of(x)
+    t_idx = torch.where(valid, bin_of(finite_thr), torch.full_like(idx[:1], nb + 2).expand_as(thr)).long()
+    flat_t = t_idx.reshape(-1)
+    edge_bin = torch.zeros(nb + 3, dtype=torch.bool, device=dev)
+    edge_bin[flat_t] = True
+    g = torch.sort(x[edge_bin[idx]]).values                      # elements of edge bins
+    counts = torch.bincount(idx, minlength=nb + 3)
+    sums = torch.bincount(idx, weights=xd, minlength=nb + 3)
+    total_s = sums.sum()
+    counts[flat_t] = 0                                           # edge bins: counted via g
+    sums[flat_t] = 0
+    # an edge bin is zeroed, so the inclusive prefix at it equals the prefix of bins below it
+    cum_n = counts.cumsum_(0)
+    cum_s = sums.cumsum_(0)
+    zero64 = torch.zeros(1, dtype=torch.float64, device=dev)
+    cum_g = torch.cat([zero64, g.double().cumsum(0)])
+    pos = torch.searchsorted(g, thr.contiguous())
+    n_below = torch.where(valid, (cum_n[t_idx] + pos).double(), torch.full_like(cum_g[:1], n_el).expand_as(thr))
+    s_below = torch.where(valid, cum_s[t_idx] + cum_g[pos], total_s.expand_as(thr))
+    # level j: between edge j−1 (or −∞) and edge j (or +∞); one more level than edges
+    full_n = torch.full_like(n_below[:, :1], n_el)
+    full_s = total_s.expand_as(full_n)
+    n_hi = torch.cat([n_below, full_n], dim=1)
+    s_hi = torch.cat([s_below, full_s], dim=1)
+    n_lvl = torch.diff(n_hi, dim=1, prepend=torch.zeros_like(full_n))
+    s_lvl = torch.diff(s_hi, dim=1, prepend=torch.zeros_like(full_n))
+    last = level[:, -1:] + 1
+    lv = torch.cat([level, last], dim=1)
+    q = (lv * s[:, None]).double()
+    part = (q * (q * n_lvl - 2.0 * s_lvl)).sum(dim=1)
+    return total_sq + part, ok
+
+
 def asymmetric_lo(lo: torch.Tensor) -> bool:
     """True when every candidate shares the lower clip (the asymmetric search): the lower
     clamp is then done once per element instead of once per candidate (a stride-0 view)."""
@@ -157,8 +284,9 @@ def ifmr_exact(x: torch.Tensor, max_percentile: float = 0.999999, min_percentile
     mn = kth_smallest(x, min(percentile_k(n, min_percentile), n))
     ratios = candidate_ratios(search_range[0], search_range[1], search_step, x.device)
     lo, hi, s = candidate_grid(mx, mn, ratios, asymmetric)
-    nz = x[x != 0]
-    losses = exact_losses(nz, lo, hi, s, block)
+    losses, ok = boundary_losses(x, lo, hi, s)
+    if not bool(ok):  # an edge outside its ±4-ulp window (not expected): element-wise path
+        losses = exact_losses(x[x != 0], lo, hi, s, block)
     return finish(losses, ratios, lo, hi, s, mx, mn, asymmetric)
 
 
