@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms.ifmr import ifmr_exact, num_candidates
+from amct_torch.algorithms.ifmr import (boundary_losses, candidate_grid, candidate_ratios, ifmr_exact,
+                                       level_thresholds, num_candidates)
 
 F = np.float32
 
 
-def ref_ifmr(x, maxp=0.999999, minp=0.999999, start=0.7, end=1.3, step=0.01, asym=True):
+def ref_ifmr(x, maxp=0.999999, minp=0.999999, start=0.7, end=1.3, step=0.01, asym=True, with_losses=False):
     """Straight from SPEC §5.2: sort, k-th order statistics, a loop over candidates."""
     x = np.asarray(x, np.float32).ravel()
     L = x.size
@@ -23,6 +24,7 @@ def ref_ifmr(x, maxp=0.999999, minp=0.999999, start=0.7, end=1.3, step=0.01, asy
     min_init = min(F(0), srt[kk(minp) - 1])
     n = int((F(end) - F(start)) / F(step) + F(1))
     best, best_loss, best_s = None, None, None
+    losses = []
     for i in range(n):
         ratio = F(start) + F(i) * F(step)
         if asym:
@@ -35,9 +37,12 @@ def ref_ifmr(x, maxp=0.999999, minp=0.999999, start=0.7, end=1.3, step=0.01, asy
             s = F(1.0)
         err = np.round(np.clip(x, lo, c) / s) * s - x
         loss = float(np.sum(err.astype(np.float64) ** 2))
+        losses.append(loss)
         if best_loss is None or loss < best_loss:
             best, best_loss, best_s = i, loss, s
     offset = int(-np.round(min_init / best_s) - 128) if asym else 0
+    if with_losses:
+        return best, float(best_s), offset, np.array(losses)
     return best, float(best_s), offset
 
 
@@ -103,3 +108,65 @@ def test_spec_sanity_values(device, dtype):
     assert round(a.ratio, 2) == 0.84 and a.offset == 7 and a.scale == pytest.approx(0.03321, rel=tol)
     assert round(s.ratio, 2) == 0.82 and s.offset == 0 and s.scale == pytest.approx(0.03055, rel=tol)
     assert round(r.ratio, 2) == 0.94 and r.offset == -128 and r.scale == pytest.approx(0.01744, rel=tol)
+
+
+def test_level_edges_are_exact(device):
+    """Each edge T of level j is the first float32 whose level (round(clip(v)/s), float32)
+    exceeds j: checked on T and the float just below it, in numpy."""
+    rng = np.random.default_rng(11)
+    for trial in range(6):
+        mx = F(rng.uniform(1e-3, 50)); mn = F(-rng.uniform(0, 50)) if trial % 2 else F(0)
+        ratios = candidate_ratios(0.7, 1.3, 0.01, device)
+        lo, hi, s = candidate_grid(torch.tensor(mx, device=device), torch.tensor(mn, device=device),
+                                   ratios, bool(trial % 3))
+        level, thr, valid, ok = level_thresholds(lo, hi, s)
+        assert bool(ok)
+        lo_, hi_, s_ = (t.cpu().numpy() for t in (lo, hi, s))
+        for i in range(0, ratios.numel(), 7):
+            v = valid[i].cpu().numpy()
+            t = thr[i].cpu().numpy()[v]
+            j = level[i].cpu().numpy()[v]
+            below = np.nextafter(t, F(-np.inf))
+            lv = lambda u: np.round(np.clip(u, lo_[i], hi_[i]) / s_[i])
+            assert np.all(lv(t) > j) and np.all(lv(below) <= j)
+            assert v.sum() == int(np.round(hi_[i] / s_[i]) - np.round(lo_[i] / s_[i]))
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "negative"])
+def test_losses_match_reference_per_candidate(kind, device):
+    """Every candidate's loss (not only the winner) equals the plain float32 definition."""
+    rng = np.random.default_rng(len(kind))
+    x = _sample(rng, kind, 20000).astype(np.float32)
+    for asym in (True, False):
+        ri, rs, ro, ref = ref_ifmr(x, asym=asym, with_losses=True)
+        r = ifmr_exact(torch.from_numpy(x).to(device), asymmetric=asym)
+        assert r.index == ri and r.offset == ro
+        np.testing.assert_allclose(r.losses.cpu().numpy(), ref, rtol=1e-9)
+
+
+def test_duplicates_on_level_edges(device):
+    """Data piled on the rounding edges themselves (exact midpoints (j+½)·s of several
+    candidates and their float32 neighbours, many copies each) and few bins: the edge bins are
+    large and full of ties; choice and losses still match the reference."""
+    base = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
+    base[0] = F(4.0)  # max_init with p = 1.0
+    pieces = [base]
+    for ratio_i in (10, 14, 30):
+        ratio = F(0.7) + F(ratio_i) * F(0.01)
+        s = F(F(ratio * F(4.0)) / F(127))
+        for j in (-60, -3, 0, 2, 17, 90):
+            mid = F((j + 0.5) * np.float64(s))
+            for u in (np.nextafter(mid, F(-9)), mid, np.nextafter(mid, F(9))):
+                pieces.append(np.full(50, u, np.float32))
+    x = np.concatenate(pieces)
+    ri, rs, ro, ref = ref_ifmr(x, 1.0, 1.0, asym=False, with_losses=True)
+    xt = torch.from_numpy(x).to(device)
+    r = ifmr_exact(xt, 1.0, 1.0, asymmetric=False)
+    assert (r.index, r.offset) == (ri, ro) and r.scale == pytest.approx(rs, rel=1e-6)
+    np.testing.assert_allclose(r.losses.cpu().numpy(), ref, rtol=1e-9)
+    lo, hi, s = candidate_grid(torch.tensor(F(4.0), device=device), torch.tensor(x.min(), device=device),
+                               candidate_ratios(0.7, 1.3, 0.01, device), False)
+    for bins in (1, 16, 1 << 16):
+        losses, ok = boundary_losses(xt, lo, hi, s, bins=bins)
+        assert bool(ok)
+        np.testing.assert_allclose(losses.cpu().numpy(), ref, rtol=1e-9)
