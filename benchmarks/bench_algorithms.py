@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import sys
 import time
@@ -134,12 +135,21 @@ def loop_ifmr(x: torch.Tensor, asymmetric: bool = True) -> int:
     return best
 
 
-def bench_ifmr_exact(device: str, size: int) -> None:
-    x = batches(device, 1, size, "normal")[0]
-    t_b = timed(lambda: ifmr_exact(x), device)
-    t_l = timed(lambda: loop_ifmr(x), device, reps=1)
-    emit(bench="ifmr_exact_batched_vs_loop", device=device, elements=size, batched_s=t_b, loop_s=t_l,
-         speedup=t_l / t_b, same_choice=ifmr_exact(x).index == loop_ifmr(x))
+def bench_ifmr_exact(device: str, sizes: Sequence[int], rounds: int = 5) -> None:
+    """Batched (level-edge) exact IFMR vs the candidate loop: interleaved rounds, medians and
+    minimums, the load average alongside (a busy machine shows there)."""
+    for kind in ("normal", "relu"):
+        for size in sizes:
+            x = batches(device, 1, size, kind)[0]
+            ours, loop = [], []
+            for _ in range(rounds):
+                ours.append(timed(lambda: ifmr_exact(x), device, reps=1))
+                loop.append(timed(lambda: loop_ifmr(x), device, reps=1))
+            emit(bench="ifmr_exact_batched_vs_loop", device=device, kind=kind, elements=size,
+                 batched_s=statistics.median(ours), loop_s=statistics.median(loop),
+                 batched_min_s=min(ours), loop_min_s=min(loop),
+                 speedup=statistics.median(loop) / statistics.median(ours),
+                 same_choice=ifmr_exact(x).index == loop_ifmr(x), load_avg_1m=os.getloadavg()[0])
 
 
 def peak_bytes(fn, device: str) -> int:
@@ -201,7 +211,7 @@ def main() -> None:
     size = 1 << 20 if a.quick else 1 << 22
     bench_throughput(a.device, size)
     bench_hfmg(a.device, size // 4, 8)
-    bench_ifmr_exact(a.device, size // 4)
+    bench_ifmr_exact(a.device, (size // 16,) if a.quick else (size // 4, size))
     bench_streaming_vs_exact(a.device, size // 16, (4, 16, 64))
     bench_agreement(a.device)
 
