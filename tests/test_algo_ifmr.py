@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms.ifmr import (boundary_losses, candidate_grid, candidate_ratios, ifmr_exact,
-                                       level_thresholds, num_candidates)
+from amct_torch.algorithms.ifmr import (boundary_losses, candidate_grid, candidate_ratios,
+                                       exact_losses, ifmr_exact, level_thresholds, num_candidates)
 
 F = np.float32
 
@@ -142,6 +142,25 @@ def test_losses_match_reference_per_candidate(kind, device):
         r = ifmr_exact(torch.from_numpy(x).to(device), asymmetric=asym)
         assert r.index == ri and r.offset == ro
         np.testing.assert_allclose(r.losses.cpu().numpy(), ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu"])
+def test_elementwise_pass_with_zeros_matches_reference(kind, device):
+    """The element-wise pass ``ifmr_exact`` uses on accelerators (no host sync, zeros kept in
+    the data: their error is 0 for every candidate) gives every candidate's reference loss
+    (squares summed in float32 within a block, hence 1e-5) and the reference's choice."""
+    rng = np.random.default_rng(7)
+    x = _sample(rng, kind, 20000).astype(np.float32)
+    x[::5] = 0.0
+    for asym in (True, False):
+        best, _, _, ref = ref_ifmr(x, asym=asym, with_losses=True)
+        r = ifmr_exact(torch.from_numpy(x).to(device), asymmetric=asym)
+        ratios = candidate_ratios(0.7, 1.3, 0.01, device)
+        lo, hi, s = candidate_grid(torch.tensor(r.max_init, device=device), torch.tensor(r.min_init, device=device),
+                                   ratios, asym)
+        got = exact_losses(torch.from_numpy(x).to(device), lo, hi, s)
+        np.testing.assert_allclose(got.cpu().numpy(), ref, rtol=1e-5)
+        assert int(torch.argmin(got)) == best
 
 
 def test_duplicates_on_level_edges(device):

@@ -277,13 +277,19 @@ def finish(losses: torch.Tensor, ratios: torch.Tensor, lo: torch.Tensor, hi: tor
 def ifmr_exact(x: torch.Tensor, max_percentile: float = 0.999999, min_percentile: float = 0.999999,
                search_range: Sequence[float] = (0.7, 1.3), search_step: float = 0.01,
                asymmetric: bool = True, block: int = EXACT_BLOCK) -> IfmrResult:
-    """IFMR on all the data ``x`` (any shape; computed in float32 on x's device)."""
+    """IFMR on all the data ``x`` (any shape; computed in float32 on x's device).
+
+    On the CPU the losses come from the per-level boundary sums (``boundary_losses``: a few
+    host reads, ~9× faster than a loop over candidates); on an accelerator from the batched
+    element-wise pass (``exact_losses``), which needs no host sync inside the search."""
     x = x.detach().reshape(-1).float()
     n = x.numel()
     mx = kth_largest(x, min(percentile_k(n, max_percentile), n))
     mn = kth_smallest(x, min(percentile_k(n, min_percentile), n))
     ratios = candidate_ratios(search_range[0], search_range[1], search_step, x.device)
     lo, hi, s = candidate_grid(mx, mn, ratios, asymmetric)
+    if x.device.type != "cpu":
+        return finish(exact_losses(x, lo, hi, s, block), ratios, lo, hi, s, mx, mn, asymmetric)
     losses, ok = boundary_losses(x, lo, hi, s)
     if not bool(ok):  # an edge outside its ±4-ulp window (not expected): element-wise path
         losses = exact_losses(x[x != 0], lo, hi, s, block)
