@@ -1,8 +1,9 @@
 """Export benchmark (JSON lines): ONNX Runtime CPU latency on nsfw at batch 1 and 8 of our
 int8 QDQ model in every export variant (int8/uint8 activations, float/int32 bias, the opt-in
-``quantize_residual_outputs``) vs the float model and vs ORT's own ``quantize_static`` QDQ
+``quantize_residual_outputs``, the speed mode ``quantize_eltwise``) vs the float model and vs ORT's own ``quantize_static`` QDQ
 output (per channel, the same calibration crops, S8S8 and U8S8), with the number of
-convolutions ORT runs as int8 kernels; and the time of ``convert_model`` on nsfw.
+convolutions and Adds ORT runs as int8 kernels and each model's logits SQNR vs the float model
+on crops that are not the calibration crops; and the time of ``convert_model`` on nsfw.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 15]
 """
@@ -69,7 +70,22 @@ def kernel_counts(path, threads):
     so.optimized_model_filepath = path + ".opt.onnx"
     ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     ops = collections.Counter(n.op_type for n in onnx.load(path + ".opt.onnx").graph.node)
-    return {"QLinearConv": ops["QLinearConv"], "float_conv": ops["Conv"] + ops["FusedConv"]}
+    return {"QLinearConv": ops["QLinearConv"], "float_conv": ops["Conv"] + ops["FusedConv"],
+            "QLinearAdd": ops["QLinearAdd"], "float_add": ops["Add"],
+            "Transpose": ops["Transpose"], "QGemm": ops["QGemm"]}
+
+
+def logits_sqnr(models, x, threads, out="fc_nsfw"):
+    """SQNR (dB) of each model's pre-softmax output vs the float model's, as ORT runs it."""
+    import onnx.utils
+    got = {}
+    for k, p in models.items():
+        lp = p + ".logits.onnx"
+        onnx.utils.extract_model(p, lp, ["data"], [out])
+        got[k] = session(lp, threads).run(None, {"data": x})[0].astype(np.float64)
+    ref = got["float"]
+    return {k: float(10 * np.log10((ref ** 2).sum() / max(((v - ref) ** 2).sum(), 1e-300)))
+            for k, v in got.items()}
 
 
 def latencies(models, x, threads, rounds, per_round):
@@ -115,6 +131,9 @@ VARIANTS = {  # name -> export_onnx keyword arguments
     "ours_uint8_bias_int32": dict(activations="uint8", bias="int32"),
     "ours_int8_residual": dict(activations="int8", quantize_residual_outputs=True),
     "ours_uint8_residual": dict(activations="uint8", quantize_residual_outputs=True),
+    "ours_int8_eltwise": dict(activations="int8", quantize_eltwise=True),
+    "ours_uint8_eltwise": dict(activations="uint8", quantize_eltwise=True),
+    "ours_uint8_eltwise_bias_int32": dict(activations="uint8", bias="int32", quantize_eltwise=True),
 }
 
 
@@ -125,6 +144,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--per-round", type=int, default=4)
     ap.add_argument("--no-convert", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated variant names (float and the ORT "
+                    "models are always measured)")
     args = ap.parse_args()
     d = nsfw_dir()
     proto, weights = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
@@ -135,7 +156,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         models = {}
         for tag, kw in VARIANTS.items():
-            if kw.get("quantize_residual_outputs"):
+            if args.only and tag not in args.only.split(","):
+                continue
+            if kw.get("quantize_residual_outputs") or kw.get("quantize_eltwise"):
                 kw = dict(kw, calibration_data=calib)
             f, q = export_onnx(gm, recs, os.path.join(tmp, tag), **kw)
             models["float"], models[tag] = f, q
@@ -143,6 +166,7 @@ def main():
             models[tag] = os.path.join(tmp, f"{tag}.onnx")
             ort_static(models["float"], models[tag], calib, qt)
         kernels = {k: kernel_counts(p, args.threads) for k, p in models.items()}
+        sqnr = logits_sqnr(models, natural_images_bgr(count=8, seed=3), args.threads)
         for batch in (1, 8):
             x = natural_images_bgr(count=batch, seed=2)
             lat = latencies(models, x, args.threads, args.rounds, args.per_round)
@@ -153,6 +177,8 @@ def main():
                                   "latency_ms": round(v * 1e3, 2),
                                   "speed_vs_float": round(lat["float"] / v, 3),
                                   "speed_vs_best_ort_quant": round(best_ort / v, 3),
+                                  "logits_sqnr_db": round(sqnr[k], 1) if k != "float" else None,
+                                  "load_avg": round(os.getloadavg()[0], 2),
                                   **kernels[k]}), flush=True)
         if args.no_convert:
             return

@@ -250,6 +250,95 @@ def test_quantize_residual_outputs(tmp_path, small):
     assert np.abs(base - got).max() > 0  # the option changes the model (no longer AMCT-exact)
 
 
+RESNET_BODY = '''
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "c1" convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "relu1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "conv2" type: "Convolution" bottom: "c1" top: "c2" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "relu2" type: "ReLU" bottom: "c2" top: "c2" }
+layer { name: "conv3" type: "Convolution" bottom: "c2" top: "c3" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "sum1" type: "Eltwise" bottom: "c3" bottom: "c1" top: "s1" }
+layer { name: "relu3" type: "ReLU" bottom: "s1" top: "s1" }
+layer { name: "conv4" type: "Convolution" bottom: "s1" top: "c4" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "sum2" type: "Eltwise" bottom: "c4" bottom: "s1" top: "s2" }
+layer { name: "fc1" type: "InnerProduct" bottom: "s2" top: "fc1" inner_product_param { num_output: 5 } }
+layer { name: "tanh1" type: "TanH" bottom: "c1" top: "t1" }
+layer { name: "sum3" type: "Eltwise" bottom: "s2" bottom: "t1" top: "s3" }
+'''
+
+
+def test_quantize_eltwise_speed_mode(tmp_path):
+    """Speed mode on a two-block net with every kind of Eltwise: sum1 (identity shortcut c1,
+    output through ReLU into conv4), sum2 (shortcut s1, output only into fc1), sum3 (an input
+    nothing quantizes, output a network output). Reference written here: the torch fake-quant
+    model with, by hand, the residual conv outputs (conv3, conv4) and the unquantized tensors
+    (t1, s3) fake-quantized with min/max factors, and each shortcut read as its consumer
+    quantizes it (c1 with conv2's factors, s1 with conv4's, s2 with fc1's). ORT with graph
+    optimizations off computes it to float rounding; with them on, all three Adds run as
+    QLinearAdd and conv2..4 as QLinearConv (uint8 activations)."""
+    rng = np.random.default_rng(4)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    blobs = {"conv1": [f(4, 3, 3, 3), f(4)], "fc1": [f(5, 256) * 0.1, f(5)],
+             **{c: [f(4, 4, 1, 1) * 0.5, f(4)] for c in ("conv2", "conv3", "conv4")}}
+    proto, model = make_net(tmp_path, RESNET_BODY, {"data": [2, 3, 8, 8]}, blobs)
+    gm = load_caffe(proto, model)
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    recs = minmax_records(gm, torch.from_numpy(x))
+    assert recs["conv4"].offset_d == -128  # ReLU output: zero at the grid minimum
+
+    fq = fake_quant_graph(gm, recs)
+    mods = layer_modules(fq)
+    seen = {}
+    hs = [mods[n].register_forward_hook(lambda m_, a, o, n=n: seen.__setitem__(n, o.clone()))
+          for n in ("conv3", "conv4", "tanh1", "sum3")]
+    with torch.no_grad():
+        fq(torch.from_numpy(x))
+    for h in hs:
+        h.remove()
+
+    def fq_t(t, s, z):
+        s = np.float32(s)
+        return ((torch.clamp(torch.round(t / s) + z, -128, 127) - z) * s).float()
+
+    def minmax(n):
+        lo, hi = min(float(seen[n].min()), 0.0), max(float(seen[n].max()), 0.0)
+        s = np.float32((hi - lo) / 255)
+        return s, -round(lo / s) - 128
+
+    def rec(n):
+        return recs[n].scale_d, recs[n].offset_d
+
+    out_q = {n: minmax(n) for n in ("conv3", "conv4", "tanh1", "sum3")}
+    in_q = {"sum1": [None, rec("conv2")], "sum2": [None, rec("conv4")],
+            "sum3": [rec("fc1"), out_q["tanh1"]]}
+    hs = [mods[n].register_forward_hook(lambda m_, a, o, n=n: fq_t(o, *out_q[n])) for n in out_q]
+    hs += [mods[n].register_forward_pre_hook(
+        lambda m_, a, n=n: tuple(t if q is None else fq_t(t, *q) for t, q in zip(a, in_q[n])))
+        for n in in_q]
+    hs.append(mods["sum2"].register_forward_hook(lambda m_, a, o: fq_t(o, *rec("fc1"))))
+    with torch.no_grad():
+        want = {k: v.numpy() for k, v in fq(torch.from_numpy(x)).items()}
+    for h in hs:
+        h.remove()
+
+    _, qp = export_onnx(gm, recs, str(tmp_path / "e"), activations="uint8", quantize_eltwise=True,
+                        calibration_data=x)
+    got = dict(zip(["fc1", "s3"], session(qp, "DISABLE_ALL").run(["fc1", "s3"], {"data": x})))
+    for k in ("fc1", "s3"):
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=FLOAT_RTOL * np.abs(want[k]).max())
+    sess = session(qp, "ENABLE_ALL", tmp_path / "opt.onnx")
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
+    assert ops["QLinearAdd"] == 3 and ops["Add"] == 0, ops
+    # conv1 stays float: its (ReLU) output also feeds the float TanH, so no Q follows it alone
+    assert ops["QLinearConv"] == 3 and ops["Conv"] + ops["FusedConv"] == 1, ops
+    s3 = sess.run(["s3"], {"data": x})[0]
+    # int8 kernels round the int32 accumulators' requantization and the bias their own way:
+    # a code may move by one step at some quantizer; two steps of s3's grid bounds it here
+    assert np.abs(s3 - got["s3"]).max() <= 2 * out_q["sum3"][0] + 1e-6
+    _, plain = export_onnx(gm, recs, str(tmp_path / "p"), activations="uint8")
+    base = session(plain, "DISABLE_ALL").run(["s3"], {"data": x})[0]
+    assert np.abs(base - got["s3"]).max() > 0  # the mode changes the model (not AMCT-exact)
+
+
 def test_option_errors(tmp_path, small):
     gm, recs, _ = small
     with pytest.raises(ValueError, match="calibration_data"):

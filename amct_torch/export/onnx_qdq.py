@@ -38,6 +38,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
+from amct_torch.export.onnx_eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.plan import LayerQuant, plan_layers
 from amct_torch.record import LayerRecord
 
@@ -51,10 +52,15 @@ class _Builder:
 
     def __init__(self, gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
                  file: Optional[str], bias: str = "float",
-                 out_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> None:
+                 out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+                 eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
+                 elt_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> None:
         self.gm, self.plan, self.act, self.file = gm, plan, activations, file
         self.bias_form = bias
         self.out_factors = dict(out_factors or {})
+        self.eltwise = dict(eltwise or {})
+        self.elt_factors = dict(elt_factors or {})
+        self.dq_factors: dict[str, tuple[float, int]] = {}
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.names: set[str] = set()
@@ -91,6 +97,8 @@ class _Builder:
         key = (x, float(scale_d), int(offset_d))
         if key in self.qcache:
             return self.qcache[key]
+        if self.dq_factors.get(x) == key[1:]:  # already the DQ output of these very factors
+            return x
         if self.act == "uint8":
             zp = np.array(offset_d + 128, np.uint8)
         else:
@@ -100,6 +108,7 @@ class _Builder:
         q = self.node("QuantizeLinear", [x, s, z], f"{name}_{where}_q")[0]
         dq = self.node("DequantizeLinear", [q, s, z], f"{name}_{where}_dq")[0]
         self.qcache[key] = dq
+        self.dq_factors[dq] = key[1:]
         return dq
 
     def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int) -> str:
@@ -144,6 +153,8 @@ class _Builder:
         if t == "Softmax":
             axis = int(mod.layer_param.softmax_param.axis)
             return self.node("Softmax", xs, name, axis=axis)
+        if t == "Eltwise" and name in self.eltwise:
+            return [self._quant_eltwise(mod, xs, self.eltwise[name])]
         if t == "Eltwise":
             return [self._eltwise(mod, xs)]
         if t == "Concat":
@@ -224,6 +235,18 @@ class _Builder:
         return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
                          pads=[0, 0, eh2, ew2], count_include_pad=0)[0]
 
+    def _quant_eltwise(self, mod, xs: list[str], eq: EltwiseQuant) -> str:
+        """Speed mode: Q/DQ on the inputs and output as ``onnx_eltwise`` decided."""
+        def quantized(x: str, spec: tuple[str, object]) -> str:
+            kind, p = spec
+            if kind == "consumer":
+                return self.qdq(x, p[0], "in", p[1], p[2])  # type: ignore[index]
+            if kind == "calib":
+                return self.qdq(x, p, "out", *self.elt_factors[p])  # type: ignore[arg-type]
+            return x
+        y = self._eltwise(mod, [quantized(x, sp) for x, sp in zip(xs, eq.inputs)] + xs[len(eq.inputs):])
+        return quantized(y, eq.output)
+
     def _eltwise(self, mod, xs: list[str]) -> str:
         name = mod.caffe_name
         if mod.operation == _SUM:
@@ -242,12 +265,14 @@ class _Builder:
 
 def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            file: Optional[str], graph_name: str, bias: str = "float",
-           out_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> onnx.ModelProto:
+           out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+           eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
+           elt_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> onnx.ModelProto:
     inputs = gm.caffe_inputs
     example = [torch.zeros([1] + list(s[1:]) if s else [1]) for _, s in inputs]
     cpu = copy.deepcopy(gm).to("cpu") if any(p.device.type != "cpu" for p in gm.parameters()) else gm
     ShapeProp(cpu).propagate(*example)
-    b = _Builder(cpu, plan, activations, file, bias, out_factors)
+    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
     value: dict[fx.Node, str] = {}
     g_inputs = []
     for node in cpu.graph.nodes:
@@ -287,8 +312,8 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
 
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
                 activations: str = "int8", bias: str = "float",
-                quantize_residual_outputs: bool = False, calibration_data=None,
-                file: Optional[str] = None) -> tuple[str, str]:
+                quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
+                calibration_data=None, file: Optional[str] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
@@ -298,23 +323,33 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     ``quantize_residual_outputs`` (opt-in, departs from AMCT: one more rounding per residual
     branch): Q/DQ after quantized layers that feed an Eltwise, factors from min/max of
     ``calibration_data`` (an N×C×H×W array or an iterable of them) in the torch fake-quant
-    model. Opset 17; both models pass ``onnx.checker`` (full check)."""
+    model. ``quantize_eltwise`` (opt-in speed mode, departs from AMCT; implies
+    ``quantize_residual_outputs``): Q/DQ on the inputs and output of every Eltwise SUM without a
+    joint-quant entry, so that ONNX Runtime runs QLinearAdd and stays in int8 between blocks
+    (factors chosen by ``onnx_eltwise``: a consumer's own Quant where there is one, otherwise
+    min/max on ``calibration_data``). Opset 17; both models pass ``onnx.checker`` (full check)."""
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     if bias not in ("float", "int32"):
         raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
     plan = plan_layers(graph, records, file)
-    out_factors = None
-    if quantize_residual_outputs:
+    out_factors, eplan, elt_factors = None, None, None
+    if quantize_residual_outputs or quantize_eltwise:
         if calibration_data is None:
-            raise ValueError("quantize_residual_outputs needs calibration_data")
+            raise ValueError("quantize_residual_outputs / quantize_eltwise need calibration_data")
         from amct_torch.export.caffe_fakequant import fake_quant_graph
         from amct_torch.export.onnx_residual import residual_layers, residual_output_factors
-        out_factors = residual_output_factors(fake_quant_graph(graph, records, file),
-                                              residual_layers(graph, plan), calibration_data, file)
+        res = residual_layers(graph, plan)
+        eplan = eltwise_plan(graph, plan, set(res)) if quantize_eltwise else {}
+        extra = calibrated_layers(eplan)
+        factors = residual_output_factors(fake_quant_graph(graph, records, file), res + extra,
+                                          calibration_data, file)
+        out_factors = {n: factors[n] for n in res}
+        elt_factors = {n: factors[n] for n in extra}
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
     models = [(_build(graph, {}, activations, file, "float"), float_path),
-              (_build(graph, plan, activations, file, "quant", bias, out_factors), quant_path)]
+              (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors),
+               quant_path)]
     for model, path in models:
         tmp = f"{path}.tmp{os.getpid()}"
         onnx.save(model, tmp)
