@@ -200,6 +200,10 @@ class _Builder:
             self.fail(mod, "only InnerProduct with axis 1 and transpose false is exported")
         if len(shape) != 2:
             x = self.node("Flatten", [x], f"{mod.caffe_name}_flatten", axis=1)[0]
+            if lq is not None and self.eltwise:
+                # speed mode: the same Q/DQ again after the Flatten (Q(DQ(q)) = q, no new
+                # rounding) so that ORT sees DQ → Gemm and can fuse QGemm
+                x = self.qdq(x, mod.caffe_name, "flat", lq.scale_d, lq.offset_d)
         if lq is not None:
             w = self.quant_weight(lq, lq.int8_weight, axis=0)
         else:
