@@ -334,6 +334,12 @@ def test_quantize_eltwise_speed_mode(tmp_path):
     # int8 kernels round the int32 accumulators' requantization and the bias their own way:
     # a code may move by one step at some quantizer; two steps of s3's grid bounds it here
     assert np.abs(s3 - got["s3"]).max() <= 2 * out_q["sum3"][0] + 1e-6
+    # with an int32 bias the FC's DQ → Gemm (Q/DQ repeated after its Flatten) becomes QGemm
+    _, qb = export_onnx(gm, recs, str(tmp_path / "b"), activations="uint8", bias="int32",
+                        quantize_eltwise=True, calibration_data=x)
+    session(qb, "ENABLE_ALL", tmp_path / "optb.onnx")
+    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optb.onnx")).graph.node)
+    assert ops["QGemm"] == 1 and ops["Gemm"] == 0 and ops["QLinearAdd"] == 3, ops
     _, plain = export_onnx(gm, recs, str(tmp_path / "p"), activations="uint8")
     base = session(plain, "DISABLE_ALL").run(["s3"], {"data": x})[0]
     assert np.abs(base - got["s3"]).max() > 0  # the mode changes the model (not AMCT-exact)
