@@ -21,6 +21,9 @@ with zero point offset_d + 128 (ORT's U8S8 kernels).
 output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
 this option adds a Q/DQ pair on that output with factors from calibration data
 (``onnx_residual``), which lets ORT run those convolutions with int8 kernels too.
+``quantize_eltwise`` (opt-in speed mode, NOT AMCT semantics, implies the former) also puts
+Q/DQ around each Eltwise SUM (``onnx_eltwise`` decides where and with which factors) so that
+ORT runs QLinearAdd and the whole ResNet stays int8 between blocks.
 """
 from __future__ import annotations
 
