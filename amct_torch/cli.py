@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation type of the QDQ model: int8 (zero point = offset_d, default) or "
                         "uint8 (zero point offset_d+128: the same numbers, faster int8 kernels in "
                         "ONNX Runtime on x86)")
+    c.add_argument("--onnx-quantize-eltwise", action="store_true",
+                   help="ONNX speed mode (opt-in, no longer AMCT-exact): also quantize residual "
+                        "conv outputs and Eltwise SUMs so ONNX Runtime runs every conv and add as "
+                        "an int8 kernel; use with --onnx-activations uint8")
     c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
                    help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
     c.add_argument("--improve", choices=("bias_correction",),
@@ -238,6 +242,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                       batch_num=args.batch_num, batch_size=args.batch_size, device=args.device,
                       preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
                       onnx=args.onnx_activations if args.onnx else False,
+                      onnx_speed=args.onnx_quantize_eltwise,
                       report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
                       quiet=args.quiet, improve=args.improve, distributed=args.distributed,

@@ -84,8 +84,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              batch_num: Optional[int] = None, batch_size: Optional[int] = None,
              device: Optional[str] = None, preprocess: Optional[Preprocess] = None,
              skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
-             save_type: Optional[str] = "Both", onnx: Union[bool, str] = False, report: bool = True,
-             report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
+             save_type: Optional[str] = "Both", onnx: Union[bool, str] = False,
+             onnx_speed: bool = False, report: bool = True, report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
              quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
              checkpoint: Optional[str] = None) -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
@@ -97,7 +97,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
     when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` (True, "int8" or
     "uint8": the activation type) also writes ``{output}_quant.onnx`` (QDQ) and
-    ``{output}_float.onnx``; ``report`` compares every quantized layer's output with the float
+    ``{output}_float.onnx``; ``onnx_speed`` makes that QDQ model the opt-in speed mode
+    (``export_onnx(quantize_eltwise=True)``: residual outputs and Eltwise SUMs quantized too so
+    ONNX Runtime stays in int8 kernels — no longer AMCT-exact; pair it with "uint8"); ``report`` compares every quantized layer's output with the float
     model on ``report_data`` (default: up to ``report_batches`` batches of the calibration data
     not used for calibration, else the calibration batches) and writes
     ``{output}_layer_report.json``. ``improve``: None (AMCT's result) or an opt-in
@@ -169,7 +171,10 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
         if onnx:
             activations = onnx if isinstance(onnx, str) else "int8"
-            files["onnx_float"], files["onnx"] = export_onnx_model(graph, records, prefix, activations)
+            calib = [b[0] if isinstance(b, tuple) else b for b in keeper.cache]
+            files["onnx_float"], files["onnx"] = export_onnx_model(
+                graph, records, prefix, activations, quantize_eltwise=onnx_speed,
+                calibration_data=[b.cpu().numpy() for b in calib])
         stats = None
         if report:
             from amct_torch.report import layer_report, write_report
