@@ -17,41 +17,12 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from conftest import natural_images_bgr, nsfw_dir  # noqa: E402
 
-from amct_torch.algorithms.arq import arq_quantize  # noqa: E402
-from amct_torch.caffe.graph import layer_modules, load_caffe  # noqa: E402
-from amct_torch.caffe.layers import is_quantizable  # noqa: E402
+import amct_torch  # noqa: E402
 from amct_torch.export import convert_model, export_onnx  # noqa: E402
-from amct_torch.fusion import fuse_bn  # noqa: E402
-from amct_torch.record import LayerRecord, write_record  # noqa: E402
-
-
-def minmax_records(gm, x):
-    """Activation factors from plain min/max over the calibration crops; weights with ARQ."""
-    seen, hooks, mods = {}, [], layer_modules(gm)
-    for n, m in mods.items():
-        if is_quantizable(m):
-            hooks.append(m.register_forward_pre_hook(
-                lambda mod, inp, n=n: seen.__setitem__(n, (float(inp[0].min()), float(inp[0].max())))))
-    with torch.no_grad():
-        gm(x)
-    for h in hooks:
-        h.remove()
-    recs = {}
-    for n, (lo, hi) in seen.items():
-        lo, hi = min(lo, 0.0), max(hi, 0.0)
-        s = (hi - lo) / 255
-        r = LayerRecord(s, int(-round(lo / s) - 128), channels=1, height=1, width=1)
-        m = mods[n]
-        if m.caffe_type != "Pooling":
-            a = arq_quantize(m.weight, m.caffe_type, m.caffe_type != "InnerProduct")
-            r.scale_w, r.offset_w = a.scale_w.tolist(), [0] * a.scale_w.numel()
-        recs[n] = r
-    return recs
 
 
 def session(path, threads):
@@ -157,10 +128,13 @@ def main():
     d = nsfw_dir()
     proto, weights = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
     calib = natural_images_bgr(count=8, seed=1)
-    gm = fuse_bn(load_caffe(proto, weights)).graph
-    recs = minmax_records(gm, torch.from_numpy(calib))
     from onnxruntime.quantization import QuantType
     with tempfile.TemporaryDirectory() as tmp:
+        # the product's own calibration (IFMR + ARQ, AMCT's defaults) on the 8 crops
+        cal = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, "cal", "nsfw"),
+                                  batch_num=2, save_type=None, report=False, quiet=True,
+                                  device="cpu")
+        gm, recs = cal.float_model, cal.records
         models = {}
         for tag, kw in VARIANTS.items():
             if args.only and tag not in args.only.split(","):
@@ -192,8 +166,7 @@ def main():
                                   **kernels[k]}), flush=True)
         if args.no_convert:
             return
-        rec_path = os.path.join(tmp, "record.txt")
-        write_record(rec_path, recs)
+        rec_path = cal.files["record"]
         t0 = time.perf_counter()
         convert_model(proto, weights, rec_path, os.path.join(tmp, "nsfw"))
         print(json.dumps({"bench": "convert_model_nsfw", "seconds": round(time.perf_counter() - t0, 2)}))
