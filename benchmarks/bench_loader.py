@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     import cv2
     from amct_torch import load_caffe
-    from amct_torch.caffe.graph import layer_modules, set_inplace
+    from amct_torch.caffe.graph import layer_modules
     from amct_torch.fusion import fold_for_inference
 
     torch.set_num_threads(args.threads)
@@ -75,8 +75,7 @@ def main() -> None:
     load_caffe(proto, weights)
     emit(metric="nsfw_reload_s", value=round(time.perf_counter() - t, 3))
     t = time.perf_counter()
-    folded = fold_for_inference(gm)
-    set_inplace(folded, True)
+    folded = fold_for_inference(gm)  # recomputes the in-place flags itself
     emit(metric="nsfw_fold_s", value=round(time.perf_counter() - t, 3))
 
     net = cv2.dnn.readNetFromCaffe(proto, weights)
@@ -87,7 +86,6 @@ def main() -> None:
               "plain_cl": (load_caffe(proto, weights).to(memory_format=cl), True),
               "folded": (folded, False),
               "folded_cl": (fold_for_inference(load_caffe(proto, weights)).to(memory_format=cl), True)}
-    set_inplace(graphs["folded_cl"][0], True)
 
     for batch in (1, 32):
         x = (np.random.default_rng(0).standard_normal((batch, 3, 224, 224)) * 50).astype(np.float32)

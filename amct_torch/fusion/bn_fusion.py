@@ -18,6 +18,7 @@ from typing import Iterable, Optional
 import torch
 from torch import fx, nn
 
+from amct_torch.caffe.graph import set_inplace
 from amct_torch.caffe.layers import CaffeLayer
 from amct_torch.fusion import eligibility as rules
 from amct_torch.fusion.fold import all_finite, bn_scale_affine, fold_input_side, fold_output_side
@@ -194,6 +195,7 @@ def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: I
         fuser.input_side()
     out.graph.lint()
     out.recompile()
+    set_inplace(out, True)  # the buffer-reuse flags were computed for the unfused graph
     meta = getattr(out, "meta", None)
     if isinstance(meta, dict):
         merged = {k: list(v) for k, v in meta.get("fused_layers", {}).items()}
