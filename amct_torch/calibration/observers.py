@@ -71,6 +71,16 @@ class Observer:
         self.layer = layer
 
     def update(self, x: torch.Tensor) -> None:
+        """Feed one batch of the layer's input (any shape and float dtype; computed in float32
+        on its device, with the observers' CPU thread setting)."""
+        xf = _flat(x)
+        if xf.numel() == 0:
+            return
+        with cpu_threads(xf.device):
+            self._update(xf)
+
+    def _update(self, xf: torch.Tensor) -> None:
+        """Accumulate a non-empty flat float32 batch (subclasses)."""
         raise NotImplementedError
 
     def merge(self, other: "Observer") -> None:
@@ -120,14 +130,10 @@ class IfmrExactObserver(Observer):
     def reset(self) -> None:
         self.chunks: List[torch.Tensor] = []
 
-    def update(self, x: torch.Tensor) -> None:
-        xf = _flat(x)
-        if xf.numel() == 0:
-            return
-        with cpu_threads(xf.device):
-            lo, hi = torch.aminmax(xf)
-            _check(self.layer, *torch.stack([lo, hi]).tolist())
-            self.chunks.append(xf.clone())
+    def _update(self, xf: torch.Tensor) -> None:
+        lo, hi = torch.aminmax(xf)
+        _check(self.layer, *torch.stack([lo, hi]).tolist())
+        self.chunks.append(xf.clone())
 
     def merge(self, other: "IfmrExactObserver") -> None:
         self.chunks.extend(other.chunks)
@@ -250,13 +256,6 @@ class IfmrStreamingObserver(Observer):
         self.frame = (e, base)
         self.gmin, self.gmax = gmin, gmax
 
-    def update(self, x: torch.Tensor) -> None:
-        xf = _flat(x)
-        if xf.numel() == 0:
-            return
-        with cpu_threads(xf.device):
-            self._update(xf)
-
     def _update(self, xf: torch.Tensor) -> None:
         self._ensure(xf.device)
         n = xf.numel()
@@ -357,13 +356,6 @@ class HfmgObserver(Observer):
         self.counts: Optional[torch.Tensor] = None
         self.mn = math.inf
         self.mx = -math.inf
-
-    def update(self, x: torch.Tensor) -> None:
-        xf = _flat(x)
-        if xf.numel() == 0:
-            return
-        with cpu_threads(xf.device):
-            self._update(xf)
 
     def _update(self, xf: torch.Tensor) -> None:
         lo, hi = torch.stack(list(torch.aminmax(xf))).tolist()
