@@ -15,7 +15,6 @@ import statistics
 import os
 import sys
 import time
-import tracemalloc
 from typing import List, Optional, Sequence
 
 import torch
@@ -150,17 +149,6 @@ def bench_ifmr_exact(device: str, sizes: Sequence[int], rounds: int = 5) -> None
                  batched_min_s=min(ours), loop_min_s=min(loop),
                  speedup=statistics.median(loop) / statistics.median(ours),
                  same_choice=ifmr_exact(x).index == loop_ifmr(x), load_avg_1m=os.getloadavg()[0])
-
-
-def peak_bytes(fn, device: str) -> int:
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
-        fn(); return torch.cuda.max_memory_allocated() - base
-    tracemalloc.start()
-    fn()
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak
 
 
 def state_bytes(obs) -> int:

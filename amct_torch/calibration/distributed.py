@@ -210,20 +210,6 @@ def _fold(obs: Any, states: Sequence[dict[str, torch.Tensor]], dev: Optional[tor
         obs.merge(part)
 
 
-def reduce_observers(observers: Sequence[Any], names: Sequence[str], ctx: DistContext) -> dict[str, int]:
-    """Replace every observer's state, on every rank, by the fold in rank order of all ranks'
-    states. Returns the bytes this rank sent per observer (keyed by ``names``). A no-op in a
-    one-process context. (``run_sharded_calibration`` uses ``reduce_and_compute``, which folds
-    each observer on one rank only.)"""
-    if not ctx.active:
-        return {}
-    for obs, name in zip(observers, names):
-        ctx.bytes_sent.pop(name, None)
-        states = gather_states(obs.state_dict(), ctx, name)
-        _fold(obs, states, _state_device(obs) or ctx.device)
-    return {n: ctx.bytes_sent.get(n, 0) for n in names}
-
-
 class _Computed:
     """Stands in for an observer whose factors were computed on another rank."""
 
