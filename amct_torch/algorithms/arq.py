@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from amct_torch.algorithms.quant import FLT_EPS, QMAX, QMIN, channel_view
+from amct_torch.algorithms.quant import FLT_EPS, QMAX, QMIN, channel_view, quantize
 
 _LAYOUTS = ("Convolution", "Deconvolution", "InnerProduct")
 
@@ -57,6 +57,6 @@ def arq_quantize(weight: torch.Tensor, layer_type: str, channel_wise: bool, grou
         rows = w.reshape(1, -1)
     scale = arq_scales(rows)
     s = channel_view(scale, tuple(w.shape), layer_type, group)
-    q = torch.round(w / s).clamp_(QMIN, QMAX)
+    q8 = quantize(w, s)
     return ArqResult(scale_w=scale, offset_w=torch.zeros(scale.shape, dtype=torch.int32, device=w.device),
-                     int8_weight=q.to(torch.int8), fake_quant_weight=q * s)
+                     int8_weight=q8, fake_quant_weight=q8.float() * s)

@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
-from amct_torch.algorithms.quant import QMAX, QMIN, channel_view
+from amct_torch.algorithms.quant import channel_view, quantize
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.caffe.layers import CaffeLayer, is_quantizable
 from amct_torch.errors import ExportError
@@ -85,10 +85,10 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
                           "output channels", file=file, layer=name)
     s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
                      module.caffe_type, _groups(module))
-    q = torch.round(w / s).clamp_(QMIN, QMAX)
+    q8 = quantize(w, s)  # the ARQ grid with the record's scales
     lq.scale_w = sw
-    lq.int8_weight = q.to(torch.int8).numpy()
-    lq.fake_weight = (q * s).numpy().astype(np.float32)
+    lq.int8_weight = q8.numpy()
+    lq.fake_weight = (q8.float() * s).numpy().astype(np.float32)
     lq.deq_scale = (sd32 * sw).astype(np.float32)
     if module.bias is not None:
         b = module.bias.detach().to("cpu", torch.float32).numpy().astype(np.float32)
