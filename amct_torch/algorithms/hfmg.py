@@ -23,18 +23,29 @@ def bin_width(mn: float, mx: float, nbins: int) -> float:
     return float(torch.tensor((mx - mn) / nbins, dtype=torch.float32))
 
 
-def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
+def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 1) -> torch.Tensor:
     """int64 counts of flat float32 ``x`` over [mn, mx]: bin = min(floor((x − mn)/w), nbins−1)
-    with w = float32((mx − mn)/nbins), all computed in float32; mn == mx → the middle bin."""
+    with w = float32((mx − mn)/nbins), all computed in float32; mn == mx → the middle bin.
+    On the CPU the compiled kernel (native.py) counts on ``threads`` threads; it gives the
+    same integers as ``histogram_torch``."""
+    from amct_torch.algorithms import native
     if mx == mn:
         out = torch.zeros(nbins, dtype=torch.int64, device=x.device)
         out[nbins // 2] = x.numel()
         return out
+    if native.usable(x):
+        w = bin_width(mn, mx, nbins)
+        parts = native.run_split(x, x.numel(), threads, lambda t: native.hfmg_hist(t, mn, w, nbins))
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+    return histogram_torch(x, mn, mx, nbins)
+
+
+def histogram_torch(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
+    """``histogram`` in torch ops (any device; the reference of the compiled kernel); mx > mn."""
     w = bin_width(mn, mx, nbins)
     t = torch.sub(x, torch.tensor(mn, dtype=torch.float32, device=x.device))
     t.div_(torch.tensor(w, dtype=torch.float32, device=x.device))
-    cnt = count_bins(t.to(torch.int32).clamp_(max=nbins - 1), nbins)
-    return cnt
+    return count_bins(t.to(torch.int32).clamp_(max=nbins - 1), nbins)
 
 
 def redistribute(counts: torch.Tensor, old_min: float, old_max: float,

@@ -10,7 +10,7 @@ exact for every bin that does not straddle a rounding boundary.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -31,36 +31,57 @@ def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
     return e, math.floor(math.ldexp(gmin, -e))
 
 
-def bin_of(x: torch.Tensor, e: int, base: int, nbins: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Counts (int64) and offset sums (float64, bin units) of flat float32 ``x`` (all inside
-    the frame) per bin."""
-    counts = torch.zeros(nbins + 1, dtype=torch.int64, device=x.device)
-    dsum = torch.zeros(nbins + 1, dtype=torch.float64, device=x.device)
-    accumulate(x, e, base, counts, dsum)
-    fold_overflow(counts, dsum)
-    return counts[:nbins], dsum[:nbins]
+#: low bits of a packed accumulator entry that hold the count (the rest: offset sum)
+COUNT_BITS = 22
+#: most elements one packed accumulator may take (no field can overflow: counts < 2^22,
+#: offset sums ≤ 2^16 · 2^22 < 2^63 / 2^22)
+MAX_SLICE = (1 << COUNT_BITS) - 1
+#: offsets are summed in units of 2^-16 of a bin (exact integer sums, order-independent)
+OFFSET_UNIT = 2.0 ** -16
 
 
-def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor) -> None:
-    """Add flat float32 ``x`` (all inside the frame) into ``counts`` (int64) and ``dsum``
-    (offsets in bin units; float32 or float64), both of nbins + 1 entries: the extra slot takes
-    elements whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
-
-    Four passes over x plus two scatters: u = x/w − base (exact scaling, one rounding),
-    idx = trunc(u) (u ≥ 0, so the floor), u.frac_() (the offset), then counts and offset
-    sums by ``index_add_``. A float64 ``dsum`` goes through a float32 temporary (index_add_
-    needs one dtype): offsets are then summed in float32 within the call, as ``bincount``
-    would."""
-    u = torch.mul(x, math.ldexp(1.0, -e))
+def packed_slice(x: torch.Tensor, s: float, base: float, slots: int) -> torch.Tensor:
+    """The torch formula of one packed accumulator (``hist_kernels.c`` computes the same
+    integers): u = x·s − base in float32, bin j = trunc(u), offset q = trunc((u − j)·65536 + ½)
+    in float32, and entry j sums (q << COUNT_BITS) + 1 over its elements. ``x`` flat float32
+    inside the frame, at most ``MAX_SLICE`` elements; returns int64 [slots]."""
+    u = torch.mul(x, s)
     if base:
-        u.sub_(float(base))
+        u.sub_(base)
     idx = u.to(torch.int32)
-    u.frac_()                        # u − trunc(u) = offset inside the bin, in bin units
-    counts.index_add_(0, idx, _one(x.device).expand(idx.numel()))
-    if dsum.dtype == torch.float32:
-        dsum.index_add_(0, idx, u)
+    u.frac_().mul_(65536.0).add_(0.5)   # u − trunc(u) = offset inside the bin (u ≥ 0)
+    packed = u.to(torch.int32).to(torch.int64).mul_(1 << COUNT_BITS).add_(1)
+    return torch.zeros(slots, dtype=torch.int64, device=x.device).index_add_(0, idx, packed)
+
+
+def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor,
+               threads: int = 1) -> None:
+    """Add flat float32 ``x`` (all inside the frame) into ``counts`` (int64) and ``dsum``
+    (float64 offsets in bin units), both of nbins + 1 entries: the extra slot takes elements
+    whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
+
+    Counts and offsets (in 2^-16 bin units) are packed into one int64 per bin, so each
+    element costs one scatter; slices of ≤ ``MAX_SLICE`` elements are decoded separately.
+    On the CPU the compiled kernel does it on ``threads`` threads (native.py), elsewhere the
+    torch formula; both give the same integers, so the state does not depend on either."""
+    from amct_torch.algorithms import native
+    s, b, slots = math.ldexp(1.0, -e), float(base), counts.numel()
+    if native.usable(x):
+        accs = native.run_split(x, MAX_SLICE, threads, lambda t: native.stream_hist(t, s, b, slots, COUNT_BITS))
     else:
-        dsum.add_(torch.zeros(dsum.numel(), dtype=torch.float32, device=x.device).index_add_(0, idx, u))
+        accs = [packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)]
+    add_packed(accs, counts, dsum)
+
+
+def add_packed(accs: List[torch.Tensor], counts: torch.Tensor, dsum: torch.Tensor) -> None:
+    """Decode packed accumulators (one per slice) and add them to ``counts``/``dsum``: the
+    integer fields are summed first, so the result does not depend on the slicing."""
+    acc = accs[0] if len(accs) == 1 else torch.stack(accs)
+    fields = [acc & ((1 << COUNT_BITS) - 1), acc >> COUNT_BITS]
+    if acc.dim() == 2:
+        fields = [f.sum(0) for f in fields]
+    counts.add_(fields[0])
+    dsum.add_(fields[1].double().mul_(OFFSET_UNIT))
 
 
 def fold_overflow(counts: torch.Tensor, dsum: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from amct_torch.algorithms import hfmg, histogram
+from amct_torch.algorithms import hfmg, histogram, native
 from amct_torch.algorithms.ifmr import ifmr_exact, ifmr_from_histogram
 from amct_torch.errors import CalibrationError
 
@@ -25,16 +25,18 @@ STREAM_BINS = 16384
 _CHUNK = 256
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
-#: elements whose offsets may be summed in float32 before moving to the float64 state
-_FLUSH = 1 << 20
+#: room for values passing a top/bottom threshold per slice of the fused update (more → the
+#: general path)
+_FUSED_CAP = 64 * TOPK
 
 
-#: intra-op threads for the observers' CPU work (None: leave torch's setting). The update is
-#: a few memory-bound passes of ~0.1–1 ns per element and scatters that ATen runs on one
-#: thread anyway; with two or more OpenMP threads each pass also pays a fork/join, which on a
-#: busy machine (other processes on every core) waits for a descheduled worker — measured
-#: ~7.5 ms per pass on this project's 2-core machine, 20–70× the pass itself.
-#: docs/algorithms.md has the measurements.
+#: intra-op threads for the observers' CPU torch work (None: leave torch's setting). The
+#: torch part of an update is a few memory-bound passes of ~0.1–0.3 ns per element; with two
+#: or more OpenMP threads each pass also pays a fork/join, which on a busy machine (other
+#: processes on every core) waits for a descheduled worker — measured ~7.5 ms per pass on
+#: this project's 2-core machine, 20–70× the pass itself. The histogram kernels (native.py)
+#: use torch's thread count as it was outside this setting, on plain threads that do not
+#: wait for each other. docs/algorithms.md has the measurements.
 CPU_THREADS: Optional[int] = 1
 
 
@@ -69,6 +71,7 @@ class Observer:
 
     def __init__(self, layer: str) -> None:
         self.layer = layer
+        self._threads = 1    # threads for the histogram kernels: torch's count at update()
 
     def update(self, x: torch.Tensor) -> None:
         """Feed one batch of the layer's input (any shape and float dtype; computed in float32
@@ -76,6 +79,7 @@ class Observer:
         xf = _flat(x)
         if xf.numel() == 0:
             return
+        self._threads = torch.get_num_threads()
         with cpu_threads(xf.device):
             self._update(xf)
 
@@ -179,19 +183,13 @@ class IfmrStreamingObserver(Observer):
         self.bottom: Optional[torch.Tensor] = None   # ascending, +inf padded
         self._cnt: Optional[torch.Tensor] = None     # nbins + 1 (overflow slot)
         self._ds: Optional[torch.Tensor] = None      # float64
-        self._ds32: Optional[torch.Tensor] = None    # float32 offset sums not yet in _ds
-        self._pending = 0                            # elements in _ds32
         self._thr = (-math.inf, math.inf)            # current K-th largest / smallest value
         self.frame = (0, 0)
         self.gmin = math.inf
         self.gmax = -math.inf
 
     def _settle(self) -> None:
-        """Flush the float32 offset sums into the float64 state and fold the overflow slot."""
-        if self._pending:
-            self._ds.add_(self._ds32)
-            self._ds32.zero_()
-            self._pending = 0
+        """Fold the overflow slot into the last bin."""
         histogram.fold_overflow(self._cnt, self._ds)
 
     @property
@@ -214,8 +212,6 @@ class IfmrStreamingObserver(Observer):
         dev = counts.device
         self._cnt = torch.cat([counts.to(torch.int64), torch.zeros(1, dtype=torch.int64, device=dev)])
         self._ds = torch.cat([dsum.double().to(dev), torch.zeros(1, dtype=torch.float64, device=dev)])
-        self._ds32 = torch.zeros(self._ds.numel(), dtype=torch.float32, device=dev)
-        self._pending = 0
 
     def _candidates(self, rows: torch.Tensor, ext: torch.Tensor, tail: torch.Tensor,
                     largest: bool) -> torch.Tensor:
@@ -246,18 +242,80 @@ class IfmrStreamingObserver(Observer):
             self._set_hist(torch.zeros(self.nbins, dtype=torch.int64, device=device),
                            torch.zeros(self.nbins, dtype=torch.float64, device=device))
 
-    def _move_to(self, gmin: float, gmax: float) -> None:
+    def _frame_for(self, gmin: float, gmax: float) -> Tuple[int, int]:
+        """The frame after the global range becomes [gmin, gmax] (never finer than now)."""
         e, base = histogram.frame_for(gmin, gmax, self.nbins)
         if e < self.frame[0] and self.count:
             e = self.frame[0]
             base = math.floor(math.ldexp(gmin, -e))
+        return e, base
+
+    def _move_to(self, gmin: float, gmax: float) -> None:
+        e, base = self._frame_for(gmin, gmax)
         if self.count and (e, base) != self.frame:
             self._set_hist(*histogram.reframe(self.counts, self.dsum, *self.frame, e, base))
         self.frame = (e, base)
         self.gmin, self.gmax = gmin, gmax
 
+    def _fused_update(self, xf: torch.Tensor, thr: Optional[Tuple[float, float]] = None,
+                      extra_above: Optional[torch.Tensor] = None, extra_below: Optional[torch.Tensor] = None) -> bool:
+        """An update in one compiled pass (native.stream_update) when the batch lies inside
+        the current frame and few of its values pass the top/bottom thresholds (``thr``: the
+        state's K-th values, or the tighter bounds of ``_bounds`` with their ``extra`` values).
+        Commits and returns True only then, with exactly the state the torch
+        path gives; False leaves the state untouched (a growing range, NaN/Inf, too many
+        candidates)."""
+        e, base = self.frame
+        thr_hi, thr_lo = thr or self._thr
+        parts = native.run_split(xf, histogram.MAX_SLICE, self._threads, lambda t: native.stream_update(
+            t, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS, thr_hi, thr_lo, _FUSED_CAP))
+        if any(p.outside or p.overflow for p in parts):
+            return False
+        above = torch.cat([p.above for p in parts] + ([extra_above] if extra_above is not None else []))
+        below = torch.cat([p.below for p in parts] + ([extra_below] if extra_below is not None else []))
+        gmax = max(self.gmax, float(above.max())) if above.numel() else self.gmax
+        gmin = min(self.gmin, float(below.min())) if below.numel() else self.gmin
+        if self._frame_for(gmin, gmax) != self.frame:
+            return False
+        self._merge_extremes(above, below)
+        self.gmin, self.gmax = gmin, gmax
+        histogram.add_packed([p.acc for p in parts], self._cnt, self._ds)
+        self.count += xf.numel()
+        return True
+
+    def _merge_extremes(self, above: torch.Tensor, below: torch.Tensor) -> None:
+        """Fold a batch's candidate values into the exact top/bottom buffers."""
+        if above.numel():
+            self.top = torch.topk(torch.cat([self.top, above]), self.topk).values
+        if below.numel():
+            self.bottom = torch.topk(torch.cat([self.bottom, below]), self.topk, largest=False).values
+        if above.numel() or below.numel():
+            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
+
+    def _bounds(self, ext_hi: torch.Tensor, ext_lo: torch.Tensor):
+        """Thresholds for the batch's candidates and values to add with them.
+
+        With at least K chunks, let m be the K-th largest chunk maximum: K chunks each hold a
+        value ≥ m, so the batch's top K is its values > m plus copies of m — taking the
+        values > m and K copies of m gives the same top K whatever the ties (post-ReLU data
+        has thousands of chunks whose minimum is 0). Used when m passes the state's own K-th
+        value; likewise for the bottom. Returns ((thr_hi, thr_lo), extra_above, extra_below)."""
+        hi, lo = self._thr
+        extra_hi = extra_lo = ext_hi[:0]
+        if ext_hi.numel() >= self.topk:
+            m_hi, m_lo = torch.stack([torch.topk(ext_hi, self.topk, sorted=False).values.min(),
+                                      torch.topk(ext_lo, self.topk, largest=False, sorted=False).values.max()]).tolist()
+            if m_hi > hi:
+                hi, extra_hi = m_hi, ext_hi.new_full((self.topk,), m_hi)
+            if m_lo < lo:
+                lo, extra_lo = m_lo, ext_lo.new_full((self.topk,), m_lo)
+        return (hi, lo), extra_hi, extra_lo
+
     def _update(self, xf: torch.Tensor) -> None:
         self._ensure(xf.device)
+        fast = native.usable(xf)
+        if fast and self.count and self._fused_update(xf):
+            return
         n = xf.numel()
         full = n // _CHUNK * _CHUNK
         rows = xf[:full].view(-1, _CHUNK) if full < n else xf.view(-1, _CHUNK)
@@ -274,20 +332,13 @@ class IfmrStreamingObserver(Observer):
             hi_src = lo_src = tail
         hi_f, lo_f = torch.stack([hi_src.max(), lo_src.min()]).tolist()
         _check(self.layer, lo_f, hi_f)
-        if hi_f > self._thr[0]:
-            self.top = torch.topk(torch.cat([self.top, self._candidates(rows, ext_hi, tail, True)]),
-                                  self.topk).values
-        if lo_f < self._thr[1]:
-            self.bottom = torch.topk(torch.cat([self.bottom, self._candidates(rows, ext_lo, tail, False)]),
-                                     self.topk, largest=False).values
-        if hi_f > self._thr[0] or lo_f < self._thr[1]:
-            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
         if lo_f < self.gmin or hi_f > self.gmax:
             self._move_to(min(lo_f, self.gmin), max(hi_f, self.gmax))
-        if self._pending and self._pending + n > _FLUSH:
-            self._settle()
-        histogram.accumulate(xf, *self.frame, self._cnt, self._ds32)
-        self._pending += n
+        if fast and self._fused_update(xf, *self._bounds(ext_hi, ext_lo)):
+            return
+        self._merge_extremes(self._candidates(rows, ext_hi, tail, True) if hi_f > self._thr[0] else xf[:0],
+                             self._candidates(rows, ext_lo, tail, False) if lo_f < self._thr[1] else xf[:0])
+        histogram.accumulate(xf, *self.frame, self._cnt, self._ds, self._threads)
         self.count += n
 
     def merge(self, other: "IfmrStreamingObserver") -> None:
@@ -362,12 +413,12 @@ class HfmgObserver(Observer):
         _check(self.layer, lo, hi)
         if self.counts is None:
             self.mn, self.mx = lo, hi
-            self.counts = hfmg.histogram(xf, lo, hi, self.nbins)
+            self.counts = hfmg.histogram(xf, lo, hi, self.nbins, self._threads)
             return
         nmn, nmx = min(self.mn, lo), max(self.mx, hi)
         self.counts = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
         self.mn, self.mx = nmn, nmx
-        self.counts += hfmg.histogram(xf, nmn, nmx, self.nbins)
+        self.counts += hfmg.histogram(xf, nmn, nmx, self.nbins, self._threads)
 
     def merge(self, other: "HfmgObserver") -> None:
         if other.counts is None:

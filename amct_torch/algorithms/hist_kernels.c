@@ -1,0 +1,163 @@
+/* Fused CPU histogram kernels of the observers' update, loaded by
+ * amct_torch/algorithms/native.py (which falls back to the same formulas in torch ops).
+ *
+ * Why C: a histogram needs a scatter per element. With torch ops every step (scale, shift,
+ * truncate, offset, count) is a separate pass over memory and the scatter (index_add_) runs
+ * on one thread. Here an element is read once, the index arithmetic is vectorised, and the
+ * caller splits the data over threads, one private histogram each.
+ *
+ * Bit-exactness with the torch path: the same float32 operations in the same order, compiled
+ * with -ffp-contract=off (a fused multiply-add would round once instead of twice). Results
+ * are integers, so they do not depend on how the data was split.
+ *
+ * Repeated bins: post-ReLU activations are often half exact zeros, so one bin would take
+ * every other increment and each increment would wait for the previous one. Exact zeros are
+ * sent to eight rotating trash slots after the real ones and added to the zero's bin once at
+ * the end. Buffers therefore have slots + AMCT_TRASH entries; the trash is left as garbage.
+ */
+#include <stdint.h>
+
+#define BLOCK 1024
+#define AMCT_TRASH 8
+
+/* Power-of-two grid of streaming IFMR: u = x*s − base (float32, two roundings), bin
+ * j = trunc(u) (u ≥ 0 for data inside the frame), offset q = trunc((u − j)·65536 + 0.5)
+ * (float32). acc[j] += (q << count_bits) + 1 packs the count (low bits) and the sum of
+ * offsets in 2^-16 bin units (high bits) into one integer add. The caller bounds n so that
+ * neither field overflows. Exact zeros go to the trash and are added once at the end. */
+void amct_stream_hist(const float* x, int64_t n, float s, float base, int64_t slots,
+                      int64_t count_bits, int64_t* acc) {
+    int32_t jb[BLOCK];
+    int32_t qb[BLOCK];
+    int64_t zeros = 0;
+    for (int64_t st = 0; st < n; st += BLOCK) {
+        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
+        const float* p = x + st;
+        int32_t z = 0;
+        for (int i = 0; i < m; ++i) {
+            float v = p[i];
+            float u = v * s;
+            u = u - base;
+            int32_t j = (int32_t)u;
+            float f = u - (float)j;
+            f = f * 65536.0f;
+            f = f + 0.5f;
+            int isz = (v == 0.0f);
+            jb[i] = isz ? (int32_t)slots + (i & (AMCT_TRASH - 1)) : j;
+            qb[i] = (int32_t)f;
+            z += isz;
+        }
+        zeros += z;
+        for (int i = 0; i < m; ++i)
+            acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
+    }
+    if (zeros) {
+        float u = 0.0f * s;
+        u = u - base;
+        int32_t j = (int32_t)u;
+        float f = u - (float)j;
+        f = f * 65536.0f;
+        f = f + 0.5f;
+        acc[j] += (((int64_t)(int32_t)f << count_bits) + 1) * zeros;
+    }
+}
+
+/* One streaming-IFMR update on the current frame, fused: the packed histogram above plus the
+ * values that can enter the exact top/bottom buffers (v > thr_hi into cand[0..cap], v < thr_lo
+ * into cand[cap+1..2cap+1]; every qualifying value is counted, stored while there is room).
+ * Elements outside the frame (or NaN/Inf) are not binned but counted: then the caller throws
+ * the result away and takes the general path. res = {n_hi, n_lo, outside}. */
+void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
+                        int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
+                        float* cand, int64_t cap, int64_t* res) {
+    int32_t jb[BLOCK];
+    int32_t qb[BLOCK];
+    float* cand_lo = cand + cap + 1;
+    const float top = (float)slots;
+    int64_t zeros = 0, n_hi = 0, n_lo = 0, outside = 0;
+    for (int64_t st = 0; st < n; st += BLOCK) {
+        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
+        const float* p = x + st;
+        int32_t z = 0, bh = 0, bl = 0, bo = 0;
+        for (int i = 0; i < m; ++i) {
+            float v = p[i];
+            float u = v * s;
+            u = u - base;
+            int ok = (u >= 0.0f) & (u < top);
+            float uc = ok ? u : 0.0f;
+            int32_t j = (int32_t)uc;
+            float f = uc - (float)j;
+            f = f * 65536.0f;
+            f = f + 0.5f;
+            int isz = (v == 0.0f);
+            int trash = isz | !ok;
+            jb[i] = trash ? (int32_t)slots + (i & (AMCT_TRASH - 1)) : j;
+            qb[i] = (int32_t)f;
+            z += isz & ok;
+            bo += !ok;
+            bh += (v > thr_hi);
+            bl += (v < thr_lo);
+        }
+        zeros += z;
+        outside += bo;
+        for (int i = 0; i < m; ++i)
+            acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
+        if (bh) {
+            for (int i = 0; i < m; ++i) {
+                cand[n_hi < cap ? n_hi : cap] = p[i];
+                n_hi += (p[i] > thr_hi);
+            }
+        }
+        if (bl) {
+            for (int i = 0; i < m; ++i) {
+                cand_lo[n_lo < cap ? n_lo : cap] = p[i];
+                n_lo += (p[i] < thr_lo);
+            }
+        }
+    }
+    if (zeros) {
+        float u = 0.0f * s;
+        u = u - base;
+        int32_t j = (int32_t)u;
+        float f = u - (float)j;
+        f = f * 65536.0f;
+        f = f + 0.5f;
+        acc[j] += (((int64_t)(int32_t)f << count_bits) + 1) * zeros;
+    }
+    res[0] = n_hi;
+    res[1] = n_lo;
+    res[2] = outside;
+}
+
+/* HFMG bins of [mn, mn + nbins·w): j = min(trunc((x − mn)/w), nbins − 1), float32 maths.
+ * cnt int64 [nbins + AMCT_TRASH]. */
+void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins, int64_t* cnt) {
+    int32_t jb[BLOCK];
+    int64_t zeros = 0;
+    const int32_t last = (int32_t)nbins - 1;
+    for (int64_t st = 0; st < n; st += BLOCK) {
+        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
+        const float* p = x + st;
+        int32_t z = 0;
+        for (int i = 0; i < m; ++i) {
+            float v = p[i];
+            float t = v - mn;
+            t = t / w;
+            int32_t j = (int32_t)t;
+            j = j < last ? j : last;
+            int isz = (v == 0.0f);
+            jb[i] = isz ? (int32_t)nbins + (i & (AMCT_TRASH - 1)) : j;
+            z += isz;
+        }
+        zeros += z;
+        for (int i = 0; i < m; ++i)
+            cnt[jb[i]] += 1;
+    }
+    if (zeros) {
+        float t = 0.0f - mn;
+        t = t / w;
+        int32_t j = (int32_t)t;
+        j = j < last ? j : last;
+        cnt[j] += zeros;
+    }
+}

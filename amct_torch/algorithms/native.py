@@ -1,0 +1,240 @@
+"""Optional compiled CPU kernels for the observers' histograms (``hist_kernels.c``).
+
+Why: on the CPU a histogram update written with torch ops costs ~5 passes over the data
+plus a single-threaded ``index_add_``; the C kernel reads each element once and runs on
+several threads. The kernel computes the very same integers as the torch formulas in
+``histogram.py`` / ``hfmg.py`` (the tests compare them bit for bit), so whether it is present
+changes speed only, never a result.
+
+It is built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``;
+well under a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
+``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``), keyed by the source, the
+compiler and the platform, and written atomically so that concurrent processes (torchrun
+ranks) can race safely. No compiler, a failed build or a failed self-check → the torch ops
+are used and one INFO line says why. ``AMCT_TORCH_NATIVE=0`` turns the kernels off.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import hashlib
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, NamedTuple, Optional
+
+import torch
+
+log = logging.getLogger("amct_torch")
+
+SOURCE = Path(__file__).with_name("hist_kernels.c")
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
+#: scratch slots after a histogram buffer that the kernels use for exact zeros (AMCT_TRASH)
+TRASH = 8
+#: below this many elements per thread a call stays on one thread
+MIN_PER_THREAD = 1 << 18
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (see the module docstring)."""
+    env = os.environ.get("AMCT_TORCH_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "amct_torch"
+
+
+def _compiler() -> Optional[str]:
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc) or cc
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _build(cc: str) -> Path:
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(FLAGS).encode(),
+                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    target = cache_dir() / f"hist_kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        t0 = time.perf_counter()
+        res = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-300:]}")
+        os.replace(tmp, target)
+        log.info("built the native histogram kernels in %.1f s (%s)", time.perf_counter() - t0, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    if os.environ.get("AMCT_TORCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        _state["why"] = "turned off by AMCT_TORCH_NATIVE"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _state["why"] = "no C compiler found (set CC)"
+        return None
+    lib = ctypes.CDLL(str(_build(cc)))
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.amct_stream_hist.argtypes = [p, i64, f32, f32, i64, i64, p]
+    lib.amct_stream_hist.restype = None
+    lib.amct_stream_update.argtypes = [p, i64, f32, f32, i64, i64, p, f32, f32, p, i64, p]
+    lib.amct_stream_update.restype = None
+    lib.amct_hfmg_hist.argtypes = [p, i64, f32, f32, i64, p]
+    lib.amct_hfmg_hist.restype = None
+    return lib
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernels, or None (then ``unavailable_reason()`` says why). Built and
+    self-checked once per process."""
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                try:
+                    lib = _load()
+                    if lib is not None:
+                        _state["lib"] = lib       # the self-check calls the kernels through library()
+                        problem = self_check()
+                        if problem:
+                            lib = None
+                            _state["why"] = f"self-check failed: {problem}"
+                except Exception as exc:  # a build problem must never stop a calibration
+                    lib = None
+                    _state["why"] = f"build failed: {exc}"
+                _state["lib"] = lib
+                if lib is None:
+                    log.info("native histogram kernels unavailable (%s); using torch ops", _state.get("why"))
+    return _state["lib"]
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why ``library()`` is None (None when it is loaded or not tried yet)."""
+    return None if _state.get("lib") is not None else _state.get("why")
+
+
+def usable(x: torch.Tensor) -> bool:
+    """True when ``x`` (flat float32) can go through the kernels: a CPU tensor and the
+    library loaded."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and library() is not None
+
+
+_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _drop_pool() -> None:
+    global _pool
+    _pool = None          # a forked child (DataLoader worker) must not reuse the parent's threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_pool)
+
+
+def run_split(x: torch.Tensor, max_slice: int, threads: int,
+              job: Callable[[torch.Tensor], torch.Tensor]) -> List[torch.Tensor]:
+    """Apply ``job`` to contiguous slices of flat ``x`` (each ≤ ``max_slice`` elements, at
+    least ``MIN_PER_THREAD`` per thread) on up to ``threads`` threads (the calling one included); ctypes
+    releases the GIL during a kernel, so the slices run in parallel. Returns the jobs' results in order."""
+    global _pool
+    n = x.numel()
+    if n == 0:
+        return [job(x)]
+    workers = max(1, min(threads, n // MIN_PER_THREAD))
+    pieces = max(workers, -(-n // max_slice))
+    size = -(-n // pieces)
+    slices = [x[st:st + size] for st in range(0, n, size)]
+    if workers == 1 or len(slices) == 1:
+        return [job(s) for s in slices]
+    if _pool is None or _pool._max_workers < workers:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, os.cpu_count() or 1),
+                                                      thread_name_prefix="amct-hist")
+    rest = [_pool.submit(job, sl) for sl in slices[1:]]
+    return [job(slices[0])] + [f.result() for f in rest]    # the caller works too
+
+
+def stream_hist(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int) -> torch.Tensor:
+    """Packed accumulator of one slice (see ``histogram.packed_slice``), int64 [slots]."""
+    assert x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu"
+    acc = torch.zeros(slots + TRASH, dtype=torch.int64)
+    library().amct_stream_hist(x.data_ptr(), x.numel(), s, base, slots, count_bits, acc.data_ptr())
+    return acc[:slots]
+
+
+class UpdatePart(NamedTuple):
+    """What ``stream_update`` found in one slice."""
+
+    acc: torch.Tensor        # packed accumulator, int64 [slots]
+    above: torch.Tensor      # values > thr_hi (all of them unless ``overflow``)
+    below: torch.Tensor      # values < thr_lo
+    outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
+    overflow: bool           # more than ``cap`` values passed a threshold
+
+
+def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
+                  thr_hi: float, thr_lo: float, cap: int) -> UpdatePart:
+    """The fused streaming-IFMR pass of one slice (``amct_stream_update``)."""
+    assert x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu"
+    acc = torch.zeros(slots + TRASH, dtype=torch.int64)
+    cand = torch.empty(2 * (cap + 1), dtype=torch.float32)
+    res = torch.zeros(3, dtype=torch.int64)
+    library().amct_stream_update(x.data_ptr(), x.numel(), s, base, slots, count_bits, acc.data_ptr(),
+                                 thr_hi, thr_lo, cand.data_ptr(), cap, res.data_ptr())
+    n_hi, n_lo, outside = res.tolist()
+    return UpdatePart(acc[:slots], cand[:min(n_hi, cap)], cand[cap + 1:cap + 1 + min(n_lo, cap)],
+                      outside, max(n_hi, n_lo) > cap)
+
+
+def hfmg_hist(x: torch.Tensor, mn: float, w: float, nbins: int) -> torch.Tensor:
+    """HFMG counts of one slice (see ``hfmg.histogram``), int64 [nbins]."""
+    assert x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu"
+    cnt = torch.zeros(nbins + TRASH, dtype=torch.int64)
+    library().amct_hfmg_hist(x.data_ptr(), x.numel(), mn, w, nbins, cnt.data_ptr())
+    return cnt[:nbins]
+
+
+def self_check() -> Optional[str]:
+    """Compare the kernels with the torch formulas on awkward data (exact zeros, both signs,
+    bin edges, the top edge, a tiny range); a description of the first mismatch, or None.
+    Guards against a compiler that would not honour the flags (e.g. contract to FMA)."""
+    from amct_torch.algorithms import hfmg, histogram
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(50000, generator=g) * 3
+    x[::7] = 0.0
+    x[1::11] = torch.round(x[1::11] * 64) / 64          # values on power-of-two bin edges
+    x[5] = float(x.max()) * 1.0000001
+    tiny = (torch.rand(3000, generator=g) * 1e-30).float()
+    for data in (x, torch.relu(x), tiny):
+        lo, hi = float(data.min()), float(data.max())
+        e, base = histogram.frame_for(lo, hi, 4096)
+        s = math.ldexp(1.0, -e)
+        want = histogram.packed_slice(data, s, float(base), 4097)
+        if not torch.equal(stream_hist(data, s, float(base), 4097, histogram.COUNT_BITS), want):
+            return "streaming IFMR histogram differs from the torch formula"
+        if hi > lo and not torch.equal(hfmg_hist(data, lo, hfmg.bin_width(lo, hi, 2048), 2048),
+                                       hfmg.histogram_torch(data, lo, hi, 2048)):
+            return "HFMG histogram differs from the torch formula"
+    return None
