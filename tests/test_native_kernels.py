@@ -1,0 +1,195 @@
+"""The compiled CPU histogram kernels (amct_torch/algorithms/native.py, hist_kernels.c).
+
+They must compute the same integers as the torch formulas — checked here against plain
+numpy float32 references — and an observer's state must not depend on whether the kernels
+are present, on how many threads run them, or on which update path (fused or general) a batch
+took.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from amct_torch.algorithms import hfmg, histogram, native
+from amct_torch.calibration import observers
+from amct_torch.calibration.observers import HfmgObserver, IfmrStreamingObserver
+from amct_torch.errors import CalibrationError
+
+BACKENDS = ["torch"] + (["native"] if native.library() is not None else [])
+
+
+@pytest.fixture
+def backend(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(native, "usable", lambda x: False)
+    return request.param
+
+
+def data(kind: str, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    if kind == "relu":
+        return torch.relu(x + 0.2) * 3
+    if kind == "edges":              # many values exactly on power-of-two bin edges, and zeros
+        x = torch.round(x * 256) / 256
+        x[::5] = 0.0
+        return x
+    if kind == "shifted":            # a range away from zero: base ≠ 0
+        return x * 0.01 + 7.5
+    if kind == "heavy":
+        return x / torch.rand(n, generator=g).clamp_min(0.02)
+    return x
+
+
+def numpy_packed(x: np.ndarray, e: int, base: int, slots: int):
+    """Counts and offset sums (2^-16 bin units) straight from the definition, float32 maths."""
+    u = x.astype(np.float32) * np.float32(math.ldexp(1.0, -e))
+    u = (u - np.float32(base)).astype(np.float32)
+    j = np.trunc(u).astype(np.int64)
+    f = (u - j.astype(np.float32)).astype(np.float32)
+    q = np.trunc((f * np.float32(65536.0)).astype(np.float32) + np.float32(0.5)).astype(np.int64)
+    return np.bincount(j, minlength=slots), np.bincount(j, weights=q, minlength=slots)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("kind", ["normal", "relu", "edges", "shifted", "heavy"])
+def test_packed_histogram_matches_numpy_reference(backend, kind, monkeypatch):
+    monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)      # several slices on two threads
+    x = data(kind, 30011, seed=len(kind))
+    e, base = histogram.frame_for(float(x.min()), float(x.max()), 4096)
+    counts = torch.zeros(4097, dtype=torch.int64)
+    dsum = torch.zeros(4097, dtype=torch.float64)
+    histogram.accumulate(x, e, base, counts, dsum, threads=2)
+    want_c, want_q = numpy_packed(x.numpy(), e, base, 4097)
+    assert counts.tolist() == want_c.tolist()
+    assert torch.equal(dsum, torch.from_numpy(want_q) * 2.0 ** -16)
+    # the offsets are the elements' positions inside their bins, to 2^-17 of a bin each
+    w = math.ldexp(1.0, e)
+    centre = (torch.arange(4097, dtype=torch.float64) + base) * w
+    rebuilt = (counts.double() * centre + dsum * w).sum()
+    assert float(rebuilt) == pytest.approx(float(x.double().sum()), abs=x.numel() * w * 2.0 ** -16 + 1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("kind", ["normal", "relu", "edges", "shifted"])
+def test_hfmg_histogram_matches_numpy_reference(backend, kind):
+    x = data(kind, 20000, seed=3)
+    mn, mx = float(x.min()), float(x.max())
+    w = np.float32(hfmg.bin_width(mn, mx, 1024))
+    t = ((x.numpy() - np.float32(mn)).astype(np.float32) / w).astype(np.float32)
+    want = np.bincount(np.minimum(np.trunc(t).astype(np.int64), 1023), minlength=1024)
+    assert hfmg.histogram(x, mn, mx, 1024, threads=2).tolist() == want.tolist()
+
+
+def batches(seed: int):
+    """Batches whose range grows, shrinks back and jumps (every update path gets taken)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, scale in enumerate([1.0, 1.0, 3.0, 1.0, 1.0, 0.5, 8.0, 1.0, 1.0, 1.0]):
+        n = [300_000, 70_000, 5_000, 1][i % 4] if i else 300_000
+        x = torch.randn(n, generator=g) * scale
+        out.append(torch.relu(x) if seed % 2 else x)
+    return out
+
+
+def states(obs_factory, backend_usable: bool, seed: int, monkeypatch, threads: int = 2):
+    with monkeypatch.context() as m:
+        if not backend_usable:
+            m.setattr(native, "usable", lambda x: False)
+        m.setattr(native, "MIN_PER_THREAD", 20_000)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            obs = obs_factory()
+            for x in batches(seed):
+                obs.update(x)
+        finally:
+            torch.set_num_threads(before)
+    return obs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("factory", [lambda: IfmrStreamingObserver("l"), lambda: HfmgObserver("l", 2048)],
+                         ids=["ifmr_streaming", "hfmg"])
+def test_observer_state_is_the_same_with_or_without_the_kernels(factory, seed, monkeypatch):
+    # (without a compiler both runs take the torch path: thread count independence remains)
+    a = states(factory, True, seed, monkeypatch)
+    b = states(factory, False, seed, monkeypatch)
+    c = states(factory, True, seed, monkeypatch, threads=1)
+    for other in (b, c):
+        sa, so = a.state_dict(), other.state_dict()
+        assert sa.keys() == so.keys()
+        for k in sa:
+            assert torch.equal(sa[k], so[k]), k
+        assert a.compute() == other.compute()
+
+
+def test_steady_batches_take_the_fused_path(monkeypatch):
+    calls = {"fused": 0, "general": 0}
+    real_update, real_acc = native.stream_update, histogram.accumulate
+    monkeypatch.setattr(native, "stream_update", lambda *a: calls.__setitem__("fused", calls["fused"] + 1) or real_update(*a))
+    monkeypatch.setattr(histogram, "accumulate", lambda *a, **k: calls.__setitem__("general", calls["general"] + 1) or real_acc(*a, **k))
+    g = torch.Generator().manual_seed(5)
+    obs = IfmrStreamingObserver("l")
+    for _ in range(6):
+        obs.update(torch.relu(torch.randn(8, 64, 28, 28, generator=g)).clamp(max=4.0))
+    if "native" in BACKENDS:
+        assert calls["general"] == 0      # even the first batch: chunk bounds keep candidates few
+        assert calls["fused"] >= 6
+    else:
+        assert calls == {"fused": 0, "general": 6}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_nan_after_the_first_batch_names_the_layer(backend):
+    obs = IfmrStreamingObserver("conv3")
+    obs.update(torch.randn(100_000))
+    bad = torch.randn(100_000)
+    bad[77_777] = float("nan")
+    with pytest.raises(CalibrationError, match="conv3"):
+        obs.update(bad)
+
+
+def test_kernels_build_where_a_compiler_exists():
+    if native._compiler() is None:
+        assert native.library() is None and "compiler" in native.unavailable_reason()
+    else:
+        assert native.library() is not None, native.unavailable_reason()
+
+
+def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path):
+    x = data("relu", 50_000, seed=9)
+    want = HfmgObserver("l", 512)
+    with monkeypatch.context() as m:
+        m.setattr(native, "usable", lambda t: False)
+        want.update(x)
+    for env, reason in ((("CC", str(tmp_path / "no-such-cc")), "build failed"),
+                        (("AMCT_TORCH_NATIVE", "0"), "turned off")):
+        with monkeypatch.context() as m:
+            m.setattr(native, "_state", {})
+            m.setenv("AMCT_TORCH_CACHE", str(tmp_path / "cache"))
+            m.setenv(*env)
+            assert native.library() is None
+            assert reason in native.unavailable_reason()
+            got = HfmgObserver("l", 512)
+            got.update(x)
+            assert torch.equal(got.counts, want.counts)
+
+
+def test_build_is_cached_and_reused(monkeypatch, tmp_path):
+    with monkeypatch.context() as m:
+        m.setattr(native, "_state", {})
+        m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
+        if native._compiler() is None:
+            assert native.library() is None and not list(tmp_path.iterdir())
+            return
+        assert native.library() is not None
+        built = sorted(tmp_path.iterdir())
+        assert len(built) == 1 and built[0].suffix == ".so"
+        stamp = built[0].stat().st_mtime_ns
+        m.setattr(native, "_state", {})
+        assert native.library() is not None
+        assert sorted(tmp_path.iterdir()) == built and built[0].stat().st_mtime_ns == stamp
