@@ -138,3 +138,20 @@ def test_write_refuses_values_the_format_cannot_hold(tmp_path, rec, expect):
 
 def test_parse_record_text_empty():
     assert parse_record_text("") == {}
+
+
+def test_a_record_changed_on_disk_after_our_write_is_read_again(tmp_path):
+    """The process keeps what it last wrote to skip re-parsing it; an edit by anyone else (a
+    different size, mtime or inode) must be seen."""
+    path = str(tmp_path / "r.txt")
+    write_record(path, {"conv1": LayerRecord(scale_d=0.5, offset_d=-3, scale_w=[0.25], offset_w=[0])})
+    first = read_record(path)
+    assert first["conv1"].scale_w == [0.25]
+    first["conv1"].scale_w.append(9.0)                    # the caller's copy, not the cache
+    assert read_record(path)["conv1"].scale_w == [0.25]
+    with open(path) as f:
+        text = f.read()
+    with open(path + ".tmp", "w") as f:                   # replaced by another program
+        f.write(text.replace("0.25", "0.125"))
+    os.replace(path + ".tmp", path)
+    assert read_record(path)["conv1"].scale_w == [0.125]
