@@ -122,7 +122,13 @@ def main() -> None:
     if args.rss_child:
         print(json.dumps(rss(args.rss_child[0], args.batch, "streaming")), flush=True)
         return
-    print(json.dumps(ratio(args.batch_num, args.batch, "streaming")), flush=True)
+    from amct_torch.algorithms import native
+    kernels = "native" if native.library() is not None else f"torch ({native.unavailable_reason()})"
+    # the asked configuration, then the same 32 images as 4 batches of 8 (a usual calibration)
+    for bn, b in dict.fromkeys([(args.batch_num, args.batch), (4, 8)]):
+        line = ratio(bn, b, "streaming")
+        line["histogram_kernels"] = kernels
+        print(json.dumps(line), flush=True)
     for bn in (4, 32):
         res = subprocess.run([sys.executable, __file__, "--rss-child", str(bn), "0", "--batch", str(args.batch)],
                              capture_output=True, text=True)

@@ -193,3 +193,18 @@ def test_build_is_cached_and_reused(monkeypatch, tmp_path):
         m.setattr(native, "_state", {})
         assert native.library() is not None
         assert sorted(tmp_path.iterdir()) == built and built[0].stat().st_mtime_ns == stamp
+
+
+def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    with monkeypatch.context() as m:
+        m.setattr(native, "_state", {})
+        m.setenv("AMCT_TORCH_CACHE", str(blocked / "cache"))      # cannot be created
+        m.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+        (tmp_path / "tmp").mkdir()
+        if native._compiler() is None:
+            assert native.library() is None
+            return
+        assert native.library() is not None, native.unavailable_reason()
+        assert list((tmp_path / "tmp").glob("amct_torch-*/hist_kernels-*.so"))

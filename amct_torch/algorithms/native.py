@@ -8,8 +8,8 @@ changes speed only, never a result.
 
 It is built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``;
 well under a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
-``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``), keyed by the source, the
-compiler and the platform, and written atomically so that concurrent processes (torchrun
+``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``; a per-user temp folder when that
+is not writable), keyed by the source, the compiler and the platform, and written atomically so that concurrent processes (torchrun
 ranks) can race safely. No compiler, a failed build or a failed self-check → the torch ops
 are used and one INFO line says why. ``AMCT_TORCH_NATIVE=0`` turns the kernels off.
 """
@@ -55,6 +55,19 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "amct_torch"
 
 
+def _writable(folder: Path) -> Path:
+    """``folder`` (created) if this process can write there, else a per-user temp folder
+    (containers often run with a read-only or missing home)."""
+    for candidate in (folder, Path(tempfile.gettempdir()) / f"amct_torch-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+            if os.access(candidate, os.W_OK):
+                return candidate
+        except OSError:
+            continue
+    raise RuntimeError(f"no writable folder for the build ({folder})")
+
+
 def _compiler() -> Optional[str]:
     cc = os.environ.get("CC")
     if cc:
@@ -70,10 +83,9 @@ def _build(cc: str) -> Path:
     src = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(FLAGS).encode(),
                                      platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
-    target = cache_dir() / f"hist_kernels-{key}.so"
+    target = _writable(cache_dir()) / f"hist_kernels-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
