@@ -35,8 +35,7 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 
         return out
     if native.usable(x):
         w = bin_width(mn, mx, nbins)
-        parts = native.run_split(x, x.numel(), threads, lambda t: native.hfmg_hist(t, mn, w, nbins))
-        return parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
+        return native.hfmg_hist(x, mn, w, nbins, threads)
     return histogram_torch(x, mn, mx, nbins)
 
 

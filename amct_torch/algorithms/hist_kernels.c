@@ -16,6 +16,7 @@
  * the end. Buffers therefore have slots + AMCT_TRASH entries; the trash is left as garbage.
  */
 #include <stdint.h>
+#include <string.h>
 
 #define BLOCK 1024
 #define AMCT_TRASH 8
@@ -159,5 +160,60 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins,
         int32_t j = (int32_t)t;
         j = j < last ? j : last;
         cnt[j] += zeros;
+    }
+}
+
+/* Multi-threaded entry points: slice t < np of x, x[bounds[t] .. bounds[t+1]), into its own
+ * buffers (zeroed first), on nt threads.
+ * Built with -fopenmp they run on the process's OpenMP pool — in a torch process the same
+ * libgomp and the same worker threads as torch's own kernels (which keep spinning between
+ * parallel regions, so a separate thread pool would fight them for the cores). Built
+ * without OpenMP the pragmas are ignored and the slices run one after the other. */
+void amct_stream_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
+                         int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride) {
+    #pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int32_t t = 0; t < np; ++t) {
+        memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
+        amct_stream_hist(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, count_bits,
+                         acc + t * acc_stride);
+    }
+}
+
+void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
+                           int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
+                           float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res) {
+    #pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int32_t t = 0; t < np; ++t) {
+        memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
+        amct_stream_update(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, count_bits,
+                           acc + t * acc_stride, thr_hi, thr_lo, cand + t * 2 * (cap + 1), cap, res + 3 * t);
+    }
+}
+
+void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float mn, float w,
+                       int64_t nbins, int64_t* cnt, int64_t cnt_stride) {
+    #pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int32_t t = 0; t < np; ++t) {
+        memset(cnt + t * cnt_stride, 0, sizeof(int64_t) * cnt_stride);
+        amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, w, nbins, cnt + t * cnt_stride);
+    }
+}
+
+/* Decode packed accumulators (np rows of `stride`, the first `slots` used) and add them to a
+ * state: counts += Σ low fields; dsum += (Σ high fields)·2^-16, the integer sums taken first
+ * so that the result does not depend on the slicing (the same arithmetic as
+ * histogram.add_packed). */
+void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t count_bits,
+                     int64_t* counts, double* dsum) {
+    const int64_t mask = ((int64_t)1 << count_bits) - 1;
+    for (int64_t j = 0; j < slots; ++j) {
+        int64_t c = 0, q = 0;
+        for (int32_t t = 0; t < np; ++t) {
+            int64_t v = acc[t * stride + j];
+            c += v & mask;
+            q += v >> count_bits;
+        }
+        counts[j] += c;
+        dsum[j] += (double)q * (1.0 / 65536.0);
     }
 }

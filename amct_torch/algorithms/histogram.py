@@ -10,7 +10,7 @@ exact for every bin that does not straddle a rounding boundary.
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
@@ -67,19 +67,21 @@ def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: t
     from amct_torch.algorithms import native
     s, b, slots = math.ldexp(1.0, -e), float(base), counts.numel()
     if native.usable(x):
-        accs = native.run_split(x, MAX_SLICE, threads, lambda t: native.stream_hist(t, s, b, slots, COUNT_BITS))
-    else:
-        accs = [packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)]
-    add_packed(accs, counts, dsum)
+        native.add_packed(native.stream_hist(x, s, b, slots, COUNT_BITS, MAX_SLICE, threads), counts, dsum, COUNT_BITS)
+        return
+    acc = torch.stack([packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)])
+    add_packed(acc, counts, dsum)
 
 
-def add_packed(accs: List[torch.Tensor], counts: torch.Tensor, dsum: torch.Tensor) -> None:
-    """Decode packed accumulators (one per slice) and add them to ``counts``/``dsum``: the
-    integer fields are summed first, so the result does not depend on the slicing."""
-    acc = accs[0] if len(accs) == 1 else torch.stack(accs)
+def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor) -> None:
+    """Decode packed accumulators (int64 [slices, slots], one row per slice) and add them to
+    ``counts``/``dsum``: the integer fields are summed first, so the result does not depend
+    on the slicing. (``native.add_packed`` does the same in one kernel call.)"""
     fields = [acc & ((1 << COUNT_BITS) - 1), acc >> COUNT_BITS]
-    if acc.dim() == 2:
+    if acc.shape[0] > 1:
         fields = [f.sum(0) for f in fields]
+    else:
+        fields = [f[0] for f in fields]
     counts.add_(fields[0])
     dsum.add_(fields[1].double().mul_(OFFSET_UNIT))
 

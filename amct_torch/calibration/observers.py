@@ -267,19 +267,19 @@ class IfmrStreamingObserver(Observer):
         candidates)."""
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
-        parts = native.run_split(xf, histogram.MAX_SLICE, self._threads, lambda t: native.stream_update(
-            t, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS, thr_hi, thr_lo, _FUSED_CAP))
-        if any(p.outside or p.overflow for p in parts):
+        r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
+                                 thr_hi, thr_lo, _FUSED_CAP, histogram.MAX_SLICE, self._threads)
+        if r.outside or r.overflow:
             return False
-        above = torch.cat([p.above for p in parts] + ([extra_above] if extra_above is not None else []))
-        below = torch.cat([p.below for p in parts] + ([extra_below] if extra_below is not None else []))
+        above = r.above if extra_above is None else torch.cat([r.above, extra_above])
+        below = r.below if extra_below is None else torch.cat([r.below, extra_below])
         gmax = max(self.gmax, float(above.max())) if above.numel() else self.gmax
         gmin = min(self.gmin, float(below.min())) if below.numel() else self.gmin
         if self._frame_for(gmin, gmax) != self.frame:
             return False
         self._merge_extremes(above, below)
         self.gmin, self.gmax = gmin, gmax
-        histogram.add_packed([p.acc for p in parts], self._cnt, self._ds)
+        native.add_packed(r.acc, self._cnt, self._ds, histogram.COUNT_BITS)
         self.count += xf.numel()
         return True
 
