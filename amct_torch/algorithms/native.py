@@ -39,7 +39,7 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
 #: scratch slots after a histogram buffer that the kernels use for exact zeros (AMCT_TRASH)
 TRASH = 8
 #: below this many elements per thread a call stays on one thread
-MIN_PER_THREAD = 1 << 18
+MIN_PER_THREAD = 1 << 15
 
 _lock = threading.Lock()
 _state: dict = {}
