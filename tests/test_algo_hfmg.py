@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms import hfmg
+from amct_torch.algorithms import hfmg, native
 from amct_torch.calibration.observers import HfmgObserver
 
 F = np.float32
@@ -133,8 +133,20 @@ def _batches(rng, kind, nb):
     return out
 
 
+#: the CPU search has two implementations: the compiled walk and loss (native.py, when a C
+#: compiler exists) and the tensor formulation that accelerators run; both are checked
+SEARCH = ["tensor"] + (["compiled"] if native.library() is not None else [])
+
+
+@pytest.fixture(params=SEARCH)
+def search(request, monkeypatch):
+    if request.param == "tensor":
+        monkeypatch.setattr(native, "library", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "bimodal", "constant"])
-def test_observer_matches_reference(kind, device):
+def test_observer_matches_reference(kind, device, search):
     rng = np.random.default_rng(len(kind))
     for trial in range(2):
         nbins = [1024, 2048][trial]
@@ -184,7 +196,7 @@ def _sparse_counts(rng, kind, n):
     return c
 
 
-def test_walk_and_losses_on_sparse_histograms(device):
+def test_walk_and_losses_on_sparse_histograms(device, search):
     """The tensor walk (chains, merge, end game) and the prefix-sum loss against the plain
     loops on histograms where the two walks meet early."""
     rng = np.random.default_rng(11)

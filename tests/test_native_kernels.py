@@ -144,8 +144,10 @@ def test_steady_batches_take_the_fused_path(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-def test_nan_after_the_first_batch_names_the_layer(backend):
-    obs = IfmrStreamingObserver("conv3")
+@pytest.mark.parametrize("factory", [lambda: IfmrStreamingObserver("conv3"), lambda: HfmgObserver("conv3", 512)],
+                         ids=["ifmr_streaming", "hfmg"])
+def test_nan_after_the_first_batch_names_the_layer(backend, factory):
+    obs = factory()
     obs.update(torch.randn(100_000))
     bad = torch.randn(100_000)
     bad[77_777] = float("nan")
@@ -208,3 +210,22 @@ def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):
             return
         assert native.library() is not None, native.unavailable_reason()
         assert list((tmp_path / "tmp").glob("amct_torch-*/hist_kernels-*.so"))
+
+
+@pytest.mark.parametrize("nbins", [64, 1000, 2048])
+def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
+    """The per-candidate kernel and the [candidates, 257] tensor evaluation are the same
+    formula with float64 sums in another order."""
+    g = torch.Generator().manual_seed(nbins)
+    counts = (torch.rand(nbins, generator=g) ** 4 * 1000).to(torch.int64)
+    counts[: nbins // 5] = 0                                # empty stretches and a ragged edge
+    lefts, rights = hfmg.candidates(counts)
+    kernel = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
+    with monkeypatch.context() as m:
+        m.setattr(native, "library", lambda: None)
+        tensor = hfmg.losses(counts, 0.37, lefts, rights)
+    if "native" in BACKENDS:
+        torch.testing.assert_close(kernel, tensor, rtol=1e-12, atol=0)
+        assert int(torch.argmin(kernel)) == int(torch.argmin(tensor))
+    else:
+        assert torch.equal(kernel, tensor)

@@ -17,6 +17,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 #define BLOCK 1024
 #define AMCT_TRASH 8
@@ -216,4 +217,98 @@ void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slo
         counts[j] += c;
         dsum[j] += (double)q * (1.0 / 65536.0);
     }
+}
+
+/* HFMG: analytic L2 loss of every candidate range (SPEC §5.3 step 3), the formula of
+ * hfmg.losses evaluated per candidate in registers instead of as ~45 passes over
+ * [candidates, 257] tensors. pref: int64 [3][n + 1] prefix sums of c_j, c_j·j, c_j·j²;
+ * cnt: int64 [n + 1] counts with cnt[n] = 0. In source-bin units, destination bin d of
+ * candidate (l, r) spans [y_d, y_{d+1}), y_k = l + k·D, D = (r − l + 1)/256, y_0 = 0,
+ * y_256 = n; centre c = l + (d + ½)·D. Its error: whole source bins from the int64 moments
+ * re-centred on m = ⌊c⌋, plus the partial bins at both edges, c_J((y − c)³ − (J − c)³)/3.
+ * out[i] = loss × width², or 0 when width·D < flt_eps. */
+#define AMCT_DST 256
+void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
+                      const int64_t* rights, int64_t m, double width, double flt_eps, double* out,
+                      int32_t nt) {
+    const int64_t* p0 = pref;
+    const int64_t* p1 = pref + (n + 1);
+    const int64_t* p2 = pref + 2 * (n + 1);
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+        const double l = (double)lefts[i];
+        const double D = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
+        double y[AMCT_DST + 1], jf[AMCT_DST + 1];
+        int64_t jj[AMCT_DST + 1];
+        for (int k = 0; k <= AMCT_DST; ++k) {
+            double v = l + (double)k * D;
+            if (k == 0) v = 0.0;
+            if (k == AMCT_DST) v = (double)n;
+            double f = floor(v);
+            int64_t ji = (int64_t)f;
+            ji = ji < 0 ? 0 : (ji > n ? n : ji);
+            y[k] = v;
+            jf[k] = f;
+            jj[k] = ji;
+        }
+        double total = 0.0;
+        for (int d = 0; d < AMCT_DST; ++d) {
+            const int64_t a = jj[d], b = jj[d + 1];
+            const int64_t t0 = p0[b] - p0[a];
+            const int64_t s1 = p1[b] - p1[a];
+            const int64_t s2 = p2[b] - p2[a];
+            const double cen = l + ((double)d + 0.5) * D;
+            const double mf = floor(cen);
+            const double phi = cen - mf;
+            const int64_t mi = (int64_t)mf;
+            const int64_t t1 = s1 - mi * t0;
+            const int64_t t2 = s2 - mi * (s1 + t1);
+            const double full = (double)t2 + (1.0 - 2.0 * phi) * (double)t1
+                                + (phi * (phi - 1.0) + 1.0 / 3.0) * (double)t0;
+            const double u_lo = y[d] - cen, v_lo = jf[d] - cen;
+            const double u_hi = y[d + 1] - cen, v_hi = jf[d + 1] - cen;
+            const double edge = (double)cnt[b] * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
+                                - (double)cnt[a] * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
+            total += full + edge * (1.0 / 3.0);
+        }
+        out[i] = (width * D < flt_eps) ? 0.0 : total * (width * width);
+    }
+}
+
+/* HFMG: the greedy walk of SPEC §5.3 step 2, literally (hfmg._host_walk in C). pre: int64
+ * [n + 1] prefix sums (pre[t] = mass of bins [0, t)). Writes the candidate (left, right)
+ * recorded after each trim; returns their number (at most n). */
+static int64_t lower_bound(const int64_t* a, int64_t x, int64_t lo, int64_t hi) {
+    while (lo < hi) {                      /* first i in [lo, hi) with a[i] >= x, else hi */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int64_t upper_bound(const int64_t* a, int64_t x, int64_t lo, int64_t hi) {
+    while (lo < hi) {                      /* first i in [lo, hi) with a[i] > x, else hi */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] <= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+int64_t amct_hfmg_walk(const int64_t* pre, int64_t n, int64_t* lefts, int64_t* rights) {
+    int64_t total = pre[n];
+    int64_t step = (total + 99999) / 100000;
+    if (step < 1) step = 1;
+    const int64_t min_bins = (n + 3) / 4;
+    int64_t left = 0, right = n - 1, k = 0;
+    while (right - left > min_bins) {
+        int64_t tl = lower_bound(pre, pre[left] + step, left + 1, right + 1);
+        if (tl > right) tl = right;
+        int64_t tr = upper_bound(pre, pre[right + 1] - step, tl + 1, right + 1) - 2;
+        if (tr < tl) tr = tl;
+        if (right - tr >= tl - left) right = tr; else left = tl;
+        lefts[k] = left;
+        rights[k] = right;
+        ++k;
+    }
+    return k;
 }

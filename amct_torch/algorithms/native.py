@@ -101,7 +101,7 @@ def _build_with(cc: str, flags: List[str]) -> Path:
     os.close(fd)
     try:
         t0 = time.perf_counter()
-        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-300:]}")
         os.replace(tmp, target)
@@ -133,6 +133,10 @@ def _load() -> Optional[ctypes.CDLL]:
     lib.amct_stream_update_mt.argtypes = [i32, i32, p, p, f32, f32, i64, i64, p, i64, f32, f32, p, i64, p]
     lib.amct_hfmg_hist_mt.argtypes = [i32, i32, p, p, f32, f32, i64, p, i64]
     lib.amct_add_packed.argtypes = [i32, p, i64, i64, i64, p, p]
+    lib.amct_hfmg_losses.argtypes = [p, p, i64, p, p, i64, ctypes.c_double, ctypes.c_double, p, i32]
+    lib.amct_hfmg_losses.restype = None
+    lib.amct_hfmg_walk.argtypes = [p, i64, p, p]
+    lib.amct_hfmg_walk.restype = i64
     for fn in (lib.amct_stream_hist_mt, lib.amct_stream_update_mt, lib.amct_hfmg_hist_mt, lib.amct_add_packed):
         fn.restype = None
     return lib
@@ -263,6 +267,33 @@ def hfmg_hist(x: torch.Tensor, mn: float, w: float, nbins: int, threads: int = 1
     library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, w, nbins,
                                 cnt.data_ptr(), nbins + TRASH)
     return cnt[:, :nbins].sum(0) if pieces > 1 else cnt[0, :nbins].clone()   # not the reused buffer
+
+
+def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor,
+                width: float, flt_eps: float, threads: int = 1) -> torch.Tensor:
+    """``hfmg.losses`` per candidate in one kernel (``amct_hfmg_losses``): the same formula,
+    float64 sums in another order (agree to ~1e-13 relative; tested). ``pref`` int64
+    [3, n + 1] prefix moments, ``cnt`` int64 [n + 1] (last entry 0)."""
+    pref, cnt = pref.contiguous(), cnt.contiguous()
+    lefts = lefts.to(torch.int64).contiguous()
+    rights = rights.to(torch.int64).contiguous()
+    out = torch.empty(lefts.numel(), dtype=torch.float64)
+    library().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),
+                               rights.data_ptr(), lefts.numel(), width, flt_eps, out.data_ptr(),
+                               max(1, min(threads, lefts.numel() // 64)))
+    return out
+
+
+def hfmg_walk(counts: torch.Tensor):
+    """(lefts, rights): the candidate ranges of SPEC §5.3's greedy walk, in walk order
+    (``amct_hfmg_walk``, the literal loop with bisection; int64 CPU tensors)."""
+    n = counts.numel()
+    pre = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(counts.to(torch.int64).cpu(), 0, out=pre[1:])
+    lefts = torch.empty(max(n, 1), dtype=torch.int64)
+    rights = torch.empty(max(n, 1), dtype=torch.int64)
+    k = library().amct_hfmg_walk(pre.data_ptr(), n, lefts.data_ptr(), rights.data_ptr())
+    return lefts[:k], rights[:k]
 
 
 def self_check() -> Optional[str]:

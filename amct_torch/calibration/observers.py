@@ -435,8 +435,9 @@ class HfmgObserver(Observer):
     def compute(self) -> Tuple[float, int]:
         if self.counts is None:
             self._empty()
+        threads = torch.get_num_threads()
         with cpu_threads(self.counts.device):
-            r = hfmg.hfmg_factors(self.counts, self.mn, self.mx, self.asymmetric)
+            r = hfmg.hfmg_factors(self.counts, self.mn, self.mx, self.asymmetric, threads)
         return r.scale, r.offset
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
