@@ -81,10 +81,24 @@ def ratio(batch_num: int, batch: int, mode: str, rounds: int = 1) -> dict:
     return out
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set. VmHWM belongs to the address space that exec
+    created; getrusage's ru_maxrss can carry the parent's peak across fork + exec (it
+    reported the benchmark parent's 1.09 GB for both children)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def rss(batch_num: int, batch: int, mode: str) -> dict:
     """One full calibration in this process; reports peak RSS."""
     r = ratio(batch_num, batch, mode)
-    r.update(bench="calibration_rss_nsfw", peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+    r.update(bench="calibration_rss_nsfw", peak_rss_mb=peak_rss_mb())
     return r
 
 

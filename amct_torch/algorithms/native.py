@@ -1,10 +1,12 @@
-"""Optional compiled CPU kernels for the observers' histograms (``hist_kernels.c``).
+"""Optional compiled CPU kernels for the observers (``hist_kernels.c``): the histograms of
+streaming IFMR and HFMG, and the HFMG search.
 
 Why: on the CPU a histogram update written with torch ops costs ~5 passes over the data
-plus a single-threaded ``index_add_``; the C kernel reads each element once and runs on
-several threads. The kernel computes the very same integers as the torch formulas in
-``histogram.py`` / ``hfmg.py`` (the tests compare them bit for bit), so whether it is present
-changes speed only, never a result.
+plus a single-threaded ``index_add_``, and the HFMG loss ~45 passes over [candidates, 257]
+tensors; the C kernels read each element once, evaluate each candidate in registers, and
+run on torch's OpenMP threads. The histogram kernels compute the very same integers as the
+torch formulas in ``histogram.py`` / ``hfmg.py`` (the tests compare them bit for bit), so
+whether they are present changes speed only; the HFMG loss sums in another order (1e-12).
 
 It is built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``;
 well under a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
