@@ -105,3 +105,13 @@ def test_seed_layout_takes_the_fast_path():
     text = 'record {\nkey: "\nconv1\n"\nvalue: {\nscale_d: 0.01424\nchannels:3\n}\n}\n'
     fast = fasttext.parse_records(join_multiline_strings(text))
     assert fast is not None and same(fast, protobuf_entries(text))
+
+
+def test_formatting_cache_keeps_signed_zero_and_changes_apart():
+    from amct_torch.record.fasttext import format_records
+    from amct_torch.record.types import LayerRecord as LR
+    a = format_records({"l": LR(scale_d=0.0, scale_w=[0.5])})
+    b = format_records({"l": LR(scale_d=-0.0, scale_w=[0.5])})
+    c = format_records({"l": LR(scale_d=0.0, scale_w=[0.25])})
+    assert "scale_d: 0.0\n" in a and "scale_d: -0.0\n" in b and "scale_w: 0.25\n" in c
+    assert format_records({"l": LR(scale_d=0.0, scale_w=[0.5])}) == a
