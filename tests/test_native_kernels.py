@@ -8,6 +8,7 @@ took.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -229,3 +230,34 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
         assert int(torch.argmin(kernel)) == int(torch.argmin(tensor))
     else:
         assert torch.equal(kernel, tensor)
+
+
+def test_temp_folder_of_someone_else_is_refused(monkeypatch, tmp_path):
+    """The temp fallback must be private: a folder others can write to is not used."""
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    shared = tmp_path / "tmp" / f"amct_torch-{os.getuid()}"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    with monkeypatch.context() as m:
+        m.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+        with pytest.raises(RuntimeError, match="private"):
+            native._writable(blocked / "cache")
+        shared.chmod(0o700)
+        assert native._writable(blocked / "cache") == shared
+
+
+def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path):
+    """Where the compiler has no OpenMP the slices run one after the other: same results."""
+    if native._compiler() is None:
+        assert native.library() is None
+        return
+    want = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_state", {})
+        m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
+        m.setattr(native, "_build", lambda cc: native._build_with(cc, native.FLAGS))
+        assert native.library() is not None
+        got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
+    for k, v in want.state_dict().items():
+        assert torch.equal(v, got.state_dict()[k]), k

@@ -57,16 +57,27 @@ def cache_dir() -> Path:
 
 
 def _writable(folder: Path) -> Path:
-    """``folder`` (created) if this process can write there, else a per-user temp folder
-    (containers often run with a read-only or missing home)."""
-    for candidate in (folder, Path(tempfile.gettempdir()) / f"amct_torch-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        try:
-            candidate.mkdir(parents=True, exist_ok=True)
-            if os.access(candidate, os.W_OK):
-                return candidate
-        except OSError:
-            continue
-    raise RuntimeError(f"no writable folder for the build ({folder})")
+    """``folder`` (created) if this process can write there, else a private per-user temp
+    folder (containers often run with a read-only or missing home). The temp folder must be
+    ours and closed to others — a library loaded from a folder others can write to would
+    run their code."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    tmp = Path(tempfile.gettempdir()) / f"amct_torch-{uid if uid is not None else 'user'}"
+    try:
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        st = tmp.stat()
+        private = uid is None or (st.st_uid == uid and not st.st_mode & 0o022)
+        if private and os.access(tmp, os.W_OK):
+            return tmp
+    except OSError:
+        pass
+    raise RuntimeError(f"no writable private folder for the build ({folder}, {tmp})")
 
 
 def _compiler() -> Optional[str]:
