@@ -7,6 +7,7 @@ took.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -163,7 +164,7 @@ def test_kernels_build_where_a_compiler_exists():
         assert native.library() is not None, native.unavailable_reason()
 
 
-def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path):
+def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path, caplog):
     x = data("relu", 50_000, seed=9)
     want = HfmgObserver("l", 512)
     with monkeypatch.context() as m:
@@ -178,8 +179,14 @@ def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path):
             assert native.library() is None
             assert reason in native.unavailable_reason()
             got = HfmgObserver("l", 512)
-            got.update(x)
-            assert torch.equal(got.counts, want.counts)
+            with caplog.at_level(logging.WARNING, logger="amct_torch"):
+                got.update(x)
+                got.update(x)
+            assert torch.equal(got.counts, want.counts * 2)
+            warnings = [r for r in caplog.records if "without the compiled histogram kernels" in r.message]
+            # once per process, and not when the user turned the kernels off
+            assert len(warnings) == (0 if env[0] == "AMCT_TORCH_NATIVE" else 1)
+            caplog.clear()
 
 
 def test_build_is_cached_and_reused(monkeypatch, tmp_path):

@@ -126,7 +126,7 @@ def _build_with(cc: str, flags: List[str]) -> Path:
 
 
 def _load() -> Optional[ctypes.CDLL]:
-    if os.environ.get("AMCT_TORCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _turned_off():
         _state["why"] = "turned off by AMCT_TORCH_NATIVE"
         return None
     cc = _compiler()
@@ -185,8 +185,23 @@ def unavailable_reason() -> Optional[str]:
 
 def usable(x: torch.Tensor) -> bool:
     """True when ``x`` (flat float32) can go through the kernels: a CPU tensor and the
-    library loaded."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and library() is not None
+    library loaded. The first CPU tensor that cannot (kernels unavailable, not turned off)
+    logs one warning: CPU calibration is then several times slower, and the fix — a C
+    compiler — is the user's to make."""
+    if x.device.type != "cpu":
+        return False
+    if library() is None:
+        if not _state.get("warned") and not _turned_off():
+            _state["warned"] = True
+            log.warning("calibrating on the CPU without the compiled histogram kernels (%s): "
+                        "same results, several times slower; install a C compiler (gcc/clang) to speed it up",
+                        unavailable_reason())
+        return False
+    return x.dtype == torch.float32
+
+
+def _turned_off() -> bool:
+    return os.environ.get("AMCT_TORCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def slice_bounds(n: int, max_slice: int, threads: int) -> torch.Tensor:
