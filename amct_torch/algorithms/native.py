@@ -81,9 +81,11 @@ def _writable(folder: Path) -> Path:
 
 
 def _compiler() -> Optional[str]:
+    """The C compiler to build with: ``$CC`` if set (None if it does not resolve), else the
+    first of cc, gcc, clang on the PATH."""
     cc = os.environ.get("CC")
     if cc:
-        return shutil.which(cc) or cc
+        return shutil.which(cc.split()[0]) if cc.split() else None
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
@@ -99,7 +101,8 @@ def _build(cc: str) -> Path:
         try:
             return _build_with(cc, flags)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            errors.append(str(exc))
+            if str(exc) not in errors:
+                errors.append(str(exc))
     raise RuntimeError("; ".join(errors))
 
 
@@ -131,7 +134,8 @@ def _load() -> Optional[ctypes.CDLL]:
         return None
     cc = _compiler()
     if cc is None:
-        _state["why"] = "no C compiler found (set CC)"
+        env = os.environ.get("CC")
+        _state["why"] = f"the compiler CC={env!r} was not found" if env else "no C compiler found (cc, gcc, clang; or set CC)"
         return None
     lib = ctypes.CDLL(str(_build(cc)))
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -185,19 +189,25 @@ def unavailable_reason() -> Optional[str]:
 
 def usable(x: torch.Tensor) -> bool:
     """True when ``x`` (flat float32) can go through the kernels: a CPU tensor and the
-    library loaded. The first CPU tensor that cannot (kernels unavailable, not turned off)
-    logs one warning: CPU calibration is then several times slower, and the fix — a C
-    compiler — is the user's to make."""
+    library loaded. A CPU tensor that cannot (kernels unavailable) is remembered for
+    ``warn_if_slow``."""
     if x.device.type != "cpu":
         return False
     if library() is None:
-        if not _state.get("warned") and not _turned_off():
-            _state["warned"] = True
-            log.warning("calibrating on the CPU without the compiled histogram kernels (%s): "
-                        "same results, several times slower; install a C compiler (gcc/clang) to speed it up",
-                        unavailable_reason())
+        _state["fallback_used"] = True
         return False
     return x.dtype == torch.float32
+
+
+def warn_if_slow() -> None:
+    """Log one warning per process when CPU data went through the torch fallback (kernels
+    unavailable, not turned off): calibration was then several times slower, and the fix —
+    a C compiler — is the user's to make. Called when a calibration finishes, so that the
+    warning neither interrupts the progress bar nor precedes a one-line error."""
+    if _state.get("fallback_used") and not _state.get("warned") and not _turned_off():
+        _state["warned"] = True
+        log.warning("calibrated on the CPU without the compiled histogram kernels (%s): same results, "
+                    "several times slower; install a C compiler (gcc/clang) to speed it up", unavailable_reason())
 
 
 def _turned_off() -> bool:

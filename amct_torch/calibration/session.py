@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from amct_torch.algorithms import native
 from amct_torch.calibration.plan import CalibGroup
 from amct_torch.errors import AmctError, CalibrationError
 
@@ -120,6 +121,7 @@ class CalibrationSession:
             self.on_finish(factors)
         log.info("calibrated %d activation group(s) for %d record entries on %d batch(es)",
                  len(self.groups), len(factors), self.batches_seen)
+        native.warn_if_slow()
         return factors
 
 
