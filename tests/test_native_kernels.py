@@ -270,3 +270,16 @@ def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path)
         got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     for k, v in want.state_dict().items():
         assert torch.equal(v, got.state_dict()[k]), k
+
+
+def test_slices_per_thread_respect_element_and_histogram_minimums(monkeypatch):
+    monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)
+    pieces = lambda n, threads, slots, max_slice=1 << 30: native.slice_bounds(n, max_slice, threads, slots).numel() - 1  # noqa: E731
+    assert pieces(88_000, 64, 16385) == 2           # √(88000 / 16385) → 2 private histograms
+    assert pieces(1_000_000, 64, 16385) == 7        # √61
+    assert pieces(1_000_000, 2, 16385) == 2         # the threads there are
+    assert pieces(20_000, 8, 16385) == 1
+    assert pieces(999, 8, 0) == 1                   # < MIN_PER_THREAD for a second thread
+    assert pieces(10, 1, 0, max_slice=3) == 4       # no slice over max_slice, whatever the threads
+    b = native.slice_bounds(1_000_003, 1 << 30, 3, 0)
+    assert b[0] == 0 and b[-1] == 1_000_003 and bool((b.diff() > 0).all())

@@ -214,10 +214,15 @@ def _turned_off() -> bool:
     return os.environ.get("AMCT_TORCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
-def slice_bounds(n: int, max_slice: int, threads: int) -> torch.Tensor:
-    """int64 [pieces + 1] bounds of contiguous slices of n elements: at least one per thread
-    that has ``MIN_PER_THREAD`` elements to do, none longer than ``max_slice``."""
-    workers = max(1, min(threads, n // MIN_PER_THREAD))
+def slice_bounds(n: int, max_slice: int, threads: int, slots: int = 0) -> torch.Tensor:
+    """int64 [pieces + 1] bounds of contiguous slices of n elements, none longer than
+    ``max_slice``: one per thread, as long as each has ``MIN_PER_THREAD`` elements and there
+    are at most √(n / slots) slices — each slice zeroes and decodes a private histogram of
+    ``slots`` entries, and with per-element cost e and per-slot cost ~e, p slices cost about
+    n·e/p + p·slots·e: least near p = √(n / slots) (on many cores a small tensor would
+    otherwise spend more on histograms than on its elements)."""
+    cap = math.isqrt(n // slots) if slots else n
+    workers = max(1, min(threads, n // MIN_PER_THREAD, cap))
     pieces = max(workers, -(-n // max_slice), 1)
     return torch.linspace(0, n, pieces + 1, dtype=torch.float64).round().to(torch.int64)
 
@@ -259,7 +264,7 @@ def stream_hist(x: torch.Tensor, s: float, base: float, slots: int, count_bits: 
     """Packed accumulators of the streaming-IFMR grid (see ``histogram.packed_slice``), one
     row per slice: int64 [pieces, slots] (a reused buffer: consume before the next call)."""
     _check_input(x)
-    bounds = slice_bounds(x.numel(), max_slice, threads)
+    bounds = slice_bounds(x.numel(), max_slice, threads, slots)
     pieces = bounds.numel() - 1
     acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
     library().amct_stream_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), s, base,
@@ -281,7 +286,7 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
                   thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1) -> UpdateResult:
     """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``."""
     _check_input(x)
-    bounds = slice_bounds(x.numel(), max_slice, threads)
+    bounds = slice_bounds(x.numel(), max_slice, threads, slots)
     pieces = bounds.numel() - 1
     acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
     cand = _buffer("cand", (pieces, 2, cap + 1), torch.float32)
@@ -299,7 +304,7 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
 def hfmg_hist(x: torch.Tensor, mn: float, w: float, nbins: int, threads: int = 1) -> torch.Tensor:
     """HFMG counts (see ``hfmg.histogram``), int64 [nbins]."""
     _check_input(x)
-    bounds = slice_bounds(x.numel(), max(x.numel(), 1), threads)
+    bounds = slice_bounds(x.numel(), max(x.numel(), 1), threads, nbins)
     pieces = bounds.numel() - 1
     cnt = _buffer("hfmg", (pieces, nbins + TRASH), torch.int64)
     library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, w, nbins,
