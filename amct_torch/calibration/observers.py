@@ -25,9 +25,6 @@ STREAM_BINS = 16384
 _CHUNK = 256
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
-#: room for values passing a top/bottom threshold per slice of the fused update (more → the
-#: general path)
-_FUSED_CAP = 64 * TOPK
 
 
 #: intra-op threads for the observers' CPU torch work (None: leave torch's setting). The
@@ -267,8 +264,11 @@ class IfmrStreamingObserver(Observer):
         candidates)."""
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
+        # room for topk·_CHUNK candidates per slice: with the chunk bound of ``_bounds`` fewer
+        # than topk chunks can pass it, so a first batch never overflows (a later batch far
+        # above the state's K-th value may: then the general path runs)
         r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
-                                 thr_hi, thr_lo, _FUSED_CAP, histogram.MAX_SLICE, self._threads)
+                                 thr_hi, thr_lo, self.topk * _CHUNK, histogram.MAX_SLICE, self._threads)
         if r.outside or r.overflow:
             return False
         above = r.above if extra_above is None else torch.cat([r.above, extra_above])
