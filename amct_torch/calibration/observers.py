@@ -23,6 +23,9 @@ TOPK = 1024
 #: bins of the streaming IFMR histogram
 STREAM_BINS = 16384
 _CHUNK = 256
+#: chunk size of the extremes on the compiled path: the bound of ``_bounds`` lets fewer than
+#: topk chunks through, i.e. at most topk·32 candidates (vs ·256), for ~0.1 ns more per element
+_FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
 
@@ -220,7 +223,7 @@ class IfmrStreamingObserver(Observer):
         top K (a value outside them has K larger group maxima above it)."""
         thr = self._thr[0] if largest else self._thr[1]
         sel = rows[ext > thr] if largest else rows[ext < thr]
-        if sel.shape[0] * _CHUNK > _GROUP * self.topk:
+        if sel.numel() > _GROUP * self.topk:
             groups = sel.view(-1, _GROUP)
             gext = groups.amax(dim=1) if largest else groups.amin(dim=1)
             passing = gext > thr if largest else gext < thr
@@ -264,11 +267,11 @@ class IfmrStreamingObserver(Observer):
         candidates)."""
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
-        # room for topk·_CHUNK candidates per slice: with the chunk bound of ``_bounds`` fewer
-        # than topk chunks can pass it, so a first batch never overflows (a later batch far
-        # above the state's K-th value may: then the general path runs)
+        # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
+        # fewer than topk chunks can pass it, so a first batch never overflows (a later batch
+        # far above the state's K-th value may: then the general path runs)
         r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
-                                 thr_hi, thr_lo, self.topk * _CHUNK, histogram.MAX_SLICE, self._threads)
+                                 thr_hi, thr_lo, self.topk * _FINE_CHUNK, histogram.MAX_SLICE, self._threads)
         if r.outside or r.overflow:
             return False
         above = r.above if extra_above is None else torch.cat([r.above, extra_above])
@@ -317,8 +320,9 @@ class IfmrStreamingObserver(Observer):
         if fast and self.count and self._fused_update(xf):
             return
         n = xf.numel()
-        full = n // _CHUNK * _CHUNK
-        rows = xf[:full].view(-1, _CHUNK) if full < n else xf.view(-1, _CHUNK)
+        chunk = _FINE_CHUNK if fast else _CHUNK
+        full = n // chunk * chunk
+        rows = xf[:full].view(-1, chunk) if full < n else xf.view(-1, chunk)
         tail = xf[full:]
         # chunk extremes (amax and amin: two vectorised passes, ~8× faster than one
         # aminmax(dim=1)) give the batch's range in one host read; only when it passes the
