@@ -283,3 +283,30 @@ def test_slices_per_thread_respect_element_and_histogram_minimums(monkeypatch):
     assert pieces(10, 1, 0, max_slice=3) == 4       # no slice over max_slice, whatever the threads
     b = native.slice_bounds(1_000_003, 1 << 30, 3, 0)
     assert b[0] == 0 and b[-1] == 1_000_003 and bool((b.diff() > 0).all())
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "shifted"])
+def test_ifmr_histogram_losses_kernel_agrees_with_the_tensor_formula(kind, monkeypatch):
+    """Streaming IFMR's loss per candidate: the kernel and the [candidates, levels] tensor
+    evaluation (same operations, another summation order) agree, and so does the choice."""
+    obs = IfmrStreamingObserver("l")
+    for seed in range(3):
+        obs.update(data(kind, 60_000, seed=seed + 10 * len(kind)))
+    with_kernel = obs.compute()
+    from amct_torch.algorithms import ifmr
+    e, base = obs.frame
+    args = (histogram.bin_starts(e, base, obs.nbins, "cpu"), math.ldexp(1.0, e), obs.counts,
+            obs.dsum * math.ldexp(1.0, e))
+    mx, mn = obs.top[0], obs.bottom[0]
+    ratios = ifmr.candidate_ratios(0.7, 1.3, 0.01, "cpu")
+    lo, hi, s = ifmr.candidate_grid(mx, mn, ratios, True)
+    kernel = ifmr.histogram_losses(*args, lo, hi, s)
+    with monkeypatch.context() as m:
+        m.setattr(native, "library", lambda: None)
+        tensor = ifmr.histogram_losses(*args, lo, hi, s)
+        without = obs.compute()
+    if "native" in BACKENDS:
+        torch.testing.assert_close(kernel, tensor, rtol=1e-12, atol=1e-9 * float(tensor.abs().max()))
+    else:
+        assert torch.equal(kernel, tensor)
+    assert with_kernel == without

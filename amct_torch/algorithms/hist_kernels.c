@@ -312,3 +312,47 @@ int64_t amct_hfmg_walk(const int64_t* pre, int64_t n, int64_t* lefts, int64_t* r
     }
     return k;
 }
+
+/* Streaming IFMR: every candidate's loss from the fine histogram, the formula of
+ * ifmr.histogram_losses evaluated per candidate instead of on [candidates, levels] tensors.
+ * cum_n/cum_s: float64 [nb + 1] prefix counts and first moments of the bins; n_b: counts
+ * [nb]; bin b starts at start + b·width. Candidate i has levels m_lo[i] … m_lo[i] + k[i]
+ * (float64 integers) of step s[i]; its rounding boundaries t_j = (m_lo + j + ½)·s, j < k.
+ * Counts and sums below t come from the prefix sums plus a uniform share of t's bin; the
+ * loss is Σ_j q_j(q_j·N_j − 2·S_j), q_j = (m_lo + j)·s (up to Σx², shared by all). */
+void amct_ifmr_hist_losses(const double* cum_n, const double* cum_s, const double* n_b, int64_t nb,
+                           double start, double width, const double* m_lo, const double* k,
+                           const double* s, int64_t m, double* out) {
+    for (int64_t i = 0; i < m; ++i) {
+        double prev_n = 0.0, prev_s = 0.0, total = 0.0;
+        const int64_t levels = (int64_t)k[i];
+        for (int64_t j = 0; j <= levels; ++j) {
+            double cnt_at, sum_at;
+            if (j < levels) {
+                const double t = (m_lo[i] + (double)j + 0.5) * s[i];
+                double bf = floor((t - start) / width);
+                bf = bf < 0.0 ? 0.0 : (bf > (double)(nb - 1) ? (double)(nb - 1) : bf);
+                const int64_t b = (int64_t)bf;
+                const double a = start + (double)b * width;
+                double f = (t - a) / width;
+                f = f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
+                if (f >= 1.0) {
+                    cnt_at = cum_n[b + 1];
+                    sum_at = cum_s[b + 1];
+                } else {
+                    const double nf = n_b[b] * f;
+                    cnt_at = cum_n[b] + nf;
+                    sum_at = cum_s[b] + nf * (a + f * (0.5 * width));
+                }
+            } else {                       /* above the last boundary: everything */
+                cnt_at = cum_n[nb];
+                sum_at = cum_s[nb];
+            }
+            const double q = (m_lo[i] + (double)j) * s[i];
+            total += q * (q * (cnt_at - prev_n) - 2.0 * (sum_at - prev_s));
+            prev_n = cnt_at;
+            prev_s = sum_at;
+        }
+        out[i] = total;
+    }
+}
