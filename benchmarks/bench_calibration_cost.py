@@ -154,8 +154,9 @@ def main() -> None:
         return
     from amct_torch.algorithms import native
     kernels = "native" if native.library() is not None else f"torch ({native.unavailable_reason()})"
-    # the asked configuration, then the same 32 images as 4 batches of 8 (a usual calibration)
-    for bn, b in dict.fromkeys([(args.batch_num, args.batch), (4, 8)]):
+    # the asked configuration, then the same 32 images as 4 batches of 8 (a usual
+    # calibration), then 64 images as 4 batches of 16
+    for bn, b in dict.fromkeys([(args.batch_num, args.batch), (4, 8), (4, 16)]):
         line = ratio(bn, b, "streaming", rounds=5)
         line["histogram_kernels"] = kernels
         print(json.dumps(line), flush=True)
