@@ -207,15 +207,24 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
 void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t count_bits,
                      int64_t* counts, double* dsum) {
     const int64_t mask = ((int64_t)1 << count_bits) - 1;
-    for (int64_t j = 0; j < slots; ++j) {
-        int64_t c = 0, q = 0;
-        for (int32_t t = 0; t < np; ++t) {
-            int64_t v = acc[t * stride + j];
-            c += v & mask;
-            q += v >> count_bits;
+    int64_t c[BLOCK], q[BLOCK];
+    for (int64_t j0 = 0; j0 < slots; j0 += BLOCK) {      /* slot blocks: contiguous rows */
+        const int m = (int)(slots - j0 < BLOCK ? slots - j0 : BLOCK);
+        for (int j = 0; j < m; ++j) {
+            c[j] = 0;
+            q[j] = 0;
         }
-        counts[j] += c;
-        dsum[j] += (double)q * (1.0 / 65536.0);
+        for (int32_t t = 0; t < np; ++t) {
+            const int64_t* row = acc + t * stride + j0;
+            for (int j = 0; j < m; ++j) {
+                c[j] += row[j] & mask;
+                q[j] += row[j] >> count_bits;
+            }
+        }
+        for (int j = 0; j < m; ++j) {
+            counts[j0 + j] += c[j];
+            dsum[j0 + j] += (double)q[j] * (1.0 / 65536.0);
+        }
     }
 }
 
