@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms import hfmg, histogram, native
+from amct_torch.algorithms import hfmg, histogram, native, native_build
 from amct_torch.calibration import observers
 from amct_torch.calibration.observers import HfmgObserver, IfmrStreamingObserver
 from amct_torch.errors import CalibrationError
@@ -158,7 +158,7 @@ def test_nan_after_the_first_batch_names_the_layer(backend, factory):
 
 
 def test_kernels_build_where_a_compiler_exists():
-    if native._compiler() is None:
+    if native_build.find_compiler() is None:
         assert native.library() is None and "compiler" in native.unavailable_reason()
     else:
         assert native.library() is not None, native.unavailable_reason()
@@ -195,7 +195,7 @@ def test_build_is_cached_and_reused(monkeypatch, tmp_path):
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
-        if native._compiler() is None:
+        if native_build.find_compiler() is None:
             assert native.library() is None and not list(tmp_path.iterdir())
             return
         assert native.library() is not None
@@ -213,9 +213,9 @@ def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(blocked / "cache"))      # cannot be created
-        m.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+        m.setattr(native_build.tempfile, "tempdir", str(tmp_path / "tmp"))
         (tmp_path / "tmp").mkdir()
-        if native._compiler() is None:
+        if native_build.find_compiler() is None:
             assert native.library() is None
             return
         assert native.library() is not None, native.unavailable_reason()
@@ -249,23 +249,23 @@ def test_temp_folder_of_someone_else_is_refused(monkeypatch, tmp_path):
     shared.mkdir(parents=True)
     shared.chmod(0o777)
     with monkeypatch.context() as m:
-        m.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+        m.setattr(native_build.tempfile, "tempdir", str(tmp_path / "tmp"))
         with pytest.raises(RuntimeError, match="private"):
-            native._writable(blocked / "cache")
+            native_build.writable_folder(blocked / "cache")
         shared.chmod(0o700)
-        assert native._writable(blocked / "cache") == shared
+        assert native_build.writable_folder(blocked / "cache") == shared
 
 
 def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path):
     """Where the compiler has no OpenMP the slices run one after the other: same results."""
-    if native._compiler() is None:
+    if native_build.find_compiler() is None:
         assert native.library() is None
         return
     want = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
-        m.setattr(native, "_build", lambda cc: native._build_with(cc, native.FLAGS))
+        m.setattr(native_build, "build", lambda cc: native_build.build_with(cc, native_build.FLAGS))
         assert native.library() is not None
         got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     for k, v in want.state_dict().items():

@@ -1,43 +1,34 @@
 """Optional compiled CPU kernels for the observers (``hist_kernels.c``): the histograms of
-streaming IFMR and HFMG, and the HFMG search.
+streaming IFMR and HFMG, and the IFMR and HFMG searches.
 
 Why: on the CPU a histogram update written with torch ops costs ~5 passes over the data
-plus a single-threaded ``index_add_``, and the HFMG loss ~45 passes over [candidates, 257]
-tensors; the C kernels read each element once, evaluate each candidate in registers, and
-run on torch's OpenMP threads. The histogram kernels compute the very same integers as the
-torch formulas in ``histogram.py`` / ``hfmg.py`` (the tests compare them bit for bit), so
-whether they are present changes speed only; the HFMG loss sums in another order (1e-12).
+plus a single-threaded ``index_add_``, and the searches dozens of passes over [candidates,
+levels] tensors; the C kernels read each element once, evaluate each candidate in
+registers, and run on torch's own OpenMP threads. The histogram kernels compute the very
+same integers as the torch formulas in ``histogram.py`` / ``hfmg.py`` (the tests compare them
+bit for bit), so whether they are present changes speed only; the search losses sum in
+another order (they agree to 1e-12 and choose alike; tested).
 
-It is built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``;
-well under a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
-``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``; a per-user temp folder when that
-is not writable), keyed by the source, the compiler and the platform, and written atomically so that concurrent processes (torchrun
-ranks) can race safely. No compiler, a failed build or a failed self-check → the torch ops
-are used and one INFO line says why. ``AMCT_TORCH_NATIVE=0`` turns the kernels off.
+The library is built on first use (``native_build.py``). No compiler, a failed build or a
+failed self-check → the torch ops are used, one INFO line says why at load and one warning
+at the end of a calibration that ran slower for it. ``AMCT_TORCH_NATIVE=0`` turns the
+kernels off (no warning).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import math
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from pathlib import Path
-from typing import List, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import torch
 
+from amct_torch.algorithms import native_build
+
 log = logging.getLogger("amct_torch")
 
-SOURCE = Path(__file__).with_name("hist_kernels.c")
-FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
 #: scratch slots after a histogram buffer that the kernels use for exact zeros (AMCT_TRASH)
 TRASH = 8
 #: below this many elements per thread a call stays on one thread
@@ -47,119 +38,16 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def cache_dir() -> Path:
-    """Where built kernels are kept (see the module docstring)."""
-    env = os.environ.get("AMCT_TORCH_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "amct_torch"
-
-
-def _writable(folder: Path) -> Path:
-    """``folder`` (created) if this process can write there, else a private per-user temp
-    folder (containers often run with a read-only or missing home). The temp folder must be
-    ours and closed to others — a library loaded from a folder others can write to would
-    run their code."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if os.access(folder, os.W_OK):
-            return folder
-    except OSError:
-        pass
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    tmp = Path(tempfile.gettempdir()) / f"amct_torch-{uid if uid is not None else 'user'}"
-    try:
-        tmp.mkdir(mode=0o700, exist_ok=True)
-        st = tmp.stat()
-        private = uid is None or (st.st_uid == uid and not st.st_mode & 0o022)
-        if private and os.access(tmp, os.W_OK):
-            return tmp
-    except OSError:
-        pass
-    raise RuntimeError(f"no writable private folder for the build ({folder}, {tmp})")
-
-
-def _compiler() -> Optional[str]:
-    """The C compiler to build with: ``$CC`` if set (None if it does not resolve), else the
-    first of cc, gcc, clang on the PATH."""
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc.split()[0]) if cc.split() else None
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _build(cc: str) -> Path:
-    """Compile (or find in the cache) the kernels: with OpenMP if the compiler can, else
-    without (the multi-threaded entry points then run their slices one after the other)."""
-    errors = []
-    for flags in (FLAGS + ["-fopenmp"], FLAGS):
-        try:
-            return _build_with(cc, flags)
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            if str(exc) not in errors:
-                errors.append(str(exc))
-    raise RuntimeError("; ".join(errors))
-
-
-def _build_with(cc: str, flags: List[str]) -> Path:
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
-    target = _writable(cache_dir()) / f"hist_kernels-{key}.so"
-    if target.exists():
-        return target
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        t0 = time.perf_counter()
-        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
-        if res.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-300:]}")
-        os.replace(tmp, target)
-        log.info("built the native histogram kernels in %.1f s (%s)", time.perf_counter() - t0, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
 def _load() -> Optional[ctypes.CDLL]:
-    if _turned_off():
+    if native_build.turned_off():
         _state["why"] = "turned off by AMCT_TORCH_NATIVE"
         return None
-    cc = _compiler()
+    cc = native_build.find_compiler()
     if cc is None:
         env = os.environ.get("CC")
         _state["why"] = f"the compiler CC={env!r} was not found" if env else "no C compiler found (cc, gcc, clang; or set CC)"
         return None
-    lib = ctypes.CDLL(str(_build(cc)))
-    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.amct_stream_hist.argtypes = [p, i64, f32, f32, i64, i64, p]
-    lib.amct_stream_hist.restype = None
-    lib.amct_stream_update.argtypes = [p, i64, f32, f32, i64, i64, p, f32, f32, p, i64, p]
-    lib.amct_stream_update.restype = None
-    lib.amct_hfmg_hist.argtypes = [p, i64, f32, f32, i64, p]
-    lib.amct_hfmg_hist.restype = None
-    i32 = ctypes.c_int32
-    lib.amct_stream_hist_mt.argtypes = [i32, i32, p, p, f32, f32, i64, i64, p, i64]
-    lib.amct_stream_update_mt.argtypes = [i32, i32, p, p, f32, f32, i64, i64, p, i64, f32, f32, p, i64, p]
-    lib.amct_hfmg_hist_mt.argtypes = [i32, i32, p, p, f32, f32, i64, p, i64]
-    lib.amct_add_packed.argtypes = [i32, p, i64, i64, i64, p, p]
-    lib.amct_hfmg_losses.argtypes = [p, p, i64, p, p, i64, ctypes.c_double, ctypes.c_double, p, i32]
-    lib.amct_hfmg_losses.restype = None
-    f64 = ctypes.c_double
-    lib.amct_ifmr_hist_losses.argtypes = [p, p, p, i64, f64, f64, p, p, p, i64, p]
-    lib.amct_ifmr_hist_losses.restype = None
-    lib.amct_hfmg_walk.argtypes = [p, i64, p, p]
-    lib.amct_hfmg_walk.restype = i64
-    for fn in (lib.amct_stream_hist_mt, lib.amct_stream_update_mt, lib.amct_hfmg_hist_mt, lib.amct_add_packed):
-        fn.restype = None
-    return lib
+    return native_build.load_library(cc)
 
 
 def library() -> Optional[ctypes.CDLL]:
@@ -207,14 +95,10 @@ def warn_if_slow() -> None:
     unavailable, not turned off): calibration was then several times slower, and the fix —
     a C compiler — is the user's to make. Called when a calibration finishes, so that the
     warning neither interrupts the progress bar nor precedes a one-line error."""
-    if _state.get("fallback_used") and not _state.get("warned") and not _turned_off():
+    if _state.get("fallback_used") and not _state.get("warned") and not native_build.turned_off():
         _state["warned"] = True
         log.warning("calibrated on the CPU without the compiled histogram kernels (%s): same results, "
                     "several times slower; install a C compiler (gcc/clang) to speed it up", unavailable_reason())
-
-
-def _turned_off() -> bool:
-    return os.environ.get("AMCT_TORCH_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def slice_bounds(n: int, max_slice: int, threads: int, slots: int = 0) -> torch.Tensor:
