@@ -34,9 +34,9 @@ _GROUP = 16
 #: torch part of an update is a few memory-bound passes of ~0.1–0.3 ns per element; with two
 #: or more OpenMP threads each pass also pays a fork/join, which on a busy machine (other
 #: processes on every core) waits for a descheduled worker — measured ~7.5 ms per pass on
-#: this project's 2-core machine, 20–70× the pass itself. The histogram kernels (native.py)
-#: use torch's thread count as it was outside this setting, on plain threads that do not
-#: wait for each other. docs/algorithms.md has the measurements.
+#: this project's 2-core machine, 20–70× the pass itself. The compiled kernels (native.py)
+#: run one parallel region per update with torch's thread count as it was outside this
+#: setting (the slices' work dwarfs one fork/join). docs/algorithms.md has the measurements.
 CPU_THREADS: Optional[int] = 1
 
 
