@@ -26,7 +26,7 @@ BACKENDS = ["torch"] + (["native"] if native.library() is not None else [])
 @pytest.fixture
 def backend(request, monkeypatch):
     if request.param == "torch":
-        monkeypatch.setattr(native, "usable", lambda x: False)
+        monkeypatch.setattr(native, "usable", lambda *a, **k: False)
     return request.param
 
 
@@ -100,7 +100,7 @@ def batches(seed: int):
 def states(obs_factory, backend_usable: bool, seed: int, monkeypatch, threads: int = 2):
     with monkeypatch.context() as m:
         if not backend_usable:
-            m.setattr(native, "usable", lambda x: False)
+            m.setattr(native, "usable", lambda *a, **k: False)
         m.setattr(native, "MIN_PER_THREAD", 20_000)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -168,7 +168,7 @@ def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path, ca
     x = data("relu", 50_000, seed=9)
     want = HfmgObserver("l", 512)
     with monkeypatch.context() as m:
-        m.setattr(native, "usable", lambda t: False)
+        m.setattr(native, "usable", lambda *a, **k: False)
         want.update(x)
     for env, reason in ((("CC", str(tmp_path / "no-such-cc")), "was not found"),
                         (("AMCT_TORCH_NATIVE", "0"), "turned off")):

@@ -12,6 +12,7 @@ from typing import Tuple
 
 import torch
 
+from amct_torch.algorithms import native
 from amct_torch.algorithms.histogram import count_bins
 from amct_torch.algorithms.quant import FLT_EPS
 
@@ -28,7 +29,6 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 
     with w = float32((mx − mn)/nbins), all computed in float32; mn == mx → the middle bin.
     On the CPU the compiled kernel (native.py) counts on ``threads`` threads; it gives the
     same integers as ``histogram_torch``."""
-    from amct_torch.algorithms import native
     if mx == mn:
         out = torch.zeros(nbins, dtype=torch.int64, device=x.device)
         out[nbins // 2] = x.numel()
@@ -82,8 +82,7 @@ def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     order (one recorded after each trim, as SPEC says). Compact tensors on counts' device;
     this public form reads the valid count back (the search itself does not: see
     ``hfmg_factors``)."""
-    from amct_torch.algorithms import native
-    if counts.device.type == "cpu" and native.library() is not None:
+    if native.usable(counts, dtype=None):
         return native.hfmg_walk(counts)
     lefts, rights, valid, unfinished = _walk_table(counts)
     if bool(unfinished):
@@ -205,7 +204,6 @@ def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torc
     bins). Chunked over candidates (``block`` elements per work array). On the CPU the
     compiled kernel evaluates the same formula per candidate on ``threads`` threads
     (native.hfmg_losses, ~10× faster)."""
-    from amct_torch.algorithms import native
     n = counts.numel()
     dev = counts.device
     out = torch.zeros(lefts.numel(), dtype=torch.float64, device=dev)
@@ -215,7 +213,7 @@ def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torc
     c = counts.to(torch.int64)
     pref = torch.zeros(3, n + 1, dtype=torch.int64, device=dev)
     torch.cumsum(torch.stack([c, c * j, c * j * j]), 1, out=pref[:, 1:])
-    if dev.type == "cpu" and native.library() is not None:
+    if native.usable(counts, dtype=None):
         return native.hfmg_losses(pref, torch.cat([c, c.new_zeros(1)]), lefts.cpu(), rights.cpu(),
                                   width, FLT_EPS, threads)
     cnt = torch.cat([c, c.new_zeros(1)]).double()
@@ -266,11 +264,10 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
                  threads: int = 1) -> HfmgResult:
     """Search the histogram of [mn, mx] and return the factors (SPEC §5.3 steps 2–4);
     ``threads`` for the CPU loss kernel."""
-    from amct_torch.algorithms import native
     nbins = counts.numel()
     width = bin_width(mn, mx, nbins)
-    if counts.device.type == "cpu" and native.library() is not None:
-        lefts, rights = native.hfmg_walk(counts)       # the literal walk, microseconds in C
+    if native.usable(counts, dtype=None):
+        lefts, rights = candidates(counts)              # the literal walk, microseconds in C
         if lefts.numel():
             loss = losses(counts, width, lefts, rights, threads=threads)
             i = int(torch.argmin(loss))

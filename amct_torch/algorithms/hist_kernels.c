@@ -22,51 +22,34 @@
 #define BLOCK 1024
 #define AMCT_TRASH 8
 
-/* Power-of-two grid of streaming IFMR: u = x*s − base (float32, two roundings), bin
- * j = trunc(u) (u ≥ 0 for data inside the frame), offset q = trunc((u − j)·65536 + 0.5)
- * (float32). acc[j] += (q << count_bits) + 1 packs the count (low bits) and the sum of
- * offsets in 2^-16 bin units (high bits) into one integer add. The caller bounds n so that
- * neither field overflows. Exact zeros go to the trash and are added once at the end. */
-void amct_stream_hist(const float* x, int64_t n, float s, float base, int64_t slots,
-                      int64_t count_bits, int64_t* acc) {
-    int32_t jb[BLOCK];
-    int32_t qb[BLOCK];
-    int64_t zeros = 0;
-    for (int64_t st = 0; st < n; st += BLOCK) {
-        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
-        const float* p = x + st;
-        int32_t z = 0;
-        for (int i = 0; i < m; ++i) {
-            float v = p[i];
-            float u = v * s;
-            u = u - base;
-            int32_t j = (int32_t)u;
-            float f = u - (float)j;
-            f = f * 65536.0f;
-            f = f + 0.5f;
-            int isz = (v == 0.0f);
-            jb[i] = isz ? (int32_t)slots + (i & (AMCT_TRASH - 1)) : j;
-            qb[i] = (int32_t)f;
-            z += isz;
-        }
-        zeros += z;
-        for (int i = 0; i < m; ++i)
-            acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
-    }
-    if (zeros) {
-        float u = 0.0f * s;
-        u = u - base;
-        int32_t j = (int32_t)u;
-        float f = u - (float)j;
-        f = f * 65536.0f;
-        f = f + 0.5f;
-        acc[j] += (((int64_t)(int32_t)f << count_bits) + 1) * zeros;
-    }
+/* The packed entry of one value on the streaming-IFMR grid: u = v·s − base (float32, two
+ * roundings), bin *j = trunc(u) (u ≥ 0 inside the frame), offset q = trunc((u − j)·65536 + ½)
+ * (float32); the entry (q << count_bits) + 1 packs the count (low bits) and the offset in 2^-16
+ * bin units (high bits) into one integer add. Written out again in the vectorised loop below
+ * (which also handles values outside the frame); used as is for the zeros. */
+static int64_t stream_entry(float v, float s, float base, int64_t count_bits, int32_t* j) {
+    float u = v * s;
+    u = u - base;
+    *j = (int32_t)u;
+    float f = u - (float)*j;
+    f = f * 65536.0f;
+    f = f + 0.5f;
+    return ((int64_t)(int32_t)f << count_bits) + 1;
 }
 
-/* One streaming-IFMR update on the current frame, fused: the packed histogram above plus the
- * values that can enter the exact top/bottom buffers (v > thr_hi into cand[0..cap], v < thr_lo
- * into cand[cap+1..2cap+1]; every qualifying value is counted, stored while there is room).
+/* HFMG bin of one value: min(trunc((v − mn)/w), last), float32 maths. */
+static int32_t hfmg_bin(float v, float mn, float w, int32_t last) {
+    float t = v - mn;
+    t = t / w;
+    int32_t j = (int32_t)t;
+    return j < last ? j : last;
+}
+
+/* One streaming-IFMR update on the current frame, fused: the packed histogram (stream_entry;
+ * the caller bounds n so that no field overflows) plus the values that can enter the exact
+ * top/bottom buffers (v > thr_hi into cand[0..cap], v < thr_lo into cand[cap+1..2cap+1];
+ * every qualifying value is counted, stored while there is room; infinite thresholds give a
+ * plain histogram).
  * Elements outside the frame (or NaN/Inf) are not binned but counted: then the caller throws
  * the result away and takes the general path. res = {n_hi, n_lo, outside}. */
 void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
@@ -117,14 +100,10 @@ void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t 
             }
         }
     }
-    if (zeros) {
-        float u = 0.0f * s;
-        u = u - base;
-        int32_t j = (int32_t)u;
-        float f = u - (float)j;
-        f = f * 65536.0f;
-        f = f + 0.5f;
-        acc[j] += (((int64_t)(int32_t)f << count_bits) + 1) * zeros;
+    if (zeros) {                          /* the exact zeros, sent to the trash above */
+        int32_t j;
+        const int64_t entry = stream_entry(0.0f, s, base, count_bits, &j);
+        acc[j] += entry * zeros;
     }
     res[0] = n_hi;
     res[1] = n_lo;
@@ -143,10 +122,7 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins,
         int32_t z = 0;
         for (int i = 0; i < m; ++i) {
             float v = p[i];
-            float t = v - mn;
-            t = t / w;
-            int32_t j = (int32_t)t;
-            j = j < last ? j : last;
+            int32_t j = hfmg_bin(v, mn, w, last);
             int isz = (v == 0.0f);
             jb[i] = isz ? (int32_t)nbins + (i & (AMCT_TRASH - 1)) : j;
             z += isz;
@@ -155,13 +131,8 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins,
         for (int i = 0; i < m; ++i)
             cnt[jb[i]] += 1;
     }
-    if (zeros) {
-        float t = 0.0f - mn;
-        t = t / w;
-        int32_t j = (int32_t)t;
-        j = j < last ? j : last;
-        cnt[j] += zeros;
-    }
+    if (zeros)                            /* the exact zeros, sent to the trash above */
+        cnt[hfmg_bin(0.0f, mn, w, last)] += zeros;
 }
 
 /* Multi-threaded entry points: slice t < np of x, x[bounds[t] .. bounds[t+1]), into its own
@@ -170,16 +141,6 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins,
  * libgomp and the same worker threads as torch's own kernels (which keep spinning between
  * parallel regions, so a separate thread pool would fight them for the cores). Built
  * without OpenMP the pragmas are ignored and the slices run one after the other. */
-void amct_stream_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
-                         int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride) {
-    #pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int32_t t = 0; t < np; ++t) {
-        memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
-        amct_stream_hist(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, count_bits,
-                         acc + t * acc_stride);
-    }
-}
-
 void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
                            int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
                            float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res) {

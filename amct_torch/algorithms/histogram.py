@@ -14,6 +14,8 @@ from typing import Tuple
 
 import torch
 
+from amct_torch.algorithms import native
+
 #: finest bin relative to the data's magnitude (keeps |x/w| < 2**22: exact in float32)
 REL_BITS = 21
 MIN_EXP = -100
@@ -64,10 +66,12 @@ def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: t
     element costs one scatter; slices of ≤ ``MAX_SLICE`` elements are decoded separately.
     On the CPU the compiled kernel does it on ``threads`` threads (native.py), elsewhere the
     torch formula; both give the same integers, so the state does not depend on either."""
-    from amct_torch.algorithms import native
     s, b, slots = math.ldexp(1.0, -e), float(base), counts.numel()
-    if native.usable(x):
-        native.add_packed(native.stream_hist(x, s, b, slots, COUNT_BITS, MAX_SLICE, threads), counts, dsum, COUNT_BITS)
+    if native.usable(x):                 # the fused kernel with no candidates: a plain histogram
+        r = native.stream_update(x, s, b, slots, COUNT_BITS, math.inf, -math.inf, 0, MAX_SLICE, threads)
+        if r.outside:
+            raise ValueError(f"{r.outside} values lie outside the histogram's frame")
+        native.add_packed(r.acc, counts, dsum, COUNT_BITS)
         return
     acc = torch.stack([packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)])
     add_packed(acc, counts, dsum)

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from amct_torch.algorithms import native
 from amct_torch.algorithms.quant import FLT_EPS
 
 #: elements of one [candidates, chunk] block of the exact search (bounds its memory)
@@ -322,8 +323,7 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     m_lo = torch.round(lo.double()[:, None] / s64)            # lowest and highest level index
     m_hi = torch.round(hi.double()[:, None] / s64)
     k = (m_hi - m_lo).clamp_(min=0)                          # boundaries per candidate
-    from amct_torch.algorithms import native
-    if dev.type == "cpu" and native.library() is not None:   # the same formula per candidate
+    if native.usable(counts, dtype=None):                    # the same formula per candidate
         return native.ifmr_hist_losses(cum_n, cum_s, n_b, float(bin_lo[0]), width, m_lo[:, 0], k[:, 0], s64[:, 0])
     n_bound = int(k.max()) if k.numel() else 0
     j = torch.arange(n_bound + 1, dtype=torch.float64, device=dev)[None, :]

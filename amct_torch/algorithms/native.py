@@ -78,16 +78,16 @@ def unavailable_reason() -> Optional[str]:
     return None if _state.get("lib") is not None else _state.get("why")
 
 
-def usable(x: torch.Tensor) -> bool:
-    """True when ``x`` (flat float32) can go through the kernels: a CPU tensor and the
-    library loaded. A CPU tensor that cannot (kernels unavailable) is remembered for
+def usable(t: torch.Tensor, dtype: Optional[torch.dtype] = torch.float32) -> bool:
+    """True when ``t`` can go through the kernels: a CPU tensor (of ``dtype``; None: any) and
+    the library loaded. A CPU tensor that cannot (kernels unavailable) is remembered for
     ``warn_if_slow``."""
-    if x.device.type != "cpu":
+    if t.device.type != "cpu":
         return False
     if library() is None:
         _state["fallback_used"] = True
         return False
-    return x.dtype == torch.float32
+    return dtype is None or t.dtype == dtype
 
 
 def warn_if_slow() -> None:
@@ -144,19 +144,6 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, coun
 def _check_input(x: torch.Tensor) -> None:
     if not (x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu"):
         raise ValueError("the histogram kernels take contiguous float32 CPU tensors")
-
-
-def stream_hist(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
-                max_slice: int, threads: int = 1) -> torch.Tensor:
-    """Packed accumulators of the streaming-IFMR grid (see ``histogram.packed_slice``), one
-    row per slice: int64 [pieces, slots] (a reused buffer: consume before the next call)."""
-    _check_input(x)
-    bounds = slice_bounds(x.numel(), max_slice, threads, slots)
-    pieces = bounds.numel() - 1
-    acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
-    library().amct_stream_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), s, base,
-                                  slots, count_bits, acc.data_ptr(), slots + TRASH)
-    return acc[:, :slots]
 
 
 class UpdateResult(NamedTuple):
@@ -255,7 +242,8 @@ def self_check() -> Optional[str]:
         e, base = histogram.frame_for(lo, hi, 4096)
         s = math.ldexp(1.0, -e)
         want = histogram.packed_slice(data, s, float(base), 4097)
-        if not torch.equal(stream_hist(data, s, float(base), 4097, histogram.COUNT_BITS, 1 << 30)[0], want):
+        got = stream_update(data, s, float(base), 4097, histogram.COUNT_BITS, math.inf, -math.inf, 0, 1 << 30)
+        if got.outside or not torch.equal(got.acc[0], want):
             return "streaming IFMR histogram differs from the torch formula"
         if hi > lo and not torch.equal(hfmg_hist(data, lo, hfmg.bin_width(lo, hi, 2048), 2048, threads=2),
                                        hfmg.histogram_torch(data, lo, hi, 2048)):
