@@ -48,17 +48,22 @@ class CaffeGraphModule(fx.GraphModule):
 _RESERVED = set(dir(fx.GraphModule)) | set(dir(nn.Module)) | {"meta", "graph", "code", "training"}
 
 
-def sanitize_name(name: str, taken: set[str]) -> str:
-    """A valid, unused Python identifier for a Caffe name ('/', '-', '.' become '_')."""
-    base = re.sub(r"\W", "_", name) or "_"
-    if base[0].isdigit() or keyword.iskeyword(base) or base in _RESERVED or base.startswith("_"):
-        base = "L_" + base
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3`` … — the first not in ``taken``, which it joins."""
     out, i = base, 1
     while out in taken:
         i += 1
         out = f"{base}_{i}"
     taken.add(out)
     return out
+
+
+def sanitize_name(name: str, taken: set[str]) -> str:
+    """A valid, unused Python identifier for a Caffe name ('/', '-', '.' become '_')."""
+    base = re.sub(r"\W", "_", name) or "_"
+    if base[0].isdigit() or keyword.iskeyword(base) or base in _RESERVED or base.startswith("_"):
+        base = "L_" + base
+    return unique_name(base, taken)
 
 
 def _meta_forward(module: CaffeLayer, args: Sequence[torch.Tensor]) -> Any:

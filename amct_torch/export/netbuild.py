@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from amct_torch.caffe.graph import unique_name
 from amct_torch.caffe.layers import CaffeLayer
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.errors import ExportError
@@ -99,18 +100,10 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
     name_of: dict[fx.Node, str] = {}
     bound: dict[str, fx.Node] = {}
 
-    def fresh(base_name: str, taken: set[str]) -> str:
-        out, i = base_name, 1
-        while out in taken:
-            i += 1
-            out = f"{base_name}_{i}"
-        taken.add(out)
-        return out
-
     def bind(value: fx.Node, desired: str, at: int) -> str:
         holder = bound.get(desired)
         if holder is not None and holder is not value and last_use[holder] > at:
-            desired = fresh(f"{desired}_{value.name}", taken_blobs)  # keep the live value intact
+            desired = unique_name(f"{desired}_{value.name}", taken_blobs)  # keep the live value intact
         taken_blobs.add(desired)
         bound[desired] = value
         name_of[value] = desired
@@ -143,13 +136,13 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
                 key = (args[k], float(lq.scale_d), int(lq.offset_d))
                 q = shared.get(key)
                 if q is None:
-                    qname = fresh(f"{mod.caffe_name}_quant_layer", taken_layers)
+                    qname = unique_name(f"{mod.caffe_name}_quant_layer", taken_layers)
                     q = InsertedQuant(qname, bottoms[k], lq.scale_d, lq.offset_d)
                     shared[key] = q
                     quants.append(q)
                     ql = net.layer.add(name=qname, type="Quant")
                     ql.bottom.append(bottoms[k])
-                    q.top = fresh(qname, taken_blobs)
+                    q.top = unique_name(qname, taken_blobs)
                     ql.top.append(q.top)
                     scale, offset = quant_param_values(lq.scale_d, lq.offset_d)
                     ql.quant_param.scale = scale
@@ -176,7 +169,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
         for k, v in enumerate(values):
             desired = mod.layer_param.top[k]
             if v is None:
-                layer.top.append(fresh(desired, taken_blobs))
+                layer.top.append(unique_name(desired, taken_blobs))
                 continue
             if mod.num_tops == 1 and v in outputs:
                 desired = outputs[v]
@@ -184,7 +177,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
         arrays[layer.name] = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
                               for a in blobs(lq, mod)]
         if lq is not None and not lq.joint:
-            dname = fresh(f"{mod.caffe_name}_dequant_layer", taken_layers)
+            dname = unique_name(f"{mod.caffe_name}_dequant_layer", taken_layers)
             dl = net.layer.add(name=dname, type="DeQuant")
             dl.bottom.append(layer.top[0])
             dl.top.append(layer.top[0])

@@ -182,17 +182,10 @@ class _Builder:
 
     def _conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
         deconv = mod.caffe_type == "Deconvolution"
-        if lq is not None:
-            if deconv and lq.per_channel and mod.groups > 1:
-                self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
-                               "ONNX quantization axis; quantize this layer per tensor")
-            w = self.quant_weight(lq, lq.int8_weight, axis=1 if deconv else 0)
-        else:
-            w = self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())
-        ins = [x, w]
-        if mod.bias is not None:
-            ins.append(self.quant_bias(lq) if lq is not None else
-                       self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
+        if lq is not None and deconv and lq.per_channel and mod.groups > 1:
+            self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
+                           "ONNX quantization axis; quantize this layer per tensor")
+        ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0)
         (ph, pw), kernel = mod.padding, list(mod.kernel_size)
         return self.node("ConvTranspose" if deconv else "Conv", ins, mod.caffe_name,
                          kernel_shape=kernel, strides=list(mod.stride), pads=[ph, pw, ph, pw],
@@ -207,15 +200,20 @@ class _Builder:
                 # speed mode: the same Q/DQ again after the Flatten (Q(DQ(q)) = q, no new
                 # rounding) so that ORT sees DQ → Gemm and can fuse QGemm
                 x = self.qdq(x, mod.caffe_name, "flat", lq.scale_d, lq.offset_d)
+        ins = [x] + self._weight_and_bias(mod, lq, axis=0)
+        return self.node("Gemm", ins, mod.caffe_name, transB=1)[0]
+
+    def _weight_and_bias(self, mod, lq: Optional[LayerQuant], axis: int) -> list:
+        """The weight (DequantizeLinear of int8 along ``axis`` when quantized, else float) and
+        the bias inputs (if any) of a Conv/ConvTranspose/Gemm node."""
         if lq is not None:
-            w = self.quant_weight(lq, lq.int8_weight, axis=0)
+            ins = [self.quant_weight(lq, lq.int8_weight, axis=axis)]
         else:
-            w = self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())
-        ins = [x, w]
+            ins = [self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())]
         if mod.bias is not None:
             ins.append(self.quant_bias(lq) if lq is not None else
                        self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
-        return self.node("Gemm", ins, mod.caffe_name, transB=1)[0]
+        return ins
 
     def _pool(self, mod, x: str, shape) -> str:
         if mod.method not in (_MAX, _AVE):

@@ -111,6 +111,17 @@ class _Fuser:
     def _affine(self, bn: CaffeLayer, scale: CaffeLayer) -> tuple[torch.Tensor, torch.Tensor]:
         return bn_scale_affine(bn.mean, bn.var, bn.eps, scale.weight, scale.bias)
 
+    def _install(self, layer: CaffeLayer, w: torch.Tensor, b: torch.Tensor, bn: CaffeLayer,
+                 scale: CaffeLayer) -> bool:
+        """Set the folded weights on ``layer``, or refuse (with a warning) when folding gave
+        non-finite values; True when installed."""
+        if not all_finite(w, b):
+            self._refuse(layer.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
+                         "non-finite values", warn=True)
+            return False
+        _set_weights(layer, w, b)
+        return True
+
     def output_side(self) -> None:
         gm = self.gm
         for node in list(gm.graph.nodes):
@@ -137,11 +148,8 @@ class _Fuser:
             w, b = fold_output_side(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(),
                                     a, c, transposed=layer.caffe_type == "Deconvolution",
                                     groups=getattr(layer, "groups", 1))
-            if not all_finite(w, b):
-                self._refuse(layer.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
-                             "non-finite values", warn=True)
+            if not self._install(layer, w, b, bn, scale):
                 continue
-            _set_weights(layer, w, b)
             del layer.layer_param.top[:]
             layer.layer_param.top.extend(scale.layer_param.top)
             sc_node.replace_all_uses_with(node)
@@ -167,11 +175,8 @@ class _Fuser:
                 continue
             a, c = self._affine(bn, scale)
             w, b = fold_input_side(conv.weight.detach(), None if conv.bias is None else conv.bias.detach(), a, c)
-            if not all_finite(w, b):
-                self._refuse(conv.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
-                             "non-finite values", warn=True)
+            if not self._install(conv, w, b, bn, scale):
                 continue
-            _set_weights(conv, w, b)
             del conv.layer_param.bottom[:]
             conv.layer_param.bottom.extend(bn.layer_param.bottom)
             node.replace_input_with(sc_node, bn_node.args[0])
