@@ -20,14 +20,22 @@ from amct_torch.calibration import observers
 from amct_torch.calibration.observers import HfmgObserver, IfmrStreamingObserver
 from amct_torch.errors import CalibrationError
 
-BACKENDS = ["torch"] + (["native"] if native.library() is not None else [])
+#: torch ops; the kernels at their widest vector width; the kernels' 4-lane code where the
+#: CPU has a wider one (both widths must give the same integers)
+BACKENDS = ["torch"] + (["native"] if native.library() is not None else []) \
+    + (["native_4_lanes"] if native.library() is not None and native.set_isa(-1) else [])
 
 
 @pytest.fixture
 def backend(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(native, "usable", lambda *a, **k: False)
-    return request.param
+    if request.param == "native_4_lanes":
+        native.set_isa(0)
+        yield request.param
+        native.set_isa(-1)
+        return
+    yield request.param
 
 
 def data(kind: str, n: int, seed: int) -> torch.Tensor:
@@ -121,7 +129,14 @@ def test_observer_state_is_the_same_with_or_without_the_kernels(factory, seed, m
     a = states(factory, True, seed, monkeypatch)
     b = states(factory, False, seed, monkeypatch)
     c = states(factory, True, seed, monkeypatch, threads=1)
-    for other in (b, c):
+    others = [b, c]
+    if "native_4_lanes" in BACKENDS:
+        native.set_isa(0)
+        try:
+            others.append(states(factory, True, seed, monkeypatch))
+        finally:
+            native.set_isa(-1)
+    for other in others:
         sa, so = a.state_dict(), other.state_dict()
         assert sa.keys() == so.keys()
         for k in sa:
@@ -143,6 +158,35 @@ def test_steady_batches_take_the_fused_path(monkeypatch):
         assert calls["fused"] >= 6
     else:
         assert calls == {"fused": 0, "general": 6}
+
+
+def test_hfmg_batches_inside_the_range_take_one_pass(monkeypatch):
+    if "native" not in BACKENDS:
+        pytest.skip("needs the compiled kernels (no C compiler here)")
+    passes = []
+    real = native.hfmg_pass
+    monkeypatch.setattr(native, "hfmg_pass", lambda *a: passes.append(a[1:3]) or real(*a))
+    g = torch.Generator().manual_seed(9)
+    obs = HfmgObserver("l", 2048)
+    obs.update(torch.randn(50_000, generator=g) * 4)      # first batch: extremes, then the bins
+    assert len(passes) == 2 and passes[0] == (math.inf, -math.inf)
+    for _ in range(3):                                    # inside the range: one pass each
+        obs.update(torch.randn(50_000, generator=g))
+    assert len(passes) == 5
+    obs.update(torch.randn(50_000, generator=g) * 8)      # wider: a pass, then the union's bins
+    assert len(passes) == 7 and passes[-1] == (obs.mn, obs.mx)
+    assert int(obs.counts.sum()) == 250_000
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")])
+def test_hfmg_infinite_value_names_the_layer(backend, value):
+    obs = HfmgObserver("conv4", 512)
+    obs.update(torch.randn(100_000))
+    bad = torch.randn(100_000)
+    bad[12_345] = value
+    with pytest.raises(CalibrationError, match="conv4"):
+        obs.update(bad)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -268,6 +312,27 @@ def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path)
         m.setattr(native_build, "build", lambda cc: native_build.build_with(cc, native_build.FLAGS))
         assert native.library() is not None
         got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
+    for k, v in want.state_dict().items():
+        assert torch.equal(v, got.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("factory", [lambda: IfmrStreamingObserver("l"), lambda: HfmgObserver("l", 2048)],
+                         ids=["ifmr_streaming", "hfmg"])
+def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
+    """The code other architectures compile (4 lanes, compare-and-select instead of x86's
+    min/max instructions, no AVX2) passes its self-check and gives the same states."""
+    if native_build.find_compiler() is None:
+        assert native.library() is None
+        return
+    want = states(factory, True, 1, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(native, "_state", {})
+        m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
+        m.setattr(native_build, "build",
+                  lambda cc: native_build.build_with(cc, native_build.FLAGS + ["-fopenmp", "-DAMCT_PORTABLE"]))
+        assert native.library() is not None, native.unavailable_reason()
+        assert native.set_isa(-1) == 0
+        got = states(factory, True, 1, monkeypatch)
     for k, v in want.state_dict().items():
         assert torch.equal(v, got.state_dict()[k]), k
 

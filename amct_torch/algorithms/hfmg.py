@@ -34,8 +34,10 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 
         out[nbins // 2] = x.numel()
         return out
     if native.usable(x):
-        w = bin_width(mn, mx, nbins)
-        return native.hfmg_hist(x, mn, w, nbins, threads)
+        r = native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads)
+        if r.outside:
+            raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
+        return r.counts
     return histogram_torch(x, mn, mx, nbins)
 
 

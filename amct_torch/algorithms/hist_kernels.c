@@ -3,30 +3,53 @@
  *
  * Why C: a histogram needs a scatter per element. With torch ops every step (scale, shift,
  * truncate, offset, count) is a separate pass over memory and the scatter (index_add_) runs
- * on one thread. Here an element is read once, the index arithmetic is vectorised, and the
+ * on one thread. Here an element is read once: a block of 1024 values gets its bins (and
+ * offsets, flags, extremes) in SIMD registers, then the block's scatter runs from L1; the
  * caller splits the data over threads, one private histogram each.
+ *
+ * SIMD: GCC/clang vector extensions. The slice kernels are written once (the second half of
+ * this file) and compiled twice by including the file into itself: with 4 lanes (SSE2, NEON:
+ * every CPU of the architecture) and, on x86-64, with 8 lanes for AVX2; amct_set_isa picks
+ * one at run time, so one build runs on any CPU. The scatter loads eight bins before their
+ * eight updates, so independent read-modify-writes overlap.
  *
  * Bit-exactness with the torch path: the same float32 operations in the same order, compiled
  * with -ffp-contract=off (a fused multiply-add would round once instead of twice). Results
- * are integers, so they do not depend on how the data was split.
+ * are integers, so they do not depend on how the data was split or on the vector width.
  *
  * Repeated bins: post-ReLU activations are often half exact zeros, so one bin would take
  * every other increment and each increment would wait for the previous one. Exact zeros are
  * sent to eight rotating trash slots after the real ones and added to the zero's bin once at
  * the end. Buffers therefore have slots + AMCT_TRASH entries; the trash is left as garbage.
  */
+#ifndef AMCT_LANES                 /* ---------------- the file proper ---------------- */
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
 
-#define BLOCK 1024
+#define BLOCK 1024                 /* a multiple of every vector width */
 #define AMCT_TRASH 8
+#define AMCT_INLINE static inline __attribute__((always_inline))
+#define AMCT_CAT_(a, b) a##b
+#define AMCT_CAT(a, b) AMCT_CAT_(a, b)
+
+/* x86-64: the AVX2 build of the slices and the SSE/AVX min/max instructions. AMCT_PORTABLE
+ * compiles what other architectures get (4 lanes, compare-and-select), for the tests. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(AMCT_PORTABLE)
+#define AMCT_X86 1
+#else
+#define AMCT_X86 0
+#endif
+#define AMCT_HAVE_AVX2 AMCT_X86
+#if AMCT_X86
+#include <immintrin.h>
+#endif
 
 /* The packed entry of one value on the streaming-IFMR grid: u = v·s − base (float32, two
  * roundings), bin *j = trunc(u) (u ≥ 0 inside the frame), offset q = trunc((u − j)·65536 + ½)
  * (float32); the entry (q << count_bits) + 1 packs the count (low bits) and the offset in 2^-16
- * bin units (high bits) into one integer add. Written out again in the vectorised loop below
- * (which also handles values outside the frame); used as is for the zeros. */
+ * bin units (high bits) into one integer add. Written out again in the vectorised slices
+ * (which also handle values outside the frame); used as is for the zeros. */
 static int64_t stream_entry(float v, float s, float base, int64_t count_bits, int32_t* j) {
     float u = v * s;
     u = u - base;
@@ -45,6 +68,74 @@ static int32_t hfmg_bin(float v, float mn, float w, int32_t last) {
     return j < last ? j : last;
 }
 
+/* Add a block's packed entries, eight bins loaded before their eight updates. */
+AMCT_INLINE void scatter_packed(int64_t* acc, const int32_t* jb, const int32_t* qb, int m, int64_t count_bits) {
+    int i = 0;
+    for (; i + 8 <= m; i += 8) {
+        int32_t j[8];
+        int64_t e[8];
+        for (int k = 0; k < 8; ++k) {
+            j[k] = jb[i + k];
+            e[k] = ((int64_t)qb[i + k] << count_bits) + 1;
+        }
+        for (int k = 0; k < 8; ++k) acc[j[k]] += e[k];
+    }
+    for (; i < m; ++i) acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
+}
+
+/* Count a block's bins, likewise. */
+AMCT_INLINE void scatter_count(int64_t* cnt, const int32_t* jb, int m) {
+    int i = 0;
+    for (; i + 8 <= m; i += 8) {
+        int32_t j[8];
+        for (int k = 0; k < 8; ++k) j[k] = jb[i + k];
+        for (int k = 0; k < 8; ++k) cnt[j[k]] += 1;
+    }
+    for (; i < m; ++i) cnt[jb[i]] += 1;
+}
+
+/* The slice kernels, once per vector width (see the second half of the file). */
+#define AMCT_LANES 4
+#include "hist_kernels.c"
+#undef AMCT_LANES
+#if AMCT_HAVE_AVX2
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#endif
+#define AMCT_LANES 8
+#include "hist_kernels.c"
+#undef AMCT_LANES
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+/* −1: not chosen yet; 0: 4 lanes; 1: AVX2 8 lanes */
+static int amct_isa = -1;
+
+/* Choose the vector width: want 0 asks for the 4-lane code, anything else for the widest the
+ * CPU has. Returns the choice in use (0: 4 lanes, 1: AVX2). The tests run both widths against
+ * the same references. */
+int amct_set_isa(int want) {
+    int avx2 = 0;
+#if AMCT_HAVE_AVX2
+    __builtin_cpu_init();
+    avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+#endif
+    amct_isa = want == 0 ? 0 : avx2;
+    return amct_isa;
+}
+
+static int wide(void) {
+    if (amct_isa < 0) amct_set_isa(-1);
+    return amct_isa;
+}
+
 /* One streaming-IFMR update on the current frame, fused: the packed histogram (stream_entry;
  * the caller bounds n so that no field overflows) plus the values that can enter the exact
  * top/bottom buffers (v > thr_hi into cand[0..cap], v < thr_lo into cand[cap+1..2cap+1];
@@ -55,84 +146,31 @@ static int32_t hfmg_bin(float v, float mn, float w, int32_t last) {
 void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
                         int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
                         float* cand, int64_t cap, int64_t* res) {
-    int32_t jb[BLOCK];
-    int32_t qb[BLOCK];
-    float* cand_lo = cand + cap + 1;
-    const float top = (float)slots;
-    int64_t zeros = 0, n_hi = 0, n_lo = 0, outside = 0;
-    for (int64_t st = 0; st < n; st += BLOCK) {
-        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
-        const float* p = x + st;
-        int32_t z = 0, bh = 0, bl = 0, bo = 0;
-        for (int i = 0; i < m; ++i) {
-            float v = p[i];
-            float u = v * s;
-            u = u - base;
-            int ok = (u >= 0.0f) & (u < top);
-            float uc = ok ? u : 0.0f;
-            int32_t j = (int32_t)uc;
-            float f = uc - (float)j;
-            f = f * 65536.0f;
-            f = f + 0.5f;
-            int isz = (v == 0.0f);
-            int trash = isz | !ok;
-            jb[i] = trash ? (int32_t)slots + (i & (AMCT_TRASH - 1)) : j;
-            qb[i] = (int32_t)f;
-            z += isz & ok;
-            bo += !ok;
-            bh += (v > thr_hi);
-            bl += (v < thr_lo);
-        }
-        zeros += z;
-        outside += bo;
-        for (int i = 0; i < m; ++i)
-            acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
-        if (bh) {
-            for (int i = 0; i < m; ++i) {
-                cand[n_hi < cap ? n_hi : cap] = p[i];
-                n_hi += (p[i] > thr_hi);
-            }
-        }
-        if (bl) {
-            for (int i = 0; i < m; ++i) {
-                cand_lo[n_lo < cap ? n_lo : cap] = p[i];
-                n_lo += (p[i] < thr_lo);
-            }
-        }
+#if AMCT_HAVE_AVX2
+    if (wide()) {
+        stream_slice8(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res);
+        return;
     }
-    if (zeros) {                          /* the exact zeros, sent to the trash above */
-        int32_t j;
-        const int64_t entry = stream_entry(0.0f, s, base, count_bits, &j);
-        acc[j] += entry * zeros;
-    }
-    res[0] = n_hi;
-    res[1] = n_lo;
-    res[2] = outside;
+#endif
+    stream_slice4(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res);
 }
 
-/* HFMG bins of [mn, mn + nbins·w): j = min(trunc((x − mn)/w), nbins − 1), float32 maths.
- * cnt int64 [nbins + AMCT_TRASH]. */
-void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins, int64_t* cnt) {
-    int32_t jb[BLOCK];
-    int64_t zeros = 0;
-    const int32_t last = (int32_t)nbins - 1;
-    for (int64_t st = 0; st < n; st += BLOCK) {
-        int m = (int)(n - st < BLOCK ? n - st : BLOCK);
-        const float* p = x + st;
-        int32_t z = 0;
-        for (int i = 0; i < m; ++i) {
-            float v = p[i];
-            int32_t j = hfmg_bin(v, mn, w, last);
-            int isz = (v == 0.0f);
-            jb[i] = isz ? (int32_t)nbins + (i & (AMCT_TRASH - 1)) : j;
-            z += isz;
-        }
-        zeros += z;
-        for (int i = 0; i < m; ++i)
-            cnt[jb[i]] += 1;
+/* HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
+ * maths, into cnt int64 [nbins + AMCT_TRASH]; res = {non-zero if a value lies outside
+ * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
+ * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
+ * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
+ * the values before lie inside [mn, mx], so the union of [mn, mx] and ext is the union with
+ * the batch's range. With mn > mx (no range yet) the call is a pure min/max pass. */
+void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
+                    int64_t* cnt, float* ext, int64_t* res) {
+#if AMCT_HAVE_AVX2
+    if (wide()) {
+        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, ext, res);
+        return;
     }
-    if (zeros)                            /* the exact zeros, sent to the trash above */
-        cnt[hfmg_bin(0.0f, mn, w, last)] += zeros;
+#endif
+    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res);
 }
 
 /* Multi-threaded entry points: slice t < np of x, x[bounds[t] .. bounds[t+1]), into its own
@@ -144,6 +182,7 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float w, int64_t nbins,
 void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
                            int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
                            float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res) {
+    wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
         memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
@@ -152,12 +191,14 @@ void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t
     }
 }
 
-void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float mn, float w,
-                       int64_t nbins, int64_t* cnt, int64_t cnt_stride) {
+void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float mn, float mx,
+                       float w, int64_t nbins, int64_t* cnt, int64_t cnt_stride, float* ext, int64_t* res) {
+    wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
         memset(cnt + t * cnt_stride, 0, sizeof(int64_t) * cnt_stride);
-        amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, w, nbins, cnt + t * cnt_stride);
+        amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, mx, w, nbins, cnt + t * cnt_stride,
+                       ext + 2 * t, res + 2 * t);
     }
 }
 
@@ -326,3 +367,256 @@ void amct_ifmr_hist_losses(const double* cum_n, const double* cum_s, const doubl
         out[i] = total;
     }
 }
+
+#else  /* ---------------- included once per vector width: the slice kernels ---------------- */
+
+/* Names of this width's functions and vector types: L(stream_slice) is stream_slice4 or
+ * stream_slice8. A vector comparison gives −1 in each true lane, so `c -= cmp` counts. */
+#define L(name) AMCT_CAT(name, AMCT_LANES)
+#define W AMCT_LANES
+typedef float L(vf) __attribute__((vector_size(4 * W)));
+typedef int32_t L(vi) __attribute__((vector_size(4 * W)));
+#define VF L(vf)
+#define VI L(vi)
+
+AMCT_INLINE VF L(splat)(float a) {
+    VF v;
+    for (int k = 0; k < W; ++k) v[k] = a;
+    return v;
+}
+
+AMCT_INLINE VI L(isplat)(int32_t a) {
+    VI v;
+    for (int k = 0; k < W; ++k) v[k] = a;
+    return v;
+}
+
+AMCT_INLINE int32_t L(hsum)(VI v) {
+    int32_t t = 0;
+    for (int k = 0; k < W; ++k) t += v[k];
+    return t;
+}
+
+AMCT_INLINE VI L(select)(VI mask, VI a, VI b) {          /* mask ? a : b, lane-wise */
+    return (a & mask) | (b & ~mask);
+}
+
+/* The trash slots of the lanes, slots + 0 … 7 (with 4 lanes the callers alternate this
+ * vector with itself + 4, so that runs of zeros still rotate over all eight). */
+AMCT_INLINE VI L(trash_lanes)(int32_t slots, int odd) {
+    VI lane;
+    for (int k = 0; k < W; ++k) lane[k] = slots + ((k + odd * W) & (AMCT_TRASH - 1));
+    return lane;
+}
+
+/* a < b ? a : b and a > b ? a : b, lane-wise (so a NaN in a keeps b): x86's min/max
+ * instructions have exactly these semantics; elsewhere a compare and a select (whose
+ * longer dependency chain the callers split over several accumulators). */
+AMCT_INLINE VF L(vmin)(VF a, VF b) {
+#if AMCT_X86 && AMCT_LANES == 8
+    return _mm256_min_ps(a, b);
+#elif AMCT_X86 && AMCT_LANES == 4
+    return _mm_min_ps(a, b);
+#else
+    return (VF)L(select)(a < b, (VI)a, (VI)b);
+#endif
+}
+
+AMCT_INLINE VF L(vmax)(VF a, VF b) {
+#if AMCT_X86 && AMCT_LANES == 8
+    return _mm256_max_ps(a, b);
+#elif AMCT_X86 && AMCT_LANES == 4
+    return _mm_max_ps(a, b);
+#else
+    return (VF)L(select)(a > b, (VI)a, (VI)b);
+#endif
+}
+
+/* Fold a vector's lanes into the running extremes (NaN lanes never pass a comparison). */
+AMCT_INLINE void L(fold_extremes)(VF vlo, VF vhi, float* lo, float* hi) {
+    for (int k = 0; k < W; ++k) {
+        if (vlo[k] < *lo) *lo = vlo[k];
+        if (vhi[k] > *hi) *hi = vhi[k];
+    }
+}
+
+/* Streaming IFMR, one slice (amct_stream_update has the contract). */
+static void L(stream_slice)(const float* x, int64_t n, float s, float base, int64_t slots,
+                            int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
+                            float* cand, int64_t cap, int64_t* res) {
+    int32_t jb[BLOCK] __attribute__((aligned(64)));
+    int32_t qb[BLOCK] __attribute__((aligned(64)));
+    float* cand_lo = cand + cap + 1;
+    const float top = (float)slots;
+    VI lane = L(trash_lanes)((int32_t)slots, 0), step = L(isplat)(W < AMCT_TRASH ? W : 0);
+    int64_t zeros = 0, n_hi = 0, n_lo = 0, outside = 0;
+    for (int64_t st = 0; st < n; st += BLOCK) {
+        const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
+        const float* p = x + st;
+        VI n_ok = L(isplat)(0), n_keep = n_ok;
+        VF vhi = L(splat)(-INFINITY), vlo = L(splat)(INFINITY);
+        int i = 0;
+        for (; i + W <= m; i += W) {
+            VF v;
+            memcpy(&v, p + i, sizeof v);
+            VF u = v * s;
+            u = u - base;
+            VI ok = (u >= 0.0f) & (u < top);           /* false for NaN */
+            VI j = __builtin_convertvector(u, VI);      /* garbage where !ok: those go to the trash */
+            VF f = u - __builtin_convertvector(j, VF);
+            f = f * 65536.0f;
+            f = f + 0.5f;
+            VI keep = ok & (v != 0.0f);
+            VI jj = L(select)(keep, j, lane);
+            VI q = __builtin_convertvector(f, VI);
+            memcpy(jb + i, &jj, sizeof jj);
+            memcpy(qb + i, &q, sizeof q);
+            n_ok -= ok;
+            n_keep -= keep;
+            vhi = L(vmax)(v, vhi);
+            vlo = L(vmin)(v, vlo);
+            lane += step;                        /* with 4 lanes, alternate over the 8 slots */
+            step = -step;
+        }
+        float b_lo = INFINITY, b_hi = -INFINITY;
+        L(fold_extremes)(vlo, vhi, &b_lo, &b_hi);
+        const int32_t c_ok = L(hsum)(n_ok);
+        int32_t c_zero = c_ok - L(hsum)(n_keep), c_out = i - c_ok, c_hi = b_hi > thr_hi, c_lo = b_lo < thr_lo;
+        for (; i < m; ++i) {                     /* the tail of the last block: same maths */
+            float v = p[i];
+            float u = v * s;
+            u = u - base;
+            int ok = (u >= 0.0f) & (u < top);
+            float uc = ok ? u : 0.0f;
+            int32_t j = (int32_t)uc;
+            float f = uc - (float)j;
+            f = f * 65536.0f;
+            f = f + 0.5f;
+            int isz = (v == 0.0f);
+            jb[i] = (isz | !ok) ? (int32_t)slots + (i & (AMCT_TRASH - 1)) : j;
+            qb[i] = (int32_t)f;
+            c_zero += isz & ok;
+            c_out += !ok;
+            c_hi |= (v > thr_hi);
+            c_lo |= (v < thr_lo);
+        }
+        zeros += c_zero;
+        outside += c_out;
+        scatter_packed(acc, jb, qb, m, count_bits);
+        if (c_hi) {
+            for (int k = 0; k < m; ++k) {
+                cand[n_hi < cap ? n_hi : cap] = p[k];
+                n_hi += (p[k] > thr_hi);
+            }
+        }
+        if (c_lo) {
+            for (int k = 0; k < m; ++k) {
+                cand_lo[n_lo < cap ? n_lo : cap] = p[k];
+                n_lo += (p[k] < thr_lo);
+            }
+        }
+    }
+    if (zeros) {                                 /* the exact zeros, sent to the trash above */
+        int32_t j;
+        const int64_t entry = stream_entry(0.0f, s, base, count_bits, &j);
+        acc[j] += entry * zeros;
+    }
+    res[0] = n_hi;
+    res[1] = n_lo;
+    res[2] = outside;
+}
+
+/* The extremes and NaN count of p[0..m), folded into lo/hi/nan; two vectors a step, each
+ * with its own accumulators. */
+AMCT_INLINE void L(minmax_block)(const float* p, int m, float* lo, float* hi, int64_t* nan) {
+    VF lo0 = L(splat)(*lo), lo1 = lo0, hi0 = L(splat)(*hi), hi1 = hi0;
+    VI nn = L(isplat)(0);
+    int i = 0;
+    for (; i + 2 * W <= m; i += 2 * W) {
+        VF a, b;
+        memcpy(&a, p + i, sizeof a);
+        memcpy(&b, p + i + W, sizeof b);
+        nn -= a != a;
+        nn -= b != b;
+        lo0 = L(vmin)(a, lo0);
+        lo1 = L(vmin)(b, lo1);
+        hi0 = L(vmax)(a, hi0);
+        hi1 = L(vmax)(b, hi1);
+    }
+    L(fold_extremes)(lo0, hi0, lo, hi);
+    L(fold_extremes)(lo1, hi1, lo, hi);
+    *nan += L(hsum)(nn);
+    for (; i < m; ++i) {
+        *nan += p[i] != p[i];
+        if (p[i] < *lo) *lo = p[i];
+        if (p[i] > *hi) *hi = p[i];
+    }
+}
+
+/* HFMG, one slice (amct_hfmg_hist has the contract). While every value lies inside
+ * [mn, mx] the extremes are not needed (the range stays); from the first block that has one
+ * outside, that block and the rest are scanned for them. */
+static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
+                          int64_t* cnt, float* ext, int64_t* res) {
+    int32_t jb[BLOCK] __attribute__((aligned(64)));
+    const int32_t last = (int32_t)nbins - 1;
+    const VI lastv = L(isplat)(last);
+    VI lane = L(trash_lanes)((int32_t)nbins, 0), step = L(isplat)(W < AMCT_TRASH ? W : 0);
+    int64_t zeros = 0, outside = !(mn <= mx), nans = 0;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int64_t st = 0; st < n; st += BLOCK) {
+        const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
+        const float* p = x + st;
+        if (outside) {                           /* the range grows: extremes only */
+            L(minmax_block)(p, m, &lo, &hi, &nans);
+            continue;
+        }
+        VI n_in = L(isplat)(0), n_keep = n_in;
+        int i = 0;
+        for (; i + W <= m; i += W) {
+            VF v;
+            memcpy(&v, p + i, sizeof v);
+            VF t = v - mn;
+            t = t / w;
+            VI in = (v >= mn) & (v <= mx);          /* false for NaN */
+            VI j = __builtin_convertvector(t, VI);  /* garbage where !in: those go to the trash */
+            j = L(select)(j < lastv, j, lastv);
+            VI keep = in & (v != 0.0f);
+            VI jj = L(select)(keep, j, lane);
+            memcpy(jb + i, &jj, sizeof jj);
+            n_in -= in;
+            n_keep -= keep;
+            lane += step;
+            step = -step;
+        }
+        const int32_t c_in = L(hsum)(n_in);
+        int32_t c_zero = c_in - L(hsum)(n_keep), c_out = i - c_in;
+        for (; i < m; ++i) {                     /* the tail of the last block: same maths */
+            float v = p[i];
+            int in = (v >= mn) & (v <= mx);
+            int isz = (v == 0.0f);
+            jb[i] = (in & !isz) ? hfmg_bin(v, mn, w, last) : (int32_t)nbins + (i & (AMCT_TRASH - 1));
+            c_zero += isz & in;
+            c_out += !in;
+        }
+        if (c_out) {                             /* this batch widens the range */
+            outside = c_out;
+            L(minmax_block)(p, m, &lo, &hi, &nans);
+            continue;
+        }
+        zeros += c_zero;
+        scatter_count(cnt, jb, m);
+    }
+    if (zeros && !outside)                       /* the exact zeros, sent to the trash above */
+        cnt[hfmg_bin(0.0f, mn, w, last)] += zeros;
+    ext[0] = lo;
+    ext[1] = hi;
+    res[0] = outside;
+    res[1] = nans;
+}
+
+#undef VF
+#undef VI
+#undef W
+#undef L
+#endif  /* AMCT_LANES */

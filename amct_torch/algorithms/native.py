@@ -175,15 +175,41 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
                         any(max(c[0], c[1]) > cap for c in counts))
 
 
-def hfmg_hist(x: torch.Tensor, mn: float, w: float, nbins: int, threads: int = 1) -> torch.Tensor:
-    """HFMG counts (see ``hfmg.histogram``), int64 [nbins]."""
+class HfmgPass(NamedTuple):
+    """What ``hfmg_pass`` found."""
+
+    counts: Optional[torch.Tensor]   # int64 [nbins] over [mn, mx]; None when ``outside``
+    lo: float                        # when ``outside``: with [mn, mx], the data's extremes
+    hi: float                        # (NaN left out; see amct_hfmg_hist)
+    outside: bool                    # some value lies outside [mn, mx] (or is NaN)
+    nans: int
+
+
+def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threads: int = 1) -> HfmgPass:
+    """One pass of ``amct_hfmg_hist``: the HFMG counts of ``x`` on [mn, mx] with bin width
+    ``w`` (see ``hfmg.histogram``) — or, when a value lies outside [mn, mx] (the batch widens
+    the range; mn > mx: no range yet), the extremes: min(mn, lo) and max(mx, hi) are the
+    union of [mn, mx] and x's range."""
     _check_input(x)
     bounds = slice_bounds(x.numel(), max(x.numel(), 1), threads, nbins)
     pieces = bounds.numel() - 1
     cnt = _buffer("hfmg", (pieces, nbins + TRASH), torch.int64)
-    library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, w, nbins,
-                                cnt.data_ptr(), nbins + TRASH)
-    return cnt[:, :nbins].sum(0) if pieces > 1 else cnt[0, :nbins].clone()   # not the reused buffer
+    ext = _buffer("hfmg_ext", (pieces, 2), torch.float32)
+    res = _buffer("hfmg_res", (pieces, 2), torch.int64)
+    library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, mx, w, nbins,
+                                cnt.data_ptr(), nbins + TRASH, ext.data_ptr(), res.data_ptr())
+    flags = res.sum(0).tolist()
+    lo, hi = ext[:, 0].min().item(), ext[:, 1].max().item()
+    counts = None
+    if not flags[0]:
+        counts = cnt[:, :nbins].sum(0) if pieces > 1 else cnt[0, :nbins].clone()   # not the reused buffer
+    return HfmgPass(counts, lo, hi, bool(flags[0]), int(flags[1]))
+
+
+def set_isa(want: int) -> int:
+    """Vector width of the kernels: 0 the 4-lane code, -1 the widest the CPU has; returns
+    the choice in use (0: 4 lanes, 1: AVX2). For the tests, which run both."""
+    return int(library().amct_set_isa(want))
 
 
 def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor,
@@ -227,25 +253,36 @@ def hfmg_walk(counts: torch.Tensor):
 
 
 def self_check() -> Optional[str]:
-    """Compare the kernels with the torch formulas on awkward data (exact zeros, both signs,
-    bin edges, the top edge, a tiny range); a description of the first mismatch, or None.
-    Guards against a compiler that would not honour the flags (e.g. contract to FMA)."""
+    """Compare the kernels, at every vector width the CPU has, with the torch formulas on
+    awkward data (exact zeros, both signs, bin edges, the top edge, a tiny range); a
+    description of the first mismatch, or None. Guards against a compiler that would not
+    honour the flags (e.g. contract to FMA). Leaves the widest width chosen."""
     from amct_torch.algorithms import hfmg, histogram
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(50000, generator=g) * 3
+    x = torch.randn(50001, generator=g) * 3            # odd: the vector blocks' scalar tails too
     x[::7] = 0.0
     x[1::11] = torch.round(x[1::11] * 64) / 64          # values on power-of-two bin edges
     x[5] = float(x.max()) * 1.0000001
     tiny = (torch.rand(3000, generator=g) * 1e-30).float()
-    for data in (x, torch.relu(x), tiny):
-        lo, hi = float(data.min()), float(data.max())
-        e, base = histogram.frame_for(lo, hi, 4096)
-        s = math.ldexp(1.0, -e)
-        want = histogram.packed_slice(data, s, float(base), 4097)
-        got = stream_update(data, s, float(base), 4097, histogram.COUNT_BITS, math.inf, -math.inf, 0, 1 << 30)
-        if got.outside or not torch.equal(got.acc[0], want):
-            return "streaming IFMR histogram differs from the torch formula"
-        if hi > lo and not torch.equal(hfmg_hist(data, lo, hfmg.bin_width(lo, hi, 2048), 2048, threads=2),
-                                       hfmg.histogram_torch(data, lo, hi, 2048)):
-            return "HFMG histogram differs from the torch formula"
+    widths = [0] + ([1] if set_isa(-1) else [])
+    try:
+        for isa in widths:
+            set_isa(isa)
+            for data in (x, torch.relu(x), tiny):
+                lo, hi = float(data.min()), float(data.max())
+                e, base = histogram.frame_for(lo, hi, 4096)
+                s = math.ldexp(1.0, -e)
+                want = histogram.packed_slice(data, s, float(base), 4097)
+                got = stream_update(data, s, float(base), 4097, histogram.COUNT_BITS, math.inf, -math.inf, 0, 1 << 30)
+                if got.outside or not torch.equal(got.acc[0], want):
+                    return f"streaming IFMR histogram differs from the torch formula (vector width {isa})"
+                first = hfmg_pass(data, math.inf, -math.inf, 0.0, 2048, threads=2)   # extremes only
+                if (first.lo, first.hi) != (lo, hi):
+                    return f"HFMG extremes differ from torch's (vector width {isa})"
+                if hi > lo:
+                    r = hfmg_pass(data, lo, hi, hfmg.bin_width(lo, hi, 2048), 2048, threads=2)
+                    if r.outside or not torch.equal(r.counts, hfmg.histogram_torch(data, lo, hi, 2048)):
+                        return f"HFMG histogram differs from the torch formula (vector width {isa})"
+    finally:
+        set_isa(-1)
     return None

@@ -413,8 +413,20 @@ class HfmgObserver(Observer):
         self.mx = -math.inf
 
     def _update(self, xf: torch.Tensor) -> None:
-        lo, hi = torch.stack(list(torch.aminmax(xf))).tolist()
-        _check(self.layer, lo, hi)
+        if native.usable(xf):
+            # one compiled pass bins a batch that lies inside the current range; one that
+            # widens it (or the first) comes back with its extremes and is binned again below
+            mn, mx = (self.mn, self.mx) if self.counts is not None and self.mx > self.mn else (math.inf, -math.inf)
+            r = native.hfmg_pass(xf, mn, mx, hfmg.bin_width(mn, mx, self.nbins) if mx > mn else 0.0,
+                                 self.nbins, self._threads)
+            if not r.outside:
+                self.counts += r.counts
+                return
+            lo, hi = min(r.lo, mn), max(r.hi, mx)     # the batch's extremes, or beyond them
+            _check(self.layer, lo, math.nan if r.nans else hi)
+        else:
+            lo, hi = torch.stack(list(torch.aminmax(xf))).tolist()
+            _check(self.layer, lo, hi)
         if self.counts is None:
             self.mn, self.mx = lo, hi
             self.counts = hfmg.histogram(xf, lo, hi, self.nbins, self._threads)
