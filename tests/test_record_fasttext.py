@@ -115,3 +115,5 @@ def test_formatting_cache_keeps_signed_zero_and_changes_apart():
     c = format_records({"l": LR(scale_d=0.0, scale_w=[0.25])})
     assert "scale_d: 0.0\n" in a and "scale_d: -0.0\n" in b and "scale_w: 0.25\n" in c
     assert format_records({"l": LR(scale_d=0.0, scale_w=[0.5])}) == a
+    d = format_records({"l": LR(scale_d=0.0, scale_w=[-0.0])})    # weight lines cached apart
+    assert "scale_w: -0.0\n" in d and "scale_w: 0.0\n" in format_records({"l": LR(scale_w=[0.0])})

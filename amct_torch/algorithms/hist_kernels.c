@@ -29,6 +29,9 @@
 
 #define BLOCK 1024                 /* a multiple of every vector width */
 #define AMCT_TRASH 8
+#ifndef AMCT_AHEAD
+#define AMCT_AHEAD 8
+#endif
 #define AMCT_INLINE static inline __attribute__((always_inline))
 #define AMCT_CAT_(a, b) a##b
 #define AMCT_CAT(a, b) AMCT_CAT_(a, b)
@@ -171,6 +174,75 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int6
     }
 #endif
     hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res);
+}
+
+/* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
+ * reordered. No NaN in a. */
+static float kth_value(float* a, int64_t n, int64_t k, int desc) {
+    int64_t lo = 0, hi = n - 1;
+    const int64_t target = k - 1;
+    while (lo < hi) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];   /* median of three */
+        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            if (desc) {
+                while (a[i] > pivot) ++i;
+                while (a[j] < pivot) --j;
+            } else {
+                while (a[i] < pivot) ++i;
+                while (a[j] > pivot) --j;
+            }
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                ++i;
+                --j;
+            }
+        }
+        if (target <= j) hi = j;
+        else if (target >= i) lo = i;
+        else return a[target];
+    }
+    return a[target];
+}
+
+/* The first batch's bounds for the top/bottom buffers of streaming IFMR: the extremes of
+ * x's chunks of `chunk` elements (into the scratch hi/lo, ceil(n/chunk) each) on nt threads,
+ * then res = {max, min, k-th largest chunk maximum, k-th smallest chunk minimum} of x and
+ * *nan = the NaN count. k chunks each hold a value ≥ the k-th largest maximum, so the
+ * batch's top k lie at or above it (IfmrStreamingObserver._bounds). With fewer than k chunks
+ * res[2..3] are ∓inf (no bound). */
+void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t chunk, int64_t k, float* hi, float* lo,
+                       float* res, int64_t* nan) {
+    const int64_t nc = (n + chunk - 1) / chunk;
+    const int w = wide();
+    int64_t nans = 0;
+    (void)w;
+    #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:nans)
+    for (int32_t t = 0; t < nt; ++t) {
+        const int64_t c0 = nc * t / nt, c1 = nc * (t + 1) / nt;
+#if AMCT_HAVE_AVX2
+        if (w) nans += chunk_extremes8(x, n, chunk, c0, c1, hi, lo);
+        else
+#endif
+        nans += chunk_extremes4(x, n, chunk, c0, c1, hi, lo);
+    }
+    float mx = -INFINITY, mn = INFINITY;
+    for (int64_t c = 0; c < nc; ++c) {
+        if (hi[c] > mx) mx = hi[c];
+        if (lo[c] < mn) mn = lo[c];
+    }
+    res[0] = mx;
+    res[1] = mn;
+    res[2] = -INFINITY;
+    res[3] = INFINITY;
+    *nan = nans;
+    if (nc >= k && k > 0 && !nans) {
+        res[2] = kth_value(hi, nc, k, 1);
+        res[3] = kth_value(lo, nc, k, 0);
+    }
 }
 
 /* Multi-threaded entry points: slice t < np of x, x[bounds[t] .. bounds[t+1]), into its own
@@ -440,6 +512,41 @@ AMCT_INLINE void L(fold_extremes)(VF vlo, VF vhi, float* lo, float* hi) {
     }
 }
 
+/* Non-zero when any lane of a comparison is true. */
+AMCT_INLINE int L(any)(VI m) {
+#if AMCT_X86 && AMCT_LANES == 8
+    return _mm256_movemask_ps((__m256)m);
+#elif AMCT_X86 && AMCT_LANES == 4
+    return _mm_movemask_ps((__m128)m);
+#else
+    int32_t t = 0;
+    for (int k = 0; k < W; ++k) t |= m[k];
+    return t;
+#endif
+}
+
+/* Append the values of p[0..m) above thr (below it when !above) to cand: each is counted in
+ * the returned n_c, stored while n_c < cap (slot cap takes the rest). Vectors without one
+ * are skipped after one comparison. */
+AMCT_INLINE int64_t L(collect)(const float* p, int m, float thr, int above, float* cand, int64_t cap,
+                               int64_t n_c) {
+    int i = 0;
+    for (; i + W <= m; i += W) {
+        VF v;
+        memcpy(&v, p + i, sizeof v);
+        if (!L(any)(above ? v > thr : v < thr)) continue;
+        for (int k = 0; k < W; ++k) {
+            cand[n_c < cap ? n_c : cap] = v[k];
+            n_c += above ? v[k] > thr : v[k] < thr;
+        }
+    }
+    for (; i < m; ++i) {
+        cand[n_c < cap ? n_c : cap] = p[i];
+        n_c += above ? p[i] > thr : p[i] < thr;
+    }
+    return n_c;
+}
+
 /* Streaming IFMR, one slice (amct_stream_update has the contract). */
 static void L(stream_slice)(const float* x, int64_t n, float s, float base, int64_t slots,
                             int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
@@ -453,6 +560,8 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
     for (int64_t st = 0; st < n; st += BLOCK) {
         const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
         const float* p = x + st;
+        if (st + AMCT_AHEAD * BLOCK < n)
+            for (int k = 0; k < BLOCK; k += 16) __builtin_prefetch(p + AMCT_AHEAD * BLOCK + k);
         VI n_ok = L(isplat)(0), n_keep = n_ok;
         VF vhi = L(splat)(-INFINITY), vlo = L(splat)(INFINITY);
         int i = 0;
@@ -503,18 +612,8 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
         zeros += c_zero;
         outside += c_out;
         scatter_packed(acc, jb, qb, m, count_bits);
-        if (c_hi) {
-            for (int k = 0; k < m; ++k) {
-                cand[n_hi < cap ? n_hi : cap] = p[k];
-                n_hi += (p[k] > thr_hi);
-            }
-        }
-        if (c_lo) {
-            for (int k = 0; k < m; ++k) {
-                cand_lo[n_lo < cap ? n_lo : cap] = p[k];
-                n_lo += (p[k] < thr_lo);
-            }
-        }
+        if (c_hi) n_hi = L(collect)(p, m, thr_hi, 1, cand, cap, n_hi);
+        if (c_lo) n_lo = L(collect)(p, m, thr_lo, 0, cand_lo, cap, n_lo);
     }
     if (zeros) {                                 /* the exact zeros, sent to the trash above */
         int32_t j;
@@ -551,6 +650,22 @@ AMCT_INLINE void L(minmax_block)(const float* p, int m, float* lo, float* hi, in
         if (p[i] < *lo) *lo = p[i];
         if (p[i] > *hi) *hi = p[i];
     }
+}
+
+/* Chunk c of x (elements [c·chunk, (c+1)·chunk), the last one shorter) → hi[c], lo[c]:
+ * its extremes (NaN left out), for chunks [c0, c1); returns the NaN count. */
+static int64_t L(chunk_extremes)(const float* x, int64_t n, int64_t chunk, int64_t c0, int64_t c1,
+                                 float* hi, float* lo) {
+    int64_t nan = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+        const int64_t st = c * chunk;
+        const int m = (int)(n - st < chunk ? n - st : chunk);
+        float l = INFINITY, h = -INFINITY;
+        L(minmax_block)(x + st, m, &l, &h, &nan);
+        hi[c] = h;
+        lo[c] = l;
+    }
+    return nan;
 }
 
 /* HFMG, one slice (amct_hfmg_hist has the contract). While every value lies inside

@@ -124,10 +124,11 @@ def _buffer(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     cache = getattr(_buffers, "cache", None)
     if cache is None:
         cache = _buffers.cache = {}
+    numel = math.prod(shape)
     t = cache.get(name)
-    if t is None or t.shape != shape or t.dtype != dtype:
-        t = cache[name] = torch.empty(shape, dtype=dtype)
-    return t
+    if t is None or t.numel() < numel or t.dtype != dtype:   # grows to the largest use
+        t = cache[name] = torch.empty(numel, dtype=dtype)
+    return t[:numel].view(shape)
 
 
 def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, count_bits: int) -> None:
@@ -173,6 +174,33 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
     below = [cand[t, 1, :min(c[1], cap)] for t, c in enumerate(counts)]
     return UpdateResult(acc[:, :slots], torch.cat(above), torch.cat(below), sum(c[2] for c in counts),
                         any(max(c[0], c[1]) > cap for c in counts))
+
+
+class ChunkBounds(NamedTuple):
+    """What ``chunk_bounds`` found."""
+
+    hi: float                # the data's extremes (NaN left out)
+    lo: float
+    kth_hi: float            # the k-th largest chunk maximum (−inf with fewer than k chunks)
+    kth_lo: float            # the k-th smallest chunk minimum (+inf likewise)
+    nans: int
+
+
+def chunk_bounds(x: torch.Tensor, chunk: int, k: int, threads: int = 1) -> ChunkBounds:
+    """``amct_chunk_bounds``: x's extremes and the k-th largest maximum / smallest minimum of
+    its ``chunk``-element chunks — the first batch's bound for the exact top/bottom-k buffers
+    (``IfmrStreamingObserver._bounds``), in one pass on ``threads`` threads."""
+    _check_input(x)
+    n = x.numel()
+    nc = -(-n // chunk)
+    scratch = _buffer("chunk_ext", (2, max(nc, 1)), torch.float32)
+    res = _buffer("chunk_res", (4,), torch.float32)
+    nan = _buffer("chunk_nan", (1,), torch.int64)
+    nt = max(1, min(threads, n // MIN_PER_THREAD))
+    library().amct_chunk_bounds(nt, x.data_ptr(), n, chunk, k, scratch[0].data_ptr(), scratch[1].data_ptr(),
+                                res.data_ptr(), nan.data_ptr())
+    hi, lo, kth_hi, kth_lo = res.tolist()
+    return ChunkBounds(hi, lo, kth_hi, kth_lo, int(nan[0]))
 
 
 class HfmgPass(NamedTuple):

@@ -126,6 +126,7 @@ _SIGNATURES = {
                                      _I64, _P]),
     "amct_hfmg_hist_mt": (None, [_I32, _I32, _P, _P, _F32, _F32, _F32, _I64, _P, _I64, _P, _P]),
     "amct_set_isa": (_I32, [_I32]),
+    "amct_chunk_bounds": (None, [_I32, _P, _I64, _I64, _I64, _P, _P, _P, _P]),
     "amct_add_packed": (None, [_I32, _P, _I64, _I64, _I64, _P, _P]),
     "amct_hfmg_losses": (None, [_P, _P, _I64, _P, _P, _I64, _F64, _F64, _P, _I32]),
     "amct_ifmr_hist_losses": (None, [_P, _P, _P, _I64, _F64, _F64, _P, _P, _P, _I64, _P]),

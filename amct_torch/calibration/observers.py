@@ -24,7 +24,7 @@ TOPK = 1024
 STREAM_BINS = 16384
 _CHUNK = 256
 #: chunk size of the extremes on the compiled path: the bound of ``_bounds`` lets fewer than
-#: topk chunks through, i.e. at most topk·32 candidates (vs ·256), for ~0.1 ns more per element
+#: topk chunks through, i.e. at most topk·32 candidates
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
@@ -295,34 +295,44 @@ class IfmrStreamingObserver(Observer):
         if above.numel() or below.numel():
             self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
 
-    def _bounds(self, ext_hi: torch.Tensor, ext_lo: torch.Tensor):
-        """Thresholds for the batch's candidates and values to add with them.
+    def _bounds(self, m_hi: float, m_lo: float):
+        """Thresholds for a batch's candidates and values to add with them, from the K-th
+        largest maximum ``m_hi`` and K-th smallest minimum ``m_lo`` of its chunks (∓inf when
+        it has fewer than K chunks).
 
-        With at least K chunks, let m be the K-th largest chunk maximum: K chunks each hold a
-        value ≥ m, so the batch's top K is its values > m plus copies of m — taking the
-        values > m and K copies of m gives the same top K whatever the ties (post-ReLU data
-        has thousands of chunks whose minimum is 0). Used when m passes the state's own K-th
-        value; likewise for the bottom. Returns ((thr_hi, thr_lo), extra_above, extra_below)."""
+        K chunks each hold a value ≥ m_hi, so the batch's top K is its values > m_hi plus
+        copies of m_hi — taking the values > m_hi and K copies of m_hi gives the same top K
+        whatever the ties (post-ReLU data has thousands of chunks whose minimum is 0). Used
+        when m_hi passes the state's own K-th value; likewise for the bottom. Returns
+        ((thr_hi, thr_lo), extra_above, extra_below)."""
         hi, lo = self._thr
-        extra_hi = extra_lo = ext_hi[:0]
-        if ext_hi.numel() >= self.topk:
-            m_hi, m_lo = torch.stack([torch.topk(ext_hi, self.topk, sorted=False).values.min(),
-                                      torch.topk(ext_lo, self.topk, largest=False, sorted=False).values.max()]).tolist()
-            if m_hi > hi:
-                hi, extra_hi = m_hi, ext_hi.new_full((self.topk,), m_hi)
-            if m_lo < lo:
-                lo, extra_lo = m_lo, ext_lo.new_full((self.topk,), m_lo)
+        extra_hi = extra_lo = None
+        if m_hi > hi:
+            hi, extra_hi = m_hi, torch.full((self.topk,), m_hi, device=self.top.device)
+        if m_lo < lo:
+            lo, extra_lo = m_lo, torch.full((self.topk,), m_lo, device=self.top.device)
         return (hi, lo), extra_hi, extra_lo
+
+    def _widen(self, lo: float, hi: float) -> None:
+        """Take a batch with extremes lo/hi (NaN/Inf checked): grow the range and frame."""
+        _check(self.layer, lo, hi)
+        if lo < self.gmin or hi > self.gmax:
+            self._move_to(min(lo, self.gmin), max(hi, self.gmax))
 
     def _update(self, xf: torch.Tensor) -> None:
         self._ensure(xf.device)
-        fast = native.usable(xf)
-        if fast and self.count and self._fused_update(xf):
-            return
+        if native.usable(xf):
+            # steady state: one compiled pass; the first batch (or one that leaves the frame)
+            # first gets its extremes and the chunk bounds of its top/bottom K in another
+            if self.count and self._fused_update(xf):
+                return
+            b = native.chunk_bounds(xf, _FINE_CHUNK, self.topk, self._threads)
+            self._widen(b.lo, math.nan if b.nans else b.hi)
+            if self._fused_update(xf, *self._bounds(b.kth_hi, b.kth_lo)):
+                return
         n = xf.numel()
-        chunk = _FINE_CHUNK if fast else _CHUNK
-        full = n // chunk * chunk
-        rows = xf[:full].view(-1, chunk) if full < n else xf.view(-1, chunk)
+        full = n // _CHUNK * _CHUNK
+        rows = xf[:full].view(-1, _CHUNK) if full < n else xf.view(-1, _CHUNK)
         tail = xf[full:]
         # chunk extremes (amax and amin: two vectorised passes, ~8× faster than one
         # aminmax(dim=1)) give the batch's range in one host read; only when it passes the
@@ -335,11 +345,7 @@ class IfmrStreamingObserver(Observer):
             ext_hi = ext_lo = xf.new_zeros(0)
             hi_src = lo_src = tail
         hi_f, lo_f = torch.stack([hi_src.max(), lo_src.min()]).tolist()
-        _check(self.layer, lo_f, hi_f)
-        if lo_f < self.gmin or hi_f > self.gmax:
-            self._move_to(min(lo_f, self.gmin), max(hi_f, self.gmax))
-        if fast and self._fused_update(xf, *self._bounds(ext_hi, ext_lo)):
-            return
+        self._widen(lo_f, hi_f)
         self._merge_extremes(self._candidates(rows, ext_hi, tail, True) if hi_f > self._thr[0] else xf[:0],
                              self._candidates(rows, ext_lo, tail, False) if lo_f < self._thr[1] else xf[:0])
         histogram.accumulate(xf, *self.frame, self._cnt, self._ds, self._threads)

@@ -128,48 +128,53 @@ def _shortest_f32(values: list) -> list:
     return [str(v) for v in rounded]
 
 
-#: formatted blocks by content: a calibration rewrites the record after merging activation
-#: factors, and the per-channel weight factors it re-prints are the same each time (their
-#: shortest-digit formatting is most of the cost: ~30 ms for nsfw's 13k values)
-_BLOCKS: dict = {}
-_BLOCKS_MAX = 100_000
+#: the weight part of a block (its scale_w/offset_w/shift_bit lines) by value: calibration
+#: writes the weight factors first and rewrites the record once the activation factors are
+#: merged in, with every block changed (scale_d) but the weight lines the same; their
+#: shortest-digit formatting is most of the cost (~25 ms for nsfw's 13k values)
+_WEIGHT_LINES: dict = {}
+_WEIGHT_LINES_MAX = 100_000
 
 
-def _key(name: str, r: LayerRecord) -> tuple:
-    """Everything a block's text depends on; floats by their bits (0.0 and -0.0 print
+def _weight_key(r: LayerRecord) -> tuple:
+    """Everything the weight lines depend on; floats by their bits (0.0 and -0.0 print
     differently but compare equal)."""
-    scale_d = None if r.scale_d is None else np.float64(r.scale_d).tobytes()
-    return (name, scale_d, r.offset_d, np.asarray(r.scale_w, dtype=np.float64).tobytes(), tuple(r.offset_w),
-            tuple(r.shift_bit), r.channels, r.height, r.width, bool(r.skip_fusion))
+    return (np.asarray(r.scale_w, dtype=np.float64).tobytes(), tuple(r.offset_w), tuple(r.shift_bit))
 
 
 def format_records(records: Mapping[str, LayerRecord]) -> str:
     """The protobuf text of ``records`` (values already range-checked by the caller)."""
-    keys = [_key(name, r) for name, r in records.items()]
-    todo = [(k, r) for k, r in zip(keys, records.values()) if k not in _BLOCKS]
-    floats: list = []
-    for _, r in todo:
-        if r.scale_d is not None:
-            floats.append(r.scale_d)
+    wkeys = [_weight_key(r) for r in records.values()]
+    todo = {k: r for k, r in zip(wkeys, records.values()) if k not in _WEIGHT_LINES}
+    floats = [r.scale_d for r in records.values() if r.scale_d is not None]
+    for r in todo.values():
         floats.extend(r.scale_w)
     texts = iter(_shortest_f32(floats) if floats else [])
-    if len(_BLOCKS) + len(todo) > _BLOCKS_MAX:
-        _BLOCKS.clear()
-    for k, r in todo:
-        _BLOCKS[k] = _block(k[0], r, texts)
-    return "".join(_BLOCKS[k] for k in keys)
+    scale_d = {name: next(texts) for name, r in records.items() if r.scale_d is not None}
+    if len(_WEIGHT_LINES) + len(todo) > _WEIGHT_LINES_MAX:
+        _WEIGHT_LINES.clear()
+    for k, r in todo.items():
+        _WEIGHT_LINES[k] = _weight_lines(r, texts)
+    return "".join(_block(name, r, scale_d.get(name), _WEIGHT_LINES[k])
+                   for (name, r), k in zip(records.items(), wkeys))
 
 
-def _block(name: str, r: LayerRecord, texts) -> str:
-    """One ``record { ... }`` entry; float fields take their digits from ``texts`` in order."""
-    parts: list[str] = ['record {\n  key: "%s"\n  value {\n' % text_encoding.CEscape(name, as_utf8=True)]
-    if r.scale_d is not None:
-        parts.append("    scale_d: %s\n" % next(texts))
-    if r.offset_d is not None:
-        parts.append("    offset_d: %d\n" % int(r.offset_d))
-    parts.extend("    scale_w: %s\n" % next(texts) for _ in range(len(r.scale_w)))
+def _weight_lines(r: LayerRecord, texts) -> str:
+    """The scale_w (digits from ``texts``, in order), offset_w and shift_bit lines of a block."""
+    parts = ["    scale_w: %s\n" % next(texts) for _ in range(len(r.scale_w))]
     parts.extend("    offset_w: %d\n" % int(o) for o in r.offset_w)
     parts.extend("    shift_bit: %d\n" % int(s) for s in r.shift_bit)
+    return "".join(parts)
+
+
+def _block(name: str, r: LayerRecord, scale_d: Optional[str], weight_lines: str) -> str:
+    """One ``record { ... }`` entry, in protobuf's field order."""
+    parts: list[str] = ['record {\n  key: "%s"\n  value {\n' % text_encoding.CEscape(name, as_utf8=True)]
+    if scale_d is not None:
+        parts.append("    scale_d: %s\n" % scale_d)
+    if r.offset_d is not None:
+        parts.append("    offset_d: %d\n" % int(r.offset_d))
+    parts.append(weight_lines)
     for key in ("channels", "height", "width"):
         v = getattr(r, key)
         if v is not None:
