@@ -94,27 +94,35 @@ def streaming_agreement(tensors: Sequence[Sequence[torch.Tensor]], asymmetric: b
             "max_step_distance": worst_steps, "max_mse_excess": worst_mse}
 
 
-def bench_hfmg(device: str, size: int, nb: int) -> None:
+def bench_hfmg(device: str, size: int, nb: int, rounds: int = 5) -> None:
+    """Ours and torch.ao's HistogramObserver on the same batches, timed alternately over
+    ``rounds`` fresh pairs of observers; medians (one pass of either varies ±30 % with what ran
+    before it on this machine)."""
     from torch.ao.quantization.observer import HistogramObserver
     data = batches(device, nb, size, "relu")
-    for bins in (2048,):
+    bins = 2048
+    times = {k: [] for k in ("ours_update_s", "ours_compute_s", "torch_update_s", "torch_compute_s")}
+    for _ in range(rounds):
         ours = HfmgObserver("l", bins)
         t0 = time.perf_counter()
         for x in data:
             ours.update(x)
-        sync(device); t_upd = (time.perf_counter() - t0) / nb
-        t0 = time.perf_counter(); s, o = ours.compute(); t_cmp = time.perf_counter() - t0
+        sync(device); times["ours_update_s"].append((time.perf_counter() - t0) / nb)
+        t0 = time.perf_counter(); s, o = ours.compute(); times["ours_compute_s"].append(time.perf_counter() - t0)
         ref = HistogramObserver(bins=bins, dtype=torch.qint8, qscheme=torch.per_tensor_affine).to(device)
         t0 = time.perf_counter()
         for x in data:
             ref(x)
-        sync(device); r_upd = (time.perf_counter() - t0) / nb
-        t0 = time.perf_counter(); rs, rz = ref.calculate_qparams(); r_cmp = time.perf_counter() - t0
-        flat = torch.cat(data)
-        emit(bench="hfmg_vs_torch_histogram", device=device, bins=bins, elements_per_batch=size, batches=nb,
-             ours_update_s=t_upd, ours_compute_s=t_cmp, torch_update_s=r_upd, torch_compute_s=r_cmp,
-             speedup_per_batch=(r_upd + r_cmp / nb) / (t_upd + t_cmp / nb),
-             ours_mse=mse(flat, s, o), torch_mse=mse(flat, float(rs), int(rz) - 0))
+        sync(device); times["torch_update_s"].append((time.perf_counter() - t0) / nb)
+        t0 = time.perf_counter(); rs, rz = ref.calculate_qparams(); times["torch_compute_s"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    per_batch = [(tu + tc / nb) / (ou + oc / nb) for ou, oc, tu, tc in
+                 zip(times["ours_update_s"], times["ours_compute_s"], times["torch_update_s"], times["torch_compute_s"])]
+    flat = torch.cat(data)
+    emit(bench="hfmg_vs_torch_histogram", device=device, bins=bins, elements_per_batch=size, batches=nb,
+         rounds=rounds, **med, speedup_per_batch=statistics.median(per_batch),
+         speedups=[round(v, 2) for v in per_batch],
+         ours_mse=mse(flat, s, o), torch_mse=mse(flat, float(rs), int(rz) - 0))
 
 
 def loop_ifmr(x: torch.Tensor, asymmetric: bool = True) -> int:

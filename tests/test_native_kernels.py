@@ -165,7 +165,7 @@ def test_hfmg_batches_inside_the_range_take_one_pass(monkeypatch):
         pytest.skip("needs the compiled kernels (no C compiler here)")
     passes = []
     real = native.hfmg_pass
-    monkeypatch.setattr(native, "hfmg_pass", lambda *a: passes.append(a[1:3]) or real(*a))
+    monkeypatch.setattr(native, "hfmg_pass", lambda *a, **k: passes.append(a[1:3]) or real(*a, **k))
     g = torch.Generator().manual_seed(9)
     obs = HfmgObserver("l", 2048)
     obs.update(torch.randn(50_000, generator=g) * 4)      # first batch: extremes, then the bins
@@ -283,6 +283,12 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
         assert int(torch.argmin(kernel)) == int(torch.argmin(tensor))
     else:
         assert torch.equal(kernel, tensor)
+    if "native_4_lanes" in BACKENDS:                       # both builds: the very same sums
+        native.set_isa(0)
+        try:
+            assert torch.equal(hfmg.losses(counts, 0.37, lefts, rights, threads=2), kernel)
+        finally:
+            native.set_isa(-1)
 
 
 def test_temp_folder_of_someone_else_is_refused(monkeypatch, tmp_path):
@@ -375,3 +381,9 @@ def test_ifmr_histogram_losses_kernel_agrees_with_the_tensor_formula(kind, monke
     else:
         assert torch.equal(kernel, tensor)
     assert with_kernel == without
+    if "native_4_lanes" in BACKENDS:                       # both builds: the very same sums
+        native.set_isa(0)
+        try:
+            assert torch.equal(ifmr.histogram_losses(*args, lo, hi, s), kernel)
+        finally:
+            native.set_isa(-1)

@@ -29,6 +29,7 @@
 
 #define BLOCK 1024                 /* a multiple of every vector width */
 #define AMCT_TRASH 8
+#define AMCT_DST 256               /* HFMG destination bins (SPEC §5.3) */
 #ifndef AMCT_AHEAD
 #define AMCT_AHEAD 8
 #endif
@@ -145,17 +146,18 @@ static int wide(void) {
  * every qualifying value is counted, stored while there is room; infinite thresholds give a
  * plain histogram).
  * Elements outside the frame (or NaN/Inf) are not binned but counted: then the caller throws
- * the result away and takes the general path. res = {n_hi, n_lo, outside}. */
+ * the result away and takes the general path. res = {n_hi, n_lo, outside}; ext = {min, max}
+ * of the values (NaN left out). */
 void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
                         int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
-                        float* cand, int64_t cap, int64_t* res) {
+                        float* cand, int64_t cap, int64_t* res, float* ext) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
-        stream_slice8(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res);
+        stream_slice8(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
         return;
     }
 #endif
-    stream_slice4(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res);
+    stream_slice4(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
 }
 
 /* HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
@@ -174,6 +176,23 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int6
     }
 #endif
     hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res);
+}
+
+/* Fold c candidates into buf, the k largest values seen sorted descending (largest) or the
+ * k smallest ascending (!largest), each by binary search and a shift: O(c·k), for the few
+ * candidates of a steady-state update (the caller sorts many with torch). NaN-free input. */
+void amct_insert_extremes(float* buf, int64_t k, const float* cand, int64_t c, int32_t largest) {
+    for (int64_t i = 0; i < c; ++i) {
+        const float v = cand[i];
+        if (largest ? !(v > buf[k - 1]) : !(v < buf[k - 1])) continue;
+        int64_t lo = 0, hi = k - 1;            /* first position whose value v beats */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (largest ? buf[mid] < v : buf[mid] > v) hi = mid; else lo = mid + 1;
+        }
+        memmove(buf + lo + 1, buf + lo, sizeof(float) * (size_t)(k - 1 - lo));
+        buf[lo] = v;
+    }
 }
 
 /* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
@@ -246,25 +265,28 @@ void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t chunk, int
 }
 
 /* Multi-threaded entry points: slice t < np of x, x[bounds[t] .. bounds[t+1]), into its own
- * buffers (zeroed first), on nt threads.
+ * buffers (zeroed first), on nt threads; the HFMG counts are added to `into` (when given) if
+ * every value lay inside the range.
  * Built with -fopenmp they run on the process's OpenMP pool — in a torch process the same
  * libgomp and the same worker threads as torch's own kernels (which keep spinning between
  * parallel regions, so a separate thread pool would fight them for the cores). Built
  * without OpenMP the pragmas are ignored and the slices run one after the other. */
 void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
                            int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
-                           float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res) {
+                           float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res, float* ext) {
     wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
         memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
         amct_stream_update(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, count_bits,
-                           acc + t * acc_stride, thr_hi, thr_lo, cand + t * 2 * (cap + 1), cap, res + 3 * t);
+                           acc + t * acc_stride, thr_hi, thr_lo, cand + t * 2 * (cap + 1), cap, res + 3 * t,
+                           ext + 2 * t);
     }
 }
 
 void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float mn, float mx,
-                       float w, int64_t nbins, int64_t* cnt, int64_t cnt_stride, float* ext, int64_t* res) {
+                       float w, int64_t nbins, int64_t* cnt, int64_t cnt_stride, float* ext, int64_t* res,
+                       int64_t* into) {
     wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
@@ -272,17 +294,23 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
         amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, mx, w, nbins, cnt + t * cnt_stride,
                        ext + 2 * t, res + 2 * t);
     }
+    int64_t outside = 0;
+    for (int32_t t = 0; t < np; ++t) outside |= res[2 * t];
+    if (into && !outside)                 /* the counts of every slice, added to the state */
+        for (int32_t t = 0; t < np; ++t)
+            for (int64_t j = 0; j < nbins; ++j) into[j] += cnt[t * cnt_stride + j];
 }
 
 /* Decode packed accumulators (np rows of `stride`, the first `slots` used) and add them to a
  * state: counts += Σ low fields; dsum += (Σ high fields)·2^-16, the integer sums taken first
  * so that the result does not depend on the slicing (the same arithmetic as
- * histogram.add_packed). */
+ * histogram.add_packed). Slot blocks on nt threads. */
 void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t count_bits,
-                     int64_t* counts, double* dsum) {
+                     int64_t* counts, double* dsum, int32_t nt) {
     const int64_t mask = ((int64_t)1 << count_bits) - 1;
-    int64_t c[BLOCK], q[BLOCK];
+    #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t j0 = 0; j0 < slots; j0 += BLOCK) {      /* slot blocks: contiguous rows */
+        int64_t c[BLOCK], q[BLOCK];
         const int m = (int)(slots - j0 < BLOCK ? slots - j0 : BLOCK);
         for (int j = 0; j < m; ++j) {
             c[j] = 0;
@@ -310,52 +338,16 @@ void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slo
  * y_256 = n; centre c = l + (d + ½)·D. Its error: whole source bins from the int64 moments
  * re-centred on m = ⌊c⌋, plus the partial bins at both edges, c_J((y − c)³ − (J − c)³)/3.
  * out[i] = loss × width², or 0 when width·D < flt_eps. */
-#define AMCT_DST 256
 void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
                       const int64_t* rights, int64_t m, double width, double flt_eps, double* out,
                       int32_t nt) {
-    const int64_t* p0 = pref;
-    const int64_t* p1 = pref + (n + 1);
-    const int64_t* p2 = pref + 2 * (n + 1);
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-        const double l = (double)lefts[i];
-        const double D = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
-        double y[AMCT_DST + 1], jf[AMCT_DST + 1];
-        int64_t jj[AMCT_DST + 1];
-        for (int k = 0; k <= AMCT_DST; ++k) {
-            double v = l + (double)k * D;
-            if (k == 0) v = 0.0;
-            if (k == AMCT_DST) v = (double)n;
-            double f = floor(v);
-            int64_t ji = (int64_t)f;
-            ji = ji < 0 ? 0 : (ji > n ? n : ji);
-            y[k] = v;
-            jf[k] = f;
-            jj[k] = ji;
-        }
-        double total = 0.0;
-        for (int d = 0; d < AMCT_DST; ++d) {
-            const int64_t a = jj[d], b = jj[d + 1];
-            const int64_t t0 = p0[b] - p0[a];
-            const int64_t s1 = p1[b] - p1[a];
-            const int64_t s2 = p2[b] - p2[a];
-            const double cen = l + ((double)d + 0.5) * D;
-            const double mf = floor(cen);
-            const double phi = cen - mf;
-            const int64_t mi = (int64_t)mf;
-            const int64_t t1 = s1 - mi * t0;
-            const int64_t t2 = s2 - mi * (s1 + t1);
-            const double full = (double)t2 + (1.0 - 2.0 * phi) * (double)t1
-                                + (phi * (phi - 1.0) + 1.0 / 3.0) * (double)t0;
-            const double u_lo = y[d] - cen, v_lo = jf[d] - cen;
-            const double u_hi = y[d + 1] - cen, v_hi = jf[d + 1] - cen;
-            const double edge = (double)cnt[b] * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
-                                - (double)cnt[a] * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
-            total += full + edge * (1.0 / 3.0);
-        }
-        out[i] = (width * D < flt_eps) ? 0.0 : total * (width * width);
+#if AMCT_HAVE_AVX2
+    if (wide()) {
+        hfmg_losses8(pref, cnt, n, lefts, rights, m, width, flt_eps, out, nt);
+        return;
     }
+#endif
+    hfmg_losses4(pref, cnt, n, lefts, rights, m, width, flt_eps, out, nt);
 }
 
 /* HFMG: the greedy walk of SPEC §5.3 step 2, literally (hfmg._host_walk in C). pre: int64
@@ -406,38 +398,13 @@ int64_t amct_hfmg_walk(const int64_t* pre, int64_t n, int64_t* lefts, int64_t* r
 void amct_ifmr_hist_losses(const double* cum_n, const double* cum_s, const double* n_b, int64_t nb,
                            double start, double width, const double* m_lo, const double* k,
                            const double* s, int64_t m, double* out) {
-    for (int64_t i = 0; i < m; ++i) {
-        double prev_n = 0.0, prev_s = 0.0, total = 0.0;
-        const int64_t levels = (int64_t)k[i];
-        for (int64_t j = 0; j <= levels; ++j) {
-            double cnt_at, sum_at;
-            if (j < levels) {
-                const double t = (m_lo[i] + (double)j + 0.5) * s[i];
-                double bf = floor((t - start) / width);
-                bf = bf < 0.0 ? 0.0 : (bf > (double)(nb - 1) ? (double)(nb - 1) : bf);
-                const int64_t b = (int64_t)bf;
-                const double a = start + (double)b * width;
-                double f = (t - a) / width;
-                f = f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
-                if (f >= 1.0) {
-                    cnt_at = cum_n[b + 1];
-                    sum_at = cum_s[b + 1];
-                } else {
-                    const double nf = n_b[b] * f;
-                    cnt_at = cum_n[b] + nf;
-                    sum_at = cum_s[b] + nf * (a + f * (0.5 * width));
-                }
-            } else {                       /* above the last boundary: everything */
-                cnt_at = cum_n[nb];
-                sum_at = cum_s[nb];
-            }
-            const double q = (m_lo[i] + (double)j) * s[i];
-            total += q * (q * (cnt_at - prev_n) - 2.0 * (sum_at - prev_s));
-            prev_n = cnt_at;
-            prev_s = sum_at;
-        }
-        out[i] = total;
+#if AMCT_HAVE_AVX2
+    if (wide()) {
+        ifmr_hist_losses8(cum_n, cum_s, n_b, nb, start, width, m_lo, k, s, m, out);
+        return;
     }
+#endif
+    ifmr_hist_losses4(cum_n, cum_s, n_b, nb, start, width, m_lo, k, s, m, out);
 }
 
 #else  /* ---------------- included once per vector width: the slice kernels ---------------- */
@@ -550,13 +517,14 @@ AMCT_INLINE int64_t L(collect)(const float* p, int m, float thr, int above, floa
 /* Streaming IFMR, one slice (amct_stream_update has the contract). */
 static void L(stream_slice)(const float* x, int64_t n, float s, float base, int64_t slots,
                             int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
-                            float* cand, int64_t cap, int64_t* res) {
+                            float* cand, int64_t cap, int64_t* res, float* ext) {
     int32_t jb[BLOCK] __attribute__((aligned(64)));
     int32_t qb[BLOCK] __attribute__((aligned(64)));
     float* cand_lo = cand + cap + 1;
     const float top = (float)slots;
     VI lane = L(trash_lanes)((int32_t)slots, 0), step = L(isplat)(W < AMCT_TRASH ? W : 0);
     int64_t zeros = 0, n_hi = 0, n_lo = 0, outside = 0;
+    float s_lo = INFINITY, s_hi = -INFINITY;
     for (int64_t st = 0; st < n; st += BLOCK) {
         const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
         const float* p = x + st;
@@ -608,7 +576,11 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
             c_out += !ok;
             c_hi |= (v > thr_hi);
             c_lo |= (v < thr_lo);
+            if (v < b_lo) b_lo = v;
+            if (v > b_hi) b_hi = v;
         }
+        if (b_lo < s_lo) s_lo = b_lo;
+        if (b_hi > s_hi) s_hi = b_hi;
         zeros += c_zero;
         outside += c_out;
         scatter_packed(acc, jb, qb, m, count_bits);
@@ -623,6 +595,8 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
     res[0] = n_hi;
     res[1] = n_lo;
     res[2] = outside;
+    ext[0] = s_lo;
+    ext[1] = s_hi;
 }
 
 /* The extremes and NaN count of p[0..m), folded into lo/hi/nan; two vectors a step, each
@@ -728,6 +702,93 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
     ext[1] = hi;
     res[0] = outside;
     res[1] = nans;
+}
+
+/* The searches' loss kernels (amct_hfmg_losses, amct_ifmr_hist_losses have the contracts): scalar
+ * code, compiled once per width so that the wide build may vectorise the per-bin arithmetic
+ * (the sums keep their order: the same results). */
+static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
+                           const int64_t* rights, int64_t m, double width, double flt_eps, double* out,
+                           int32_t nt) {
+    const int64_t* p0 = pref;
+    const int64_t* p1 = pref + (n + 1);
+    const int64_t* p2 = pref + 2 * (n + 1);
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+        const double l = (double)lefts[i];
+        const double D = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
+        double y[AMCT_DST + 1], jf[AMCT_DST + 1];
+        int64_t jj[AMCT_DST + 1];
+        for (int k = 0; k <= AMCT_DST; ++k) {
+            double v = l + (double)k * D;
+            if (k == 0) v = 0.0;
+            if (k == AMCT_DST) v = (double)n;
+            double f = floor(v);
+            int64_t ji = (int64_t)f;
+            ji = ji < 0 ? 0 : (ji > n ? n : ji);
+            y[k] = v;
+            jf[k] = f;
+            jj[k] = ji;
+        }
+        double total = 0.0;
+        for (int d = 0; d < AMCT_DST; ++d) {
+            const int64_t a = jj[d], b = jj[d + 1];
+            const int64_t t0 = p0[b] - p0[a];
+            const int64_t s1 = p1[b] - p1[a];
+            const int64_t s2 = p2[b] - p2[a];
+            const double cen = l + ((double)d + 0.5) * D;
+            const double mf = floor(cen);
+            const double phi = cen - mf;
+            const int64_t mi = (int64_t)mf;
+            const int64_t t1 = s1 - mi * t0;
+            const int64_t t2 = s2 - mi * (s1 + t1);
+            const double full = (double)t2 + (1.0 - 2.0 * phi) * (double)t1
+                                + (phi * (phi - 1.0) + 1.0 / 3.0) * (double)t0;
+            const double u_lo = y[d] - cen, v_lo = jf[d] - cen;
+            const double u_hi = y[d + 1] - cen, v_hi = jf[d + 1] - cen;
+            const double edge = (double)cnt[b] * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
+                                - (double)cnt[a] * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
+            total += full + edge * (1.0 / 3.0);
+        }
+        out[i] = (width * D < flt_eps) ? 0.0 : total * (width * width);
+    }
+}
+
+static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const double* n_b, int64_t nb,
+                           double start, double width, const double* m_lo, const double* k,
+                           const double* s, int64_t m, double* out) {
+    for (int64_t i = 0; i < m; ++i) {
+        double prev_n = 0.0, prev_s = 0.0, total = 0.0;
+        const int64_t levels = (int64_t)k[i];
+        for (int64_t j = 0; j <= levels; ++j) {
+            double cnt_at, sum_at;
+            if (j < levels) {
+                const double t = (m_lo[i] + (double)j + 0.5) * s[i];
+                double bf = floor((t - start) / width);
+                bf = bf < 0.0 ? 0.0 : (bf > (double)(nb - 1) ? (double)(nb - 1) : bf);
+                const int64_t b = (int64_t)bf;
+                const double a = start + (double)b * width;
+                double f = (t - a) / width;
+                f = f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
+                if (f >= 1.0) {
+                    cnt_at = cum_n[b + 1];
+                    sum_at = cum_s[b + 1];
+                } else {
+                    const double nf = n_b[b] * f;
+                    cnt_at = cum_n[b] + nf;
+                    sum_at = cum_s[b] + nf * (a + f * (0.5 * width));
+                }
+            } else {                       /* above the last boundary: everything */
+                cnt_at = cum_n[nb];
+                sum_at = cum_s[nb];
+            }
+            const double q = (m_lo[i] + (double)j) * s[i];
+            total += q * (q * (cnt_at - prev_n) - 2.0 * (sum_at - prev_s));
+            prev_n = cnt_at;
+            prev_s = sum_at;
+        }
+        out[i] = total;
+    }
 }
 
 #undef VF

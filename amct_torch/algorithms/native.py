@@ -108,10 +108,22 @@ def slice_bounds(n: int, max_slice: int, threads: int, slots: int = 0) -> torch.
     ``slots`` entries, and with per-element cost e and per-slot cost ~e, p slices cost about
     n·e/p + p·slots·e: least near p = √(n / slots) (on many cores a small tensor would
     otherwise spend more on histograms than on its elements)."""
-    cap = math.isqrt(n // slots) if slots else n
-    workers = max(1, min(threads, n // MIN_PER_THREAD, cap))
-    pieces = max(workers, -(-n // max_slice), 1)
-    return torch.linspace(0, n, pieces + 1, dtype=torch.float64).round().to(torch.int64)
+    key = (n, max_slice, threads, slots)
+    bounds = _BOUNDS.get(key)
+    if bounds is None:
+        cap = math.isqrt(n // slots) if slots else n
+        workers = max(1, min(threads, n // MIN_PER_THREAD, cap))
+        pieces = max(workers, -(-n // max_slice), 1)
+        bounds = torch.linspace(0, n, pieces + 1, dtype=torch.float64).round().to(torch.int64)
+        if len(_BOUNDS) > 4096:
+            _BOUNDS.clear()
+        _BOUNDS[key] = bounds
+    return bounds
+
+
+#: slice bounds by (n, max_slice, threads, slots): calibration sees the same few sizes each
+#: batch (read-only tensors, shared by threads)
+_BOUNDS: dict = {}
 
 
 _buffers = threading.local()
@@ -131,15 +143,27 @@ def _buffer(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     return t[:numel].view(shape)
 
 
-def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, count_bits: int) -> None:
+def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, count_bits: int,
+               threads: int = 1) -> None:
     """``histogram.add_packed`` in one kernel call (same arithmetic) for CPU state tensors
-    (int64 ``counts``, float64 ``dsum``, contiguous)."""
+    (int64 ``counts``, float64 ``dsum``, contiguous), slot blocks on ``threads`` threads."""
     if not (acc.dtype == torch.int64 and acc.stride(1) == 1 and counts.dtype == torch.int64
             and dsum.dtype == torch.float64 and counts.is_contiguous() and dsum.is_contiguous()
             and counts.device.type == dsum.device.type == "cpu"):
         raise ValueError("add_packed takes CPU int64 counts and float64 offset sums")
     library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], count_bits,
-                              counts.data_ptr(), dsum.data_ptr())
+                              counts.data_ptr(), dsum.data_ptr(), max(1, min(threads, acc.shape[1] // 4096)))
+
+
+def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> None:
+    """Fold ``cand`` into ``buf`` in place: buf holds the k largest values seen, sorted
+    descending (``largest``), or the k smallest ascending — the result of
+    ``torch.topk(torch.cat([buf, cand]), k, largest)`` (values; ties are equal values), by
+    binary search and a shift per candidate: for the few candidates of a steady update. Both
+    contiguous float32 CPU, NaN-free."""
+    if not (buf.is_contiguous() and cand.is_contiguous() and buf.dtype == cand.dtype == torch.float32):
+        raise ValueError("insert_extremes takes contiguous float32 CPU tensors")
+    library().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest))
 
 
 def _check_input(x: torch.Tensor) -> None:
@@ -155,6 +179,8 @@ class UpdateResult(NamedTuple):
     below: torch.Tensor      # values < thr_lo
     outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
     overflow: bool           # a slice had more than ``cap`` values passing a threshold
+    lo: float                # the data's extremes (NaN left out)
+    hi: float
 
 
 def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
@@ -166,14 +192,24 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
     acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
     cand = _buffer("cand", (pieces, 2, cap + 1), torch.float32)
     res = _buffer("res", (pieces, 3), torch.int64)
+    ext = _buffer("ext", (pieces, 2), torch.float32)
     library().amct_stream_update_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), s, base,
                                     slots, count_bits, acc.data_ptr(), slots + TRASH, thr_hi, thr_lo,
-                                    cand.data_ptr(), cap, res.data_ptr())
+                                    cand.data_ptr(), cap, res.data_ptr(), ext.data_ptr())
     counts = res.tolist()
-    above = [cand[t, 0, :min(c[0], cap)] for t, c in enumerate(counts)]   # copied by cat
-    below = [cand[t, 1, :min(c[1], cap)] for t, c in enumerate(counts)]
-    return UpdateResult(acc[:, :slots], torch.cat(above), torch.cat(below), sum(c[2] for c in counts),
-                        any(max(c[0], c[1]) > cap for c in counts))
+    ends = ext.tolist()
+    return UpdateResult(acc[:, :slots], _gather(cand, 0, [c[0] for c in counts], cap),
+                        _gather(cand, 1, [c[1] for c in counts], cap), sum(c[2] for c in counts),
+                        any(max(c[0], c[1]) > cap for c in counts),
+                        min(e[0] for e in ends), max(e[1] for e in ends))
+
+
+def _gather(cand: torch.Tensor, side: int, counts: list, cap: int) -> torch.Tensor:
+    """The stored candidates of one side over all slices, as a new tensor (not the buffer)."""
+    parts = [cand[t, side, :min(c, cap)] for t, c in enumerate(counts) if c]
+    if len(parts) == 1:
+        return parts[0].clone()
+    return torch.cat(parts) if parts else cand.new_empty(0)
 
 
 class ChunkBounds(NamedTuple):
@@ -206,32 +242,38 @@ def chunk_bounds(x: torch.Tensor, chunk: int, k: int, threads: int = 1) -> Chunk
 class HfmgPass(NamedTuple):
     """What ``hfmg_pass`` found."""
 
-    counts: Optional[torch.Tensor]   # int64 [nbins] over [mn, mx]; None when ``outside``
+    counts: Optional[torch.Tensor]   # int64 [nbins] over [mn, mx]; None when ``outside`` or added
     lo: float                        # when ``outside``: with [mn, mx], the data's extremes
     hi: float                        # (NaN left out; see amct_hfmg_hist)
     outside: bool                    # some value lies outside [mn, mx] (or is NaN)
     nans: int
 
 
-def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threads: int = 1) -> HfmgPass:
+def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threads: int = 1,
+              into: Optional[torch.Tensor] = None) -> HfmgPass:
     """One pass of ``amct_hfmg_hist``: the HFMG counts of ``x`` on [mn, mx] with bin width
-    ``w`` (see ``hfmg.histogram``) — or, when a value lies outside [mn, mx] (the batch widens
-    the range; mn > mx: no range yet), the extremes: min(mn, lo) and max(mx, hi) are the
-    union of [mn, mx] and x's range."""
+    ``w`` (see ``hfmg.histogram``) — added to ``into`` (contiguous int64 [nbins]) when given,
+    else returned — or, when a value lies outside [mn, mx] (the batch widens the range;
+    mn > mx: no range yet), the extremes: min(mn, lo) and max(mx, hi) are the union of
+    [mn, mx] and x's range."""
     _check_input(x)
+    if into is not None and not (into.is_contiguous() and into.dtype == torch.int64 and into.numel() == nbins
+                                 and into.device.type == "cpu"):
+        raise ValueError("hfmg_pass adds into a contiguous int64 CPU tensor of nbins counts")
     bounds = slice_bounds(x.numel(), max(x.numel(), 1), threads, nbins)
     pieces = bounds.numel() - 1
     cnt = _buffer("hfmg", (pieces, nbins + TRASH), torch.int64)
     ext = _buffer("hfmg_ext", (pieces, 2), torch.float32)
     res = _buffer("hfmg_res", (pieces, 2), torch.int64)
     library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, mx, w, nbins,
-                                cnt.data_ptr(), nbins + TRASH, ext.data_ptr(), res.data_ptr())
-    flags = res.sum(0).tolist()
-    lo, hi = ext[:, 0].min().item(), ext[:, 1].max().item()
+                                cnt.data_ptr(), nbins + TRASH, ext.data_ptr(), res.data_ptr(),
+                                None if into is None else into.data_ptr())
+    flags, ends = res.tolist(), ext.tolist()
+    outside, nans = any(f[0] for f in flags), sum(f[1] for f in flags)
     counts = None
-    if not flags[0]:
+    if not outside and into is None:
         counts = cnt[:, :nbins].sum(0) if pieces > 1 else cnt[0, :nbins].clone()   # not the reused buffer
-    return HfmgPass(counts, lo, hi, bool(flags[0]), int(flags[1]))
+    return HfmgPass(counts, min(e[0] for e in ends), max(e[1] for e in ends), outside, nans)
 
 
 def set_isa(want: int) -> int:

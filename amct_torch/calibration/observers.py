@@ -28,6 +28,8 @@ _CHUNK = 256
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
+#: up to this many candidates are inserted into the top/bottom buffers one by one (O(K) each)
+_INSERT_MAX = 256
 
 
 #: intra-op threads for the observers' CPU torch work (None: leave torch's setting). The
@@ -276,24 +278,32 @@ class IfmrStreamingObserver(Observer):
             return False
         above = r.above if extra_above is None else torch.cat([r.above, extra_above])
         below = r.below if extra_below is None else torch.cat([r.below, extra_below])
-        gmax = max(self.gmax, float(above.max())) if above.numel() else self.gmax
-        gmin = min(self.gmin, float(below.min())) if below.numel() else self.gmin
+        gmax, gmin = max(self.gmax, r.hi), min(self.gmin, r.lo)
         if self._frame_for(gmin, gmax) != self.frame:
             return False
         self._merge_extremes(above, below)
         self.gmin, self.gmax = gmin, gmax
-        native.add_packed(r.acc, self._cnt, self._ds, histogram.COUNT_BITS)
+        native.add_packed(r.acc, self._cnt, self._ds, histogram.COUNT_BITS, self._threads)
         self.count += xf.numel()
         return True
 
     def _merge_extremes(self, above: torch.Tensor, below: torch.Tensor) -> None:
-        """Fold a batch's candidate values into the exact top/bottom buffers."""
-        if above.numel():
-            self.top = torch.topk(torch.cat([self.top, above]), self.topk).values
-        if below.numel():
-            self.bottom = torch.topk(torch.cat([self.bottom, below]), self.topk, largest=False).values
+        """Fold a batch's candidate values into the exact top/bottom buffers (a few on the CPU
+        by insertion in C, else with topk: the same values either way)."""
+        for cand, largest in ((above, True), (below, False)):
+            if not cand.numel():
+                continue
+            buf = self.top if largest else self.bottom
+            if cand.numel() <= _INSERT_MAX and native.usable(buf):
+                native.insert_extremes(buf, cand, largest)
+            else:
+                buf = torch.topk(torch.cat([buf, cand]), self.topk, largest=largest).values
+                if largest:
+                    self.top = buf
+                else:
+                    self.bottom = buf
         if above.numel() or below.numel():
-            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
+            self._thr = (float(self.top[-1]), float(self.bottom[-1]))
 
     def _bounds(self, m_hi: float, m_lo: float):
         """Thresholds for a batch's candidates and values to add with them, from the K-th
@@ -424,9 +434,8 @@ class HfmgObserver(Observer):
             # widens it (or the first) comes back with its extremes and is binned again below
             mn, mx = (self.mn, self.mx) if self.counts is not None and self.mx > self.mn else (math.inf, -math.inf)
             r = native.hfmg_pass(xf, mn, mx, hfmg.bin_width(mn, mx, self.nbins) if mx > mn else 0.0,
-                                 self.nbins, self._threads)
+                                 self.nbins, self._threads, into=self.counts if mx > mn else None)
             if not r.outside:
-                self.counts += r.counts
                 return
             lo, hi = min(r.lo, mn), max(r.hi, mx)     # the batch's extremes, or beyond them
             _check(self.layer, lo, math.nan if r.nans else hi)
