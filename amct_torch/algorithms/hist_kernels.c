@@ -24,6 +24,7 @@
  */
 #ifndef AMCT_LANES                 /* ---------------- the file proper ---------------- */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -390,21 +391,34 @@ int64_t amct_hfmg_walk(const int64_t* pre, int64_t n, int64_t* lefts, int64_t* r
 
 /* Streaming IFMR: every candidate's loss from the fine histogram, the formula of
  * ifmr.histogram_losses evaluated per candidate instead of on [candidates, levels] tensors.
- * cum_n/cum_s: float64 [nb + 1] prefix counts and first moments of the bins; n_b: counts
- * [nb]; bin b starts at start + b·width. Candidate i has levels m_lo[i] … m_lo[i] + k[i]
- * (float64 integers) of step s[i]; its rounding boundaries t_j = (m_lo + j + ½)·s, j < k.
- * Counts and sums below t come from the prefix sums plus a uniform share of t's bin; the
- * loss is Σ_j q_j(q_j·N_j − 2·S_j), q_j = (m_lo + j)·s (up to Σx², shared by all). */
-void amct_ifmr_hist_losses(const double* cum_n, const double* cum_s, const double* n_b, int64_t nb,
-                           double start, double width, const double* m_lo, const double* k,
-                           const double* s, int64_t m, double* out) {
-#if AMCT_HAVE_AVX2
-    if (wide()) {
-        ifmr_hist_losses8(cum_n, cum_s, n_b, nb, start, width, m_lo, k, s, m, out);
-        return;
+ * counts: int64 [nb]; dsum: float64 [nb] sums of the elements' offsets from their bin start
+ * (absolute units); bin b starts at start + b·width. The prefix counts cum_n and first moments
+ * cum_s (Σ count·start_b + dsum_b) are built here, in bin order. Candidate i has levels
+ * m_lo[i] … m_lo[i] + k[i] (float64 integers) of step s[i]; its rounding boundaries
+ * t_j = (m_lo + j + ½)·s, j < k. Counts and sums below t come from the prefix sums plus a
+ * uniform share of t's bin; the loss is Σ_j q_j(q_j·N_j − 2·S_j), q_j = (m_lo + j)·s (up to
+ * Σx², shared by all). Returns 0, or −1 when out of memory. */
+int32_t amct_ifmr_hist_losses(const int64_t* counts, const double* dsum, int64_t nb, double start,
+                              double width, const double* m_lo, const double* k, const double* s,
+                              int64_t m, double* out) {
+    double* cum = (double*)malloc(sizeof(double) * 2 * (size_t)(nb + 1));
+    if (!cum) return -1;
+    double* cum_n = cum;
+    double* cum_s = cum + nb + 1;
+    cum_n[0] = cum_s[0] = 0.0;
+    for (int64_t b = 0; b < nb; ++b) {
+        const double c = (double)counts[b];
+        cum_n[b + 1] = cum_n[b] + c;
+        cum_s[b + 1] = cum_s[b] + (c * (start + (double)b * width) + dsum[b]);
     }
+#if AMCT_HAVE_AVX2
+    if (wide())
+        ifmr_hist_losses8(cum_n, cum_s, counts, nb, start, width, m_lo, k, s, m, out);
+    else
 #endif
-    ifmr_hist_losses4(cum_n, cum_s, n_b, nb, start, width, m_lo, k, s, m, out);
+    ifmr_hist_losses4(cum_n, cum_s, counts, nb, start, width, m_lo, k, s, m, out);
+    free(cum);
+    return 0;
 }
 
 #else  /* ---------------- included once per vector width: the slice kernels ---------------- */
@@ -754,9 +768,10 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
     }
 }
 
-static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const double* n_b, int64_t nb,
-                           double start, double width, const double* m_lo, const double* k,
-                           const double* s, int64_t m, double* out) {
+static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const int64_t* counts, int64_t nb,
+                                double start, double width, const double* m_lo, const double* k,
+                                const double* s, int64_t m, double* out) {
+    const double inv = 1.0 / width;   /* the streaming grid's width is a power of two: as exact as dividing */
     for (int64_t i = 0; i < m; ++i) {
         double prev_n = 0.0, prev_s = 0.0, total = 0.0;
         const int64_t levels = (int64_t)k[i];
@@ -764,17 +779,17 @@ static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const 
             double cnt_at, sum_at;
             if (j < levels) {
                 const double t = (m_lo[i] + (double)j + 0.5) * s[i];
-                double bf = floor((t - start) / width);
+                double bf = floor((t - start) * inv);
                 bf = bf < 0.0 ? 0.0 : (bf > (double)(nb - 1) ? (double)(nb - 1) : bf);
                 const int64_t b = (int64_t)bf;
                 const double a = start + (double)b * width;
-                double f = (t - a) / width;
+                double f = (t - a) * inv;
                 f = f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
                 if (f >= 1.0) {
                     cnt_at = cum_n[b + 1];
                     sum_at = cum_s[b + 1];
                 } else {
-                    const double nf = n_b[b] * f;
+                    const double nf = (double)counts[b] * f;
                     cnt_at = cum_n[b] + nf;
                     sum_at = cum_s[b] + nf * (a + f * (0.5 * width));
                 }

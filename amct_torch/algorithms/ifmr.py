@@ -314,17 +314,17 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     ``block`` is unused (kept for callers of the former per-bin evaluation).
     """
     dev = bin_lo.device
-    n_b = counts.double()
-    first = n_b * bin_lo.double() + dsum.double()           # Σx per bin
-    zero = torch.zeros(1, dtype=torch.float64, device=dev)
-    cum_n = torch.cat([zero, n_b.cumsum(0)])                  # count of bins < b, length nbins+1
-    cum_s = torch.cat([zero, first.cumsum(0)])
     s64 = s.double()[:, None]
     m_lo = torch.round(lo.double()[:, None] / s64)            # lowest and highest level index
     m_hi = torch.round(hi.double()[:, None] / s64)
     k = (m_hi - m_lo).clamp_(min=0)                          # boundaries per candidate
     if native.usable(counts, dtype=None):                    # the same formula per candidate
-        return native.ifmr_hist_losses(cum_n, cum_s, n_b, float(bin_lo[0]), width, m_lo[:, 0], k[:, 0], s64[:, 0])
+        return native.ifmr_hist_losses(counts, dsum, float(bin_lo[0]), width, m_lo[:, 0], k[:, 0], s64[:, 0])
+    n_b = counts.double()
+    first = n_b * bin_lo.double() + dsum.double()           # Σx per bin
+    zero = torch.zeros(1, dtype=torch.float64, device=dev)
+    cum_n = torch.cat([zero, n_b.cumsum(0)])                  # count of bins < b, length nbins+1
+    cum_s = torch.cat([zero, first.cumsum(0)])
     n_bound = int(k.max()) if k.numel() else 0
     j = torch.arange(n_bound + 1, dtype=torch.float64, device=dev)[None, :]
     t = torch.where(j < k, (m_lo + j + 0.5) * s64, torch.full_like(s64, math.inf))

@@ -132,15 +132,25 @@ _buffers = threading.local()
 def _buffer(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """A scratch tensor reused across calls (per thread): the kernels zero what they need,
     and their results are consumed before the next call. Saves a 0.1–0.6 MB allocation per
-    update (a small layer's update is dominated by such fixed costs)."""
+    update (a small layer's update is dominated by such fixed costs); the view of each shape
+    is kept too (making one costs two tensor ops)."""
     cache = getattr(_buffers, "cache", None)
     if cache is None:
         cache = _buffers.cache = {}
+    view = cache.get((name, shape, dtype))
+    if view is not None:
+        return view
     numel = math.prod(shape)
     t = cache.get(name)
     if t is None or t.numel() < numel or t.dtype != dtype:   # grows to the largest use
+        for key in [k for k in cache if isinstance(k, tuple) and k[0] == name]:
+            del cache[key]                                # views of the old storage
         t = cache[name] = torch.empty(numel, dtype=dtype)
-    return t[:numel].view(shape)
+    if len(cache) > 512:                                  # many shapes (varying input sizes)
+        for key in [k for k in cache if isinstance(k, tuple)]:
+            del cache[key]
+    view = cache[(name, shape, dtype)] = t[:numel].view(shape)
+    return view
 
 
 def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, count_bits: int,
@@ -297,16 +307,20 @@ def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, righ
     return out
 
 
-def ifmr_hist_losses(cum_n: torch.Tensor, cum_s: torch.Tensor, n_b: torch.Tensor, start: float, width: float,
+def ifmr_hist_losses(counts: torch.Tensor, dsum: torch.Tensor, start: float, width: float,
                      m_lo: torch.Tensor, k: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """``ifmr.histogram_losses`` per candidate (``amct_ifmr_hist_losses``): the same
-    float64 operations per boundary, summed over levels in order (the tensor version sums
-    in another order; they agree to ~1e-15 relative, tested). All arguments float64 CPU."""
-    cum_n, cum_s, n_b = (t.double().contiguous() for t in (cum_n, cum_s, n_b))
+    """``ifmr.histogram_losses`` per candidate (``amct_ifmr_hist_losses``, which also builds
+    the prefix sums): the same float64 operations per boundary, summed over levels in order
+    (the tensor version sums in another order; they agree to ~1e-15 relative, tested).
+    ``counts`` int64, ``dsum`` (offset sums, absolute units) and the candidates' float64
+    level ranges and steps, all CPU."""
+    counts = counts.to(torch.int64).contiguous()
+    dsum = dsum.double().contiguous()
     m_lo, k, s = (t.double().contiguous() for t in (m_lo, k, s))
     out = torch.empty(m_lo.numel(), dtype=torch.float64)
-    library().amct_ifmr_hist_losses(cum_n.data_ptr(), cum_s.data_ptr(), n_b.data_ptr(), n_b.numel(), start, width,
-                                    m_lo.data_ptr(), k.data_ptr(), s.data_ptr(), m_lo.numel(), out.data_ptr())
+    if library().amct_ifmr_hist_losses(counts.data_ptr(), dsum.data_ptr(), counts.numel(), start, width,
+                                       m_lo.data_ptr(), k.data_ptr(), s.data_ptr(), m_lo.numel(), out.data_ptr()):
+        raise MemoryError("no memory for the IFMR prefix sums")
     return out
 
 
