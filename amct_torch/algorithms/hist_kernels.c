@@ -331,6 +331,39 @@ void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slo
     }
 }
 
+/* A steady streaming-IFMR update in one call: amct_stream_update_mt, then — when no value
+ * left the frame, no slice overflowed, the batch stays inside the state's range [gmin, gmax]
+ * (so the frame cannot change) and each side has at most insert_max candidates — the commit:
+ * the candidates folded into top/bottom (k each, amct_insert_extremes) and the accumulators
+ * decoded into counts/dsum (amct_add_packed on nt_decode threads). Returns 1 when committed,
+ * with the new k-th values in thr[0] (top) and thr[1] (bottom); 0 leaves the state untouched
+ * and the pass's results in the buffers for the caller. */
+int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
+                         int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
+                         float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res, float* ext,
+                         float gmin, float gmax, int64_t insert_max, float* top, float* bottom, int64_t k,
+                         int64_t* counts, double* dsum, int32_t nt_decode, float* thr) {
+    amct_stream_update_mt(np, nt, x, bounds, s, base, slots, count_bits, acc, acc_stride, thr_hi, thr_lo,
+                          cand, cap, res, ext);
+    int64_t n_hi = 0, n_lo = 0;
+    for (int32_t t = 0; t < np; ++t) {
+        if (res[3 * t + 2] || res[3 * t] > cap || res[3 * t + 1] > cap) return 0;
+        if (ext[2 * t] < gmin || ext[2 * t + 1] > gmax) return 0;
+        n_hi += res[3 * t];
+        n_lo += res[3 * t + 1];
+    }
+    if (n_hi > insert_max || n_lo > insert_max) return 0;
+    for (int32_t t = 0; t < np; ++t) {
+        const float* c = cand + t * 2 * (cap + 1);
+        amct_insert_extremes(top, k, c, res[3 * t], 1);
+        amct_insert_extremes(bottom, k, c + cap + 1, res[3 * t + 1], 0);
+    }
+    amct_add_packed(np, acc, acc_stride, slots, count_bits, counts, dsum, nt_decode);
+    thr[0] = top[k - 1];
+    thr[1] = bottom[k - 1];
+    return 1;
+}
+
 /* HFMG: analytic L2 loss of every candidate range (SPEC §5.3 step 3), the formula of
  * hfmg.losses evaluated per candidate in registers instead of as ~45 passes over
  * [candidates, 257] tensors. pref: int64 [3][n + 1] prefix sums of c_j, c_j·j, c_j·j²;

@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import threading
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -191,23 +191,58 @@ class UpdateResult(NamedTuple):
     overflow: bool           # a slice had more than ``cap`` values passing a threshold
     lo: float                # the data's extremes (NaN left out)
     hi: float
+    committed: Optional[Tuple[float, float]] = None   # see Commit: the state's new K-th values
+
+
+class Commit(NamedTuple):
+    """A streaming-IFMR state that ``stream_update`` may update in the same call (the steady
+    case: the batch inside [gmin, gmax], at most ``insert_max`` candidates per side): its
+    sorted top/bottom buffers and its counts/offset sums (contiguous CPU float32 / int64 /
+    float64)."""
+
+    gmin: float
+    gmax: float
+    top: torch.Tensor
+    bottom: torch.Tensor
+    counts: torch.Tensor
+    dsum: torch.Tensor
+    insert_max: int
 
 
 def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
-                  thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1) -> UpdateResult:
-    """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``."""
+                  thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1,
+                  commit: Optional[Commit] = None) -> UpdateResult:
+    """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``; with
+    ``commit``, the steady case is also folded into that state in the same call
+    (``amct_stream_step``; then only ``committed`` is meaningful)."""
     _check_input(x)
     bounds = slice_bounds(x.numel(), max_slice, threads, slots)
     pieces = bounds.numel() - 1
+    nt = min(pieces, threads)
     acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
     cand = _buffer("cand", (pieces, 2, cap + 1), torch.float32)
     res = _buffer("res", (pieces, 3), torch.int64)
-    ext = _buffer("ext", (pieces, 2), torch.float32)
-    library().amct_stream_update_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), s, base,
-                                    slots, count_bits, acc.data_ptr(), slots + TRASH, thr_hi, thr_lo,
-                                    cand.data_ptr(), cap, res.data_ptr(), ext.data_ptr())
+    ext = _buffer("ext", (pieces + 1, 2), torch.float32)     # + the committed K-th values
+    lib = library()
+    if commit is not None:
+        c = commit
+        if not (c.counts.is_contiguous() and c.dsum.is_contiguous() and c.top.is_contiguous()
+                and c.bottom.is_contiguous() and c.counts.numel() >= slots):
+            raise ValueError("stream_update commits into contiguous state tensors")
+        if lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
+                                acc.data_ptr(), slots + TRASH, thr_hi, thr_lo, cand.data_ptr(), cap,
+                                res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.insert_max, c.top.data_ptr(),
+                                c.bottom.data_ptr(), c.top.numel(), c.counts.data_ptr(), c.dsum.data_ptr(),
+                                max(1, min(threads, slots // 4096)), ext[pieces].data_ptr()):
+            k_hi, k_lo = ext[pieces].tolist()
+            empty = cand.new_empty(0)
+            return UpdateResult(acc[:, :slots], empty, empty, 0, False, c.gmin, c.gmax, (k_hi, k_lo))
+    else:
+        lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
+                                  acc.data_ptr(), slots + TRASH, thr_hi, thr_lo, cand.data_ptr(), cap,
+                                  res.data_ptr(), ext.data_ptr())
     counts = res.tolist()
-    ends = ext.tolist()
+    ends = ext[:pieces].tolist()
     return UpdateResult(acc[:, :slots], _gather(cand, 0, [c[0] for c in counts], cap),
                         _gather(cand, 1, [c[1] for c in counts], cap), sum(c[2] for c in counts),
                         any(max(c[0], c[1]) > cap for c in counts),

@@ -129,6 +129,8 @@ _SIGNATURES = {
     "amct_chunk_bounds": (None, [_I32, _P, _I64, _I64, _I64, _P, _P, _P, _P]),
     "amct_add_packed": (None, [_I32, _P, _I64, _I64, _I64, _P, _P, _I32]),
     "amct_insert_extremes": (None, [_P, _I64, _P, _I64, _I32]),
+    "amct_stream_step": (_I32, [_I32, _I32, _P, _P, _F32, _F32, _I64, _I64, _P, _I64, _F32, _F32, _P, _I64, _P, _P,
+                                _F32, _F32, _I64, _P, _P, _I64, _P, _P, _I32, _P]),
     "amct_hfmg_losses": (None, [_P, _P, _I64, _P, _P, _I64, _F64, _F64, _P, _I32]),
     "amct_ifmr_hist_losses": (_I32, [_P, _P, _I64, _F64, _F64, _P, _P, _P, _I64, _P]),
     "amct_hfmg_walk": (_I64, [_P, _I64, _P, _P]),

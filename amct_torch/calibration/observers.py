@@ -269,11 +269,19 @@ class IfmrStreamingObserver(Observer):
         candidates)."""
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
+        # the steady case (the batch inside the range, few candidates) commits in the same call
+        commit = None if thr else native.Commit(self.gmin, self.gmax, self.top, self.bottom, self._cnt,
+                                                 self._ds, _INSERT_MAX)
         # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
         # fewer than topk chunks can pass it, so a first batch never overflows (a later batch
         # far above the state's K-th value may: then the general path runs)
         r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
-                                 thr_hi, thr_lo, self.topk * _FINE_CHUNK, histogram.MAX_SLICE, self._threads)
+                                 thr_hi, thr_lo, self.topk * _FINE_CHUNK, histogram.MAX_SLICE, self._threads,
+                                 commit)
+        if r.committed:
+            self._thr = r.committed
+            self.count += xf.numel()
+            return True
         if r.outside or r.overflow:
             return False
         above = r.above if extra_above is None else torch.cat([r.above, extra_above])
