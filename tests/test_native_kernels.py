@@ -160,6 +160,38 @@ def test_steady_batches_take_the_fused_path(monkeypatch):
         assert calls == {"fused": 0, "general": 6}
 
 
+def test_frame_of_a_committing_update_is_the_python_frame():
+    """A steady update commits in C only if its grown range keeps the frame; the C frame rule
+    must be histogram.frame_for (with the frame exponent as floor) exactly."""
+    if "native" not in BACKENDS:
+        pytest.skip("needs the compiled kernels (no C compiler here)")
+    rng = np.random.default_rng(4)
+    for _ in range(3000):
+        lo, hi = sorted(float(np.float32(v)) for v in rng.standard_normal(2) * 10.0 ** rng.integers(-30, 30))
+        if rng.random() < 0.1:
+            lo = 0.0 if rng.random() < 0.5 else -hi
+        nbins = int(rng.choice([16, 1024, 16384]))
+        e, base = histogram.frame_for(lo, hi, nbins)
+        floor = e + int(rng.integers(-2, 3))
+        want = (e, base) if floor <= e else (floor, math.floor(math.ldexp(lo, -floor)))
+        assert native.frame_for(lo, hi, nbins, floor) == want, (lo, hi, nbins, floor)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_merging_candidates_into_the_extremes_is_topk(largest):
+    if "native" not in BACKENDS:
+        pytest.skip("needs the compiled kernels (no C compiler here)")
+    g = torch.Generator().manual_seed(int(largest))
+    for k, c in [(1024, 3), (1024, 9), (1024, 700), (1024, 5000), (16, 40), (1, 5)]:
+        base = torch.round(torch.randn(4000, generator=g) * 8) / 8          # many ties
+        buf = torch.topk(base, k, largest=largest).values.contiguous()
+        cand = torch.round(torch.randn(c, generator=g) * 10) / 8
+        cand = cand[cand > buf[-1]] if largest else cand[cand < buf[-1]]
+        want = torch.topk(torch.cat([buf, cand]), k, largest=largest).values
+        native.insert_extremes(buf, cand.contiguous(), largest)
+        assert torch.equal(buf, want), (k, c)
+
+
 def test_hfmg_batches_inside_the_range_take_one_pass(monkeypatch):
     if "native" not in BACKENDS:
         pytest.skip("needs the compiled kernels (no C compiler here)")

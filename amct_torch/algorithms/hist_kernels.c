@@ -179,21 +179,87 @@ void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int6
     hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res);
 }
 
-/* Fold c candidates into buf, the k largest values seen sorted descending (largest) or the
- * k smallest ascending (!largest), each by binary search and a shift: O(c·k), for the few
- * candidates of a steady-state update (the caller sorts many with torch). NaN-free input. */
-void amct_insert_extremes(float* buf, int64_t k, const float* cand, int64_t c, int32_t largest) {
-    for (int64_t i = 0; i < c; ++i) {
-        const float v = cand[i];
-        if (largest ? !(v > buf[k - 1]) : !(v < buf[k - 1])) continue;
-        int64_t lo = 0, hi = k - 1;            /* first position whose value v beats */
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (largest ? buf[mid] < v : buf[mid] > v) hi = mid; else lo = mid + 1;
+/* a before b in the order of a top buffer (desc: descending) or a bottom one (ascending). */
+static int before(float a, float b, int desc) {
+    return desc ? a > b : a < b;
+}
+
+/* Sort a[0..n) (desc: descending, else ascending): quicksort on the smaller side first (depth
+ * ≤ log2 n), insertion sort below 16 elements. NaN-free input. */
+static void sort_floats(float* a, int64_t lo, int64_t hi, int desc) {
+    while (hi - lo >= 16) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];   /* median of three */
+        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (before(a[i], pivot, desc)) ++i;
+            while (before(pivot, a[j], desc)) --j;
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                ++i;
+                --j;
+            }
         }
-        memmove(buf + lo + 1, buf + lo, sizeof(float) * (size_t)(k - 1 - lo));
-        buf[lo] = v;
+        if (j - lo < hi - i) {
+            sort_floats(a, lo, j, desc);
+            lo = i;
+        } else {
+            sort_floats(a, i, hi, desc);
+            hi = j;
+        }
     }
+    for (int64_t i = lo + 1; i <= hi; ++i) {
+        const float v = a[i];
+        int64_t j = i - 1;
+        while (j >= lo && before(v, a[j], desc)) {
+            a[j + 1] = a[j];
+            --j;
+        }
+        a[j + 1] = v;
+    }
+}
+
+static float kth_value(float* a, int64_t n, int64_t k, int desc);
+
+/* Fold c candidates into buf, the k largest values seen sorted descending (largest) or the
+ * k smallest ascending (!largest): the values of topk(cat(buf, cand), k). A few go in by binary
+ * search and a shift each; more are cut to the k best (quickselect), sorted and merged. cand
+ * is reordered (scratch). NaN-free input. Returns 0, or −1 when out of memory. */
+int32_t amct_insert_extremes(float* buf, int64_t k, float* cand, int64_t c, int32_t largest) {
+    int64_t m = 0;                             /* the candidates that enter at all, compacted */
+    for (int64_t i = 0; i < c; ++i) {
+        cand[m] = cand[i];
+        m += before(cand[i], buf[k - 1], largest);
+    }
+    if (m <= 8) {
+        for (int64_t i = 0; i < m; ++i) {
+            const float v = cand[i];
+            if (!before(v, buf[k - 1], largest)) continue;
+            int64_t lo = 0, hi = k - 1;        /* first position whose value v beats */
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (before(v, buf[mid], largest)) hi = mid; else lo = mid + 1;
+            }
+            memmove(buf + lo + 1, buf + lo, sizeof(float) * (size_t)(k - 1 - lo));
+            buf[lo] = v;
+        }
+        return 0;
+    }
+    if (m > k) {
+        kth_value(cand, m, k, largest);        /* the k best first (unordered) */
+        m = k;
+    }
+    sort_floats(cand, 0, m - 1, largest);
+    float* out = (float*)malloc(sizeof(float) * (size_t)k);
+    if (!out) return -1;
+    int64_t i = 0, j = 0;
+    for (int64_t o = 0; o < k; ++o)
+        out[o] = (j < m && (i >= k || before(cand[j], buf[i], largest))) ? cand[j++] : buf[i++];
+    memcpy(buf, out, sizeof(float) * (size_t)k);
+    free(out);
+    return 0;
 }
 
 /* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
@@ -331,36 +397,72 @@ void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slo
     }
 }
 
+/* The streaming histogram's frame for the range [gmin, gmax] (histogram.frame_for, the same
+ * double arithmetic): the smallest exponent e ≥ max(min_exp, exponent(max |x|) − 1 − rel_bits)
+ * whose grid of bin width 2^e holds the range in nbins bins; base = floor(gmin·2^−e). With
+ * e_floor > e (a state that has data), e_floor and its base (the frame never gets finer:
+ * IfmrStreamingObserver._frame_for). */
+void amct_frame_for(double gmin, double gmax, int64_t nbins, int64_t rel_bits, int64_t min_exp,
+                    int64_t e_floor, int64_t* out) {
+    const double maxabs = fmax(fabs(gmin), fabs(gmax));
+    int ex;
+    int64_t e = min_exp;
+    if (maxabs != 0.0) {
+        frexp(maxabs, &ex);
+        if (ex - 1 - rel_bits > e) e = ex - 1 - rel_bits;
+    }
+    const double span = gmax - gmin;
+    if (span > 0.0) {
+        frexp(span / (double)nbins, &ex);
+        if (ex - 1 > e) e = ex - 1;
+    }
+    while (floor(ldexp(gmax, (int)-e)) - floor(ldexp(gmin, (int)-e)) > (double)(nbins - 1)) ++e;
+    if (e < e_floor) e = e_floor;
+    out[0] = e;
+    out[1] = (int64_t)floor(ldexp(gmin, (int)-e));
+}
+
 /* A steady streaming-IFMR update in one call: amct_stream_update_mt, then — when no value
- * left the frame, no slice overflowed, the batch stays inside the state's range [gmin, gmax]
- * (so the frame cannot change) and each side has at most insert_max candidates — the commit:
- * the candidates folded into top/bottom (k each, amct_insert_extremes) and the accumulators
- * decoded into counts/dsum (amct_add_packed on nt_decode threads). Returns 1 when committed,
- * with the new k-th values in thr[0] (top) and thr[1] (bottom); 0 leaves the state untouched
- * and the pass's results in the buffers for the caller. */
+ * left the frame (e, base), no slice overflowed, the range grown by the batch keeps that
+ * frame (amct_frame_for of the state's nbins, rel_bits, min_exp, the frame's e as floor) and
+ * each side has at most insert_max candidates — the commit: the candidates folded into
+ * top/bottom (k each, amct_insert_extremes), the accumulators decoded into counts/dsum
+ * (amct_add_packed on nt_decode threads), and out = {new k-th top value, new k-th bottom
+ * value, new gmin, new gmax}. Returns 1 when committed, 0 when not (the state untouched, the
+ * pass's results in the buffers for the caller), −1 when out of memory mid-commit. */
 int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
                          int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
                          float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res, float* ext,
-                         float gmin, float gmax, int64_t insert_max, float* top, float* bottom, int64_t k,
-                         int64_t* counts, double* dsum, int32_t nt_decode, float* thr) {
+                         float gmin, float gmax, int64_t e, int64_t nbins, int64_t rel_bits, int64_t min_exp,
+                         int64_t insert_max, float* top, float* bottom, int64_t k,
+                         int64_t* counts, double* dsum, int32_t nt_decode, float* out) {
     amct_stream_update_mt(np, nt, x, bounds, s, base, slots, count_bits, acc, acc_stride, thr_hi, thr_lo,
                           cand, cap, res, ext);
     int64_t n_hi = 0, n_lo = 0;
+    float lo = gmin, hi = gmax;
     for (int32_t t = 0; t < np; ++t) {
         if (res[3 * t + 2] || res[3 * t] > cap || res[3 * t + 1] > cap) return 0;
-        if (ext[2 * t] < gmin || ext[2 * t + 1] > gmax) return 0;
+        if (ext[2 * t] < lo) lo = ext[2 * t];
+        if (ext[2 * t + 1] > hi) hi = ext[2 * t + 1];
         n_hi += res[3 * t];
         n_lo += res[3 * t + 1];
     }
     if (n_hi > insert_max || n_lo > insert_max) return 0;
+    if (lo < gmin || hi > gmax) {              /* a wider range: does the frame stay? */
+        int64_t frame[2];
+        amct_frame_for(lo, hi, nbins, rel_bits, min_exp, e, frame);
+        if (frame[0] != e || (double)frame[1] != (double)base) return 0;
+    }
     for (int32_t t = 0; t < np; ++t) {
-        const float* c = cand + t * 2 * (cap + 1);
-        amct_insert_extremes(top, k, c, res[3 * t], 1);
-        amct_insert_extremes(bottom, k, c + cap + 1, res[3 * t + 1], 0);
+        float* c = cand + t * 2 * (cap + 1);
+        if (amct_insert_extremes(top, k, c, res[3 * t], 1) || amct_insert_extremes(bottom, k, c + cap + 1, res[3 * t + 1], 0))
+            return -1;
     }
     amct_add_packed(np, acc, acc_stride, slots, count_bits, counts, dsum, nt_decode);
-    thr[0] = top[k - 1];
-    thr[1] = bottom[k - 1];
+    out[0] = top[k - 1];
+    out[1] = bottom[k - 1];
+    out[2] = lo;
+    out[3] = hi;
     return 1;
 }
 

@@ -167,13 +167,24 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, coun
 
 def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> None:
     """Fold ``cand`` into ``buf`` in place: buf holds the k largest values seen, sorted
-    descending (``largest``), or the k smallest ascending — the result of
-    ``torch.topk(torch.cat([buf, cand]), k, largest)`` (values; ties are equal values), by
-    binary search and a shift per candidate: for the few candidates of a steady update. Both
-    contiguous float32 CPU, NaN-free."""
+    descending (``largest``), or the k smallest ascending — the values of
+    ``torch.topk(torch.cat([buf, cand]), k, largest)`` (ties are equal values). Both contiguous
+    float32 CPU, NaN-free."""
     if not (buf.is_contiguous() and cand.is_contiguous() and buf.dtype == cand.dtype == torch.float32):
         raise ValueError("insert_extremes takes contiguous float32 CPU tensors")
-    library().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest))
+    cand = cand.clone()                                   # the kernel reorders it
+    if library().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest)):
+        raise MemoryError("no memory to merge the streaming IFMR candidates")
+
+
+def frame_for(gmin: float, gmax: float, nbins: int, e_floor: int) -> Tuple[int, int]:
+    """``amct_frame_for``: the C twin of ``histogram.frame_for`` (with the frame's exponent as
+    a floor, as ``IfmrStreamingObserver._frame_for``) that a committing update uses; for the
+    tests, which hold the two to the same answers."""
+    from amct_torch.algorithms import histogram
+    out = (ctypes.c_int64 * 2)()
+    library().amct_frame_for(gmin, gmax, nbins, histogram.REL_BITS, histogram.MIN_EXP, e_floor, out)
+    return int(out[0]), int(out[1])
 
 
 def _check_input(x: torch.Tensor) -> None:
@@ -191,17 +202,20 @@ class UpdateResult(NamedTuple):
     overflow: bool           # a slice had more than ``cap`` values passing a threshold
     lo: float                # the data's extremes (NaN left out)
     hi: float
-    committed: Optional[Tuple[float, float]] = None   # see Commit: the state's new K-th values
+    #: see Commit: the state's new (K-th top value, K-th bottom value, gmin, gmax)
+    committed: Optional[Tuple[float, float, float, float]] = None
 
 
 class Commit(NamedTuple):
     """A streaming-IFMR state that ``stream_update`` may update in the same call (the steady
-    case: the batch inside [gmin, gmax], at most ``insert_max`` candidates per side): its
-    sorted top/bottom buffers and its counts/offset sums (contiguous CPU float32 / int64 /
-    float64)."""
+    case: the grown range keeps the frame, at most ``insert_max`` candidates per side): its
+    range, frame exponent and bin count, its sorted top/bottom buffers and its counts/offset
+    sums (contiguous CPU float32 / int64 / float64)."""
 
     gmin: float
     gmax: float
+    e: int
+    nbins: int
     top: torch.Tensor
     bottom: torch.Tensor
     counts: torch.Tensor
@@ -222,21 +236,26 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
     acc = _buffer("acc", (pieces, slots + TRASH), torch.int64)
     cand = _buffer("cand", (pieces, 2, cap + 1), torch.float32)
     res = _buffer("res", (pieces, 3), torch.int64)
-    ext = _buffer("ext", (pieces + 1, 2), torch.float32)     # + the committed K-th values
+    ext = _buffer("ext", (pieces + 2, 2), torch.float32)     # + what a commit reports
     lib = library()
     if commit is not None:
+        from amct_torch.algorithms import histogram
         c = commit
         if not (c.counts.is_contiguous() and c.dsum.is_contiguous() and c.top.is_contiguous()
                 and c.bottom.is_contiguous() and c.counts.numel() >= slots):
             raise ValueError("stream_update commits into contiguous state tensors")
-        if lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
-                                acc.data_ptr(), slots + TRASH, thr_hi, thr_lo, cand.data_ptr(), cap,
-                                res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.insert_max, c.top.data_ptr(),
-                                c.bottom.data_ptr(), c.top.numel(), c.counts.data_ptr(), c.dsum.data_ptr(),
-                                max(1, min(threads, slots // 4096)), ext[pieces].data_ptr()):
-            k_hi, k_lo = ext[pieces].tolist()
+        done = lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
+                                    acc.data_ptr(), slots + TRASH, thr_hi, thr_lo, cand.data_ptr(), cap,
+                                    res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.e, c.nbins,
+                                    histogram.REL_BITS, histogram.MIN_EXP, c.insert_max, c.top.data_ptr(),
+                                    c.bottom.data_ptr(), c.top.numel(), c.counts.data_ptr(), c.dsum.data_ptr(),
+                                    max(1, min(threads, slots // 4096)), ext[pieces].data_ptr())
+        if done < 0:
+            raise MemoryError("no memory to merge the streaming IFMR candidates")
+        if done:
+            k_hi, k_lo, lo, hi = ext[pieces:].reshape(-1).tolist()
             empty = cand.new_empty(0)
-            return UpdateResult(acc[:, :slots], empty, empty, 0, False, c.gmin, c.gmax, (k_hi, k_lo))
+            return UpdateResult(acc[:, :slots], empty, empty, 0, False, lo, hi, (k_hi, k_lo, lo, hi))
     else:
         lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
                                   acc.data_ptr(), slots + TRASH, thr_hi, thr_lo, cand.data_ptr(), cap,

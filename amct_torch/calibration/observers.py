@@ -28,8 +28,9 @@ _CHUNK = 256
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
-#: up to this many candidates are inserted into the top/bottom buffers one by one (O(K) each)
-_INSERT_MAX = 256
+#: a steady update with up to this many candidates per side is merged into the top/bottom
+#: buffers in C (cut to the K best, sorted, merged); more go through torch.topk
+_INSERT_MAX = 1 << 15
 
 
 #: intra-op threads for the observers' CPU torch work (None: leave torch's setting). The
@@ -270,8 +271,8 @@ class IfmrStreamingObserver(Observer):
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
         # the steady case (the batch inside the range, few candidates) commits in the same call
-        commit = None if thr else native.Commit(self.gmin, self.gmax, self.top, self.bottom, self._cnt,
-                                                 self._ds, _INSERT_MAX)
+        commit = None if thr else native.Commit(self.gmin, self.gmax, e, self.nbins, self.top, self.bottom,
+                                                 self._cnt, self._ds, _INSERT_MAX)
         # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
         # fewer than topk chunks can pass it, so a first batch never overflows (a later batch
         # far above the state's K-th value may: then the general path runs)
@@ -279,7 +280,8 @@ class IfmrStreamingObserver(Observer):
                                  thr_hi, thr_lo, self.topk * _FINE_CHUNK, histogram.MAX_SLICE, self._threads,
                                  commit)
         if r.committed:
-            self._thr = r.committed
+            self._thr = r.committed[:2]
+            self.gmin, self.gmax = r.committed[2:]
             self.count += xf.numel()
             return True
         if r.outside or r.overflow:
