@@ -294,40 +294,54 @@ static float kth_value(float* a, int64_t n, int64_t k, int desc) {
     return a[target];
 }
 
-/* The first batch's bounds for the top/bottom buffers of streaming IFMR: the extremes of
- * x's chunks of `chunk` elements (into the scratch hi/lo, ceil(n/chunk) each) on nt threads,
- * then res = {max, min, k-th largest chunk maximum, k-th smallest chunk minimum} of x and
- * *nan = the NaN count. k chunks each hold a value ≥ the k-th largest maximum, so the
- * batch's top k lie at or above it (IfmrStreamingObserver._bounds). With fewer than k chunks
- * res[2..3] are ∓inf (no bound). */
-void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t chunk, int64_t k, float* hi, float* lo,
+/* The first batch's bounds for the top/bottom buffers of streaming IFMR: x cut into groups
+ * of `group` values (group_extremes over the whole super-blocks, on nt threads; the rest in
+ * contiguous groups), their extremes into the scratch hi/lo (n/group + 8 each), then
+ * res = {max, min, k-th largest group maximum, k-th smallest group minimum} of x and
+ * *nan = the NaN count. k groups each hold a value ≥ the k-th largest maximum, so the
+ * batch's top k lie at or above it, and fewer than k groups hold values above it
+ * (IfmrStreamingObserver._bounds). With fewer than k groups res[2..3] are ∓inf (no bound). */
+void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t group, int64_t k, float* hi, float* lo,
                        float* res, int64_t* nan) {
-    const int64_t nc = (n + chunk - 1) / chunk;
     const int w = wide();
+    const int64_t lanes = w ? 8 : 4;
+    const int64_t nsb = n / (group * lanes);              /* whole super-blocks */
     int64_t nans = 0;
-    (void)w;
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:nans)
     for (int32_t t = 0; t < nt; ++t) {
-        const int64_t c0 = nc * t / nt, c1 = nc * (t + 1) / nt;
+        const int64_t b0 = nsb * t / nt, b1 = nsb * (t + 1) / nt;
 #if AMCT_HAVE_AVX2
-        if (w) nans += chunk_extremes8(x, n, chunk, c0, c1, hi, lo);
+        if (w) nans += group_extremes8(x, group, b0, b1, hi, lo);
         else
 #endif
-        nans += chunk_extremes4(x, n, chunk, c0, c1, hi, lo);
+        nans += group_extremes4(x, group, b0, b1, hi, lo);
+    }
+    int64_t ng = nsb * lanes;
+    for (int64_t st = nsb * group * lanes; st < n; st += group, ++ng) {   /* the rest */
+        float l = INFINITY, h = -INFINITY;
+        int64_t m = n - st < group ? n - st : group;
+        for (int64_t i = 0; i < m; ++i) {
+            const float v = x[st + i];
+            nans += v != v;
+            if (v < l) l = v;
+            if (v > h) h = v;
+        }
+        hi[ng] = h;
+        lo[ng] = l;
     }
     float mx = -INFINITY, mn = INFINITY;
-    for (int64_t c = 0; c < nc; ++c) {
-        if (hi[c] > mx) mx = hi[c];
-        if (lo[c] < mn) mn = lo[c];
+    for (int64_t g = 0; g < ng; ++g) {
+        if (hi[g] > mx) mx = hi[g];
+        if (lo[g] < mn) mn = lo[g];
     }
     res[0] = mx;
     res[1] = mn;
     res[2] = -INFINITY;
     res[3] = INFINITY;
     *nan = nans;
-    if (nc >= k && k > 0 && !nans) {
-        res[2] = kth_value(hi, nc, k, 1);
-        res[3] = kth_value(lo, nc, k, 0);
+    if (ng >= k && k > 0 && !nans) {
+        res[2] = kth_value(hi, ng, k, 1);
+        res[3] = kth_value(lo, ng, k, 0);
     }
 }
 
@@ -775,18 +789,42 @@ AMCT_INLINE void L(minmax_block)(const float* p, int m, float* lo, float* hi, in
     }
 }
 
-/* Chunk c of x (elements [c·chunk, (c+1)·chunk), the last one shorter) → hi[c], lo[c]:
- * its extremes (NaN left out), for chunks [c0, c1); returns the NaN count. */
-static int64_t L(chunk_extremes)(const float* x, int64_t n, int64_t chunk, int64_t c0, int64_t c1,
-                                 float* hi, float* lo) {
+/* Groups of `group` values for the first-batch bound of streaming IFMR, over super-blocks
+ * [b0, b1) of group·W values: group b·W + j holds lane j of the super-block's `group`
+ * vectors, so its extremes are lane-wise minima/maxima (no horizontal step; four
+ * accumulators each hide the min/max latency) → hi[g], lo[g] (NaN left out). Returns the
+ * NaN count. Any partition into groups of ≤ `group` values serves the bound. */
+static int64_t L(group_extremes)(const float* x, int64_t group, int64_t b0, int64_t b1, float* hi, float* lo) {
     int64_t nan = 0;
-    for (int64_t c = c0; c < c1; ++c) {
-        const int64_t st = c * chunk;
-        const int m = (int)(n - st < chunk ? n - st : chunk);
-        float l = INFINITY, h = -INFINITY;
-        L(minmax_block)(x + st, m, &l, &h, &nan);
-        hi[c] = h;
-        lo[c] = l;
+    for (int64_t b = b0; b < b1; ++b) {
+        const float* p = x + b * group * W;
+        VF h[4], l[4];
+        VI nn = L(isplat)(0);
+        for (int a = 0; a < 4; ++a) {
+            h[a] = L(splat)(-INFINITY);
+            l[a] = L(splat)(INFINITY);
+        }
+        int64_t r = 0;
+        for (; r + 4 <= group; r += 4)
+            for (int a = 0; a < 4; ++a) {
+                VF v;
+                memcpy(&v, p + (r + a) * W, sizeof v);
+                nn -= v != v;
+                h[a] = L(vmax)(v, h[a]);
+                l[a] = L(vmin)(v, l[a]);
+            }
+        for (; r < group; ++r) {
+            VF v;
+            memcpy(&v, p + r * W, sizeof v);
+            nn -= v != v;
+            h[0] = L(vmax)(v, h[0]);
+            l[0] = L(vmin)(v, l[0]);
+        }
+        VF hh = L(vmax)(L(vmax)(h[0], h[1]), L(vmax)(h[2], h[3]));
+        VF ll = L(vmin)(L(vmin)(l[0], l[1]), L(vmin)(l[2], l[3]));
+        memcpy(hi + b * W, &hh, sizeof hh);
+        memcpy(lo + b * W, &ll, sizeof ll);
+        nan += L(hsum)(nn);
     }
     return nan;
 }

@@ -281,19 +281,19 @@ class ChunkBounds(NamedTuple):
 
     hi: float                # the data's extremes (NaN left out)
     lo: float
-    kth_hi: float            # the k-th largest chunk maximum (−inf with fewer than k chunks)
-    kth_lo: float            # the k-th smallest chunk minimum (+inf likewise)
+    kth_hi: float            # the k-th largest group maximum (−inf with fewer than k groups)
+    kth_lo: float            # the k-th smallest group minimum (+inf likewise)
     nans: int
 
 
 def chunk_bounds(x: torch.Tensor, chunk: int, k: int, threads: int = 1) -> ChunkBounds:
     """``amct_chunk_bounds``: x's extremes and the k-th largest maximum / smallest minimum of
-    its ``chunk``-element chunks — the first batch's bound for the exact top/bottom-k buffers
-    (``IfmrStreamingObserver._bounds``), in one pass on ``threads`` threads."""
+    its groups of ``chunk`` values (not contiguous: see the kernel) — the first batch's bound
+    for the exact top/bottom-k buffers (``IfmrStreamingObserver._bounds``), in one pass on
+    ``threads`` threads."""
     _check_input(x)
     n = x.numel()
-    nc = -(-n // chunk)
-    scratch = _buffer("chunk_ext", (2, max(nc, 1)), torch.float32)
+    scratch = _buffer("chunk_ext", (2, n // chunk + 8), torch.float32)
     res = _buffer("chunk_res", (4,), torch.float32)
     nan = _buffer("chunk_nan", (1,), torch.int64)
     nt = max(1, min(threads, n // MIN_PER_THREAD))
