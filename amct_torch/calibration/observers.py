@@ -23,8 +23,8 @@ TOPK = 1024
 #: bins of the streaming IFMR histogram
 STREAM_BINS = 16384
 _CHUNK = 256
-#: chunk size of the extremes on the compiled path: the bound of ``_bounds`` lets fewer than
-#: topk chunks through, i.e. at most topk·32 candidates
+#: group size of the first-batch bound on the compiled path (native.chunk_bounds): the bound
+#: of ``_bounds`` lets fewer than topk groups through, i.e. at most topk·32 candidates
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
@@ -270,7 +270,8 @@ class IfmrStreamingObserver(Observer):
         candidates)."""
         e, base = self.frame
         thr_hi, thr_lo = thr or self._thr
-        # the steady case (the batch inside the range, few candidates) commits in the same call
+        # the steady case (the grown range keeps the frame, at most _INSERT_MAX candidates a
+        # side) is merged into the state in the same call
         commit = None if thr else native.Commit(self.gmin, self.gmax, e, self.nbins, self.top, self.bottom,
                                                  self._cnt, self._ds, _INSERT_MAX)
         # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
@@ -298,8 +299,8 @@ class IfmrStreamingObserver(Observer):
         return True
 
     def _merge_extremes(self, above: torch.Tensor, below: torch.Tensor) -> None:
-        """Fold a batch's candidate values into the exact top/bottom buffers (a few on the CPU
-        by insertion in C, else with topk: the same values either way)."""
+        """Fold a batch's candidate values into the exact top/bottom buffers (in C on the CPU,
+        up to ``_INSERT_MAX`` of them; else with topk: the same values either way)."""
         for cand, largest in ((above, True), (below, False)):
             if not cand.numel():
                 continue
@@ -317,12 +318,12 @@ class IfmrStreamingObserver(Observer):
 
     def _bounds(self, m_hi: float, m_lo: float):
         """Thresholds for a batch's candidates and values to add with them, from the K-th
-        largest maximum ``m_hi`` and K-th smallest minimum ``m_lo`` of its chunks (∓inf when
-        it has fewer than K chunks).
+        largest maximum ``m_hi`` and K-th smallest minimum ``m_lo`` of its groups of values
+        (∓inf when it has fewer than K groups; native.chunk_bounds).
 
-        K chunks each hold a value ≥ m_hi, so the batch's top K is its values > m_hi plus
+        K groups each hold a value ≥ m_hi, so the batch's top K is its values > m_hi plus
         copies of m_hi — taking the values > m_hi and K copies of m_hi gives the same top K
-        whatever the ties (post-ReLU data has thousands of chunks whose minimum is 0). Used
+        whatever the ties (post-ReLU data has thousands of groups whose minimum is 0). Used
         when m_hi passes the state's own K-th value; likewise for the bottom. Returns
         ((thr_hi, thr_lo), extra_above, extra_below)."""
         hi, lo = self._thr
@@ -343,7 +344,7 @@ class IfmrStreamingObserver(Observer):
         self._ensure(xf.device)
         if native.usable(xf):
             # steady state: one compiled pass; the first batch (or one that leaves the frame)
-            # first gets its extremes and the chunk bounds of its top/bottom K in another
+            # first gets its extremes and the group bounds of its top/bottom K in another
             if self.count and self._fused_update(xf):
                 return
             b = native.chunk_bounds(xf, _FINE_CHUNK, self.topk, self._threads)
