@@ -163,18 +163,59 @@ def state_bytes(obs) -> int:
     return sum(v.numel() * v.element_size() for v in obs.state_dict().values())
 
 
+def _vm_kb(field: str) -> int:
+    """A VmRSS/VmHWM figure of this process in kB (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def streaming_vs_exact_run(device: str, mode: str, nb: int, size: int) -> dict:
+    """One observer fed ``nb`` batches made one at a time (so the data's own memory does not
+    grow with nb), then its factors: times, the state's size and the peak memory the run added
+    — the CUDA allocator's peak on a GPU, else the process's peak RSS (VmHWM) over its RSS
+    before the first batch (run in a fresh process: see ``bench_streaming_vs_exact``)."""
+    cls = IfmrExactObserver if mode == "exact" else IfmrStreamingObserver
+    obs = cls("l")
+    warm = cls("w")
+    warm.update(batches(device, 1, 4096, "relu", seed=1)[0]); warm.compute()   # kernels, allocator
+    g = torch.Generator().manual_seed(nb)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    base_kb = _vm_kb("VmRSS")
+    t_upd = 0.0
+    for _ in range(nb):
+        x = torch.relu(torch.randn(size, generator=g) + 0.3).to(device)
+        t0 = time.perf_counter(); obs.update(x); sync(device); t_upd += time.perf_counter() - t0
+        del x
+    t0 = time.perf_counter(); s, o = obs.compute(); t_cmp = time.perf_counter() - t0
+    if device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = max(0, _vm_kb("VmHWM") - base_kb) * 1024
+    return dict(bench="ifmr_streaming_vs_exact", device=device, mode=mode, batch_num=nb, elements_per_batch=size,
+                update_s=t_upd, compute_s=t_cmp, state_bytes=state_bytes(obs), peak_added_bytes=peak,
+                peak_measured_as="cuda max_memory_allocated" if device.startswith("cuda") else "VmHWM - VmRSS",
+                scale=s, offset=o)
+
+
 def bench_streaming_vs_exact(device: str, size: int, batch_nums: Sequence[int]) -> None:
+    """Streaming vs exact IFMR for several batch_num: each run in a fresh process, so that one
+    run's freed memory (kept by the allocator) does not hide the next one's peak."""
+    import subprocess
     for nb in batch_nums:
-        data = batches(device, nb, size, "relu", seed=nb)
-        for name, cls in (("exact", IfmrExactObserver), ("streaming", IfmrStreamingObserver)):
-            obs = cls("l")
-            t0 = time.perf_counter()
-            for x in data:
-                obs.update(x)
-            sync(device); t_upd = time.perf_counter() - t0
-            t0 = time.perf_counter(); s, o = obs.compute(); t_cmp = time.perf_counter() - t0
-            emit(bench="ifmr_streaming_vs_exact", device=device, mode=name, batch_num=nb, elements_per_batch=size,
-                 update_s=t_upd, compute_s=t_cmp, state_bytes=state_bytes(obs), scale=s, offset=o)
+        for mode in ("exact", "streaming"):
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", mode, str(nb),
+                                  str(size), "--device", device], capture_output=True, text=True)
+            lines = [l for l in res.stdout.splitlines() if l.startswith("{")]
+            print(lines[-1] if lines else json.dumps({"bench": "ifmr_streaming_vs_exact", "mode": mode,
+                                                      "batch_num": nb, "error": res.stderr[-300:]}), flush=True)
 
 
 def bench_throughput(device: str, size: int) -> None:
@@ -205,7 +246,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--memory-child", nargs=3, metavar=("MODE", "BATCH_NUM", "SIZE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.memory_child:
+        mode, nb, size = a.memory_child
+        emit(**streaming_vs_exact_run(a.device, mode, int(nb), int(size)))
+        return
     size = 1 << 20 if a.quick else 1 << 22
     from amct_torch.algorithms import native
     # build/load the CPU histogram kernels before any timing (first use compiles them once)
