@@ -174,7 +174,8 @@ def test_frame_of_a_committing_update_is_the_python_frame():
         e, base = histogram.frame_for(lo, hi, nbins)
         floor = e + int(rng.integers(-2, 3))
         want = (e, base) if floor <= e else (floor, math.floor(math.ldexp(lo, -floor)))
-        assert native.frame_for(lo, hi, nbins, floor) == want, (lo, hi, nbins, floor)
+        assert native.frame_for(lo, hi, nbins, histogram.REL_BITS, histogram.MIN_EXP, floor) == want, \
+            (lo, hi, nbins, floor)
 
 
 @pytest.mark.parametrize("largest", [True, False])

@@ -173,7 +173,12 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, coun
             and counts.device.type == dsum.device.type == "cpu"):
         raise ValueError("add_packed takes CPU int64 counts and float64 offset sums")
     library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], count_bits,
-                              counts.data_ptr(), dsum.data_ptr(), max(1, min(threads, acc.shape[1] // 4096)))
+                              counts.data_ptr(), dsum.data_ptr(), _decode_threads(threads, acc.shape[1]))
+
+
+def _decode_threads(threads: int, slots: int) -> int:
+    """Threads for decoding histograms of ``slots`` entries (a 4096-slot block each at least)."""
+    return max(1, min(threads, slots // 4096))
 
 
 def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> None:
@@ -188,13 +193,12 @@ def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> Non
         raise MemoryError("no memory to merge the streaming IFMR candidates")
 
 
-def frame_for(gmin: float, gmax: float, nbins: int, e_floor: int) -> Tuple[int, int]:
+def frame_for(gmin: float, gmax: float, nbins: int, rel_bits: int, min_exp: int, e_floor: int) -> Tuple[int, int]:
     """``amct_frame_for``: the C twin of ``histogram.frame_for`` (with the frame's exponent as
     a floor, as ``IfmrStreamingObserver._frame_for``) that a committing update uses; for the
     tests, which hold the two to the same answers."""
-    from amct_torch.algorithms import histogram
     out = (ctypes.c_int64 * 2)()
-    library().amct_frame_for(gmin, gmax, nbins, histogram.REL_BITS, histogram.MIN_EXP, e_floor, out)
+    library().amct_frame_for(gmin, gmax, nbins, rel_bits, min_exp, e_floor, out)
     return int(out[0]), int(out[1])
 
 
@@ -220,13 +224,16 @@ class UpdateResult(NamedTuple):
 class Commit(NamedTuple):
     """A streaming-IFMR state that ``stream_update`` may update in the same call (the steady
     case: the grown range keeps the frame, at most ``insert_max`` candidates per side): its
-    range, frame exponent and bin count, its sorted top/bottom buffers and its counts/offset
-    sums (contiguous CPU float32 / int64 / float64)."""
+    range, frame exponent, bin count and frame rule (``histogram.REL_BITS``/``MIN_EXP``), its
+    sorted top/bottom buffers and its counts/offset sums (contiguous CPU float32 / int64 /
+    float64)."""
 
     gmin: float
     gmax: float
     e: int
     nbins: int
+    rel_bits: int
+    min_exp: int
     top: torch.Tensor
     bottom: torch.Tensor
     counts: torch.Tensor
@@ -251,17 +258,16 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
     ext = _buffer("ext", (pieces + 2, 2), torch.float32)     # + what a commit reports
     lib = library()
     if commit is not None:
-        from amct_torch.algorithms import histogram
         c = commit
         if not (c.counts.is_contiguous() and c.dsum.is_contiguous() and c.top.is_contiguous()
                 and c.bottom.is_contiguous() and c.counts.numel() >= slots):
             raise ValueError("stream_update commits into contiguous state tensors")
         done = lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
                                     acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
-                                    res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.e, c.nbins,
-                                    histogram.REL_BITS, histogram.MIN_EXP, c.insert_max, c.top.data_ptr(),
-                                    c.bottom.data_ptr(), c.top.numel(), c.counts.data_ptr(), c.dsum.data_ptr(),
-                                    max(1, min(threads, slots // 4096)), ext[pieces].data_ptr())
+                                    res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.e, c.nbins, c.rel_bits,
+                                    c.min_exp, c.insert_max, c.top.data_ptr(), c.bottom.data_ptr(), c.top.numel(),
+                                    c.counts.data_ptr(), c.dsum.data_ptr(), _decode_threads(threads, slots),
+                                    ext[pieces].data_ptr())
         if done < 0:
             raise MemoryError("no memory to merge the streaming IFMR candidates")
         if done:

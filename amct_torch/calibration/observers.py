@@ -272,8 +272,9 @@ class IfmrStreamingObserver(Observer):
         thr_hi, thr_lo = thr or self._thr
         # the steady case (the grown range keeps the frame, at most _INSERT_MAX candidates a
         # side) is merged into the state in the same call
-        commit = None if thr else native.Commit(self.gmin, self.gmax, e, self.nbins, self.top, self.bottom,
-                                                 self._cnt, self._ds, _INSERT_MAX)
+        commit = None if thr else native.Commit(self.gmin, self.gmax, e, self.nbins, histogram.REL_BITS,
+                                                 histogram.MIN_EXP, self.top, self.bottom, self._cnt, self._ds,
+                                                 _INSERT_MAX)
         # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
         # fewer than topk chunks can pass it, so a first batch never overflows (a later batch
         # far above the state's K-th value may: then the general path runs)
