@@ -231,8 +231,16 @@ static void sort_floats(float* a, int64_t lo, int64_t hi, int desc) {
 }
 
 /* The k-th largest (desc) or smallest (!desc) of a[0..n), 1 ≤ k ≤ n, by quickselect; a is
- * reordered. No NaN in a. */
+ * reordered. No NaN in a. When k values tie at the extreme (the minima of post-ReLU groups
+ * are mostly 0) that extreme is the answer, found in one pass (quickselect on equal values
+ * costs n·log n swaps). */
 static float kth_value(float* a, int64_t n, int64_t k, int desc) {
+    float ext = a[0];
+    for (int64_t i = 1; i < n; ++i)
+        if (before(a[i], ext, desc)) ext = a[i];
+    int64_t ties = 0;
+    for (int64_t i = 0; i < n; ++i) ties += a[i] == ext;
+    if (ties >= k) return ext;
     int64_t lo = 0, hi = n - 1;
     const int64_t target = k - 1;
     while (lo < hi) {

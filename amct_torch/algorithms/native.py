@@ -211,8 +211,6 @@ class UpdateResult(NamedTuple):
     """What ``stream_update`` found, over all slices."""
 
     acc: torch.Tensor        # packed accumulators, int64 [pieces, slots] (reused buffer)
-    above: torch.Tensor      # values > thr_hi (all of them unless ``overflow``)
-    below: torch.Tensor      # values < thr_lo
     outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
     overflow: bool           # a slice had more than ``cap`` values passing a threshold
     lo: float                # the data's extremes (NaN left out)
@@ -244,9 +242,11 @@ class Commit(NamedTuple):
 def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
                   thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1,
                   commit: Optional[Commit] = None) -> UpdateResult:
-    """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``; with
-    ``commit``, the steady case is also folded into that state in the same call
-    (``amct_stream_step``; then only ``committed`` is meaningful)."""
+    """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``: the packed
+    histogram and the values above ``thr_hi`` / below ``thr_lo`` (at most ``cap`` a slice kept);
+    with ``commit``, those values and the histogram are folded into that state in the same
+    call when they fit (``amct_stream_step``: then ``committed`` says so; else the state is
+    untouched)."""
     _check_input(x)
     bounds = slice_bounds(x.numel(), max_slice, threads, slots)
     pieces = bounds.numel() - 1
@@ -272,26 +272,15 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
             raise MemoryError("no memory to merge the streaming IFMR candidates")
         if done:
             k_hi, k_lo, lo, hi = ext[pieces:].reshape(-1).tolist()
-            empty = cand.new_empty(0)
-            return UpdateResult(acc[:, :slots], empty, empty, 0, False, lo, hi, (k_hi, k_lo, lo, hi))
+            return UpdateResult(acc[:, :slots], 0, False, lo, hi, (k_hi, k_lo, lo, hi))
     else:
         lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
                                   acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
                                   res.data_ptr(), ext.data_ptr())
     counts = res.tolist()
     ends = ext[:pieces].tolist()
-    return UpdateResult(acc[:, :slots], _gather(cand, 0, [c[0] for c in counts], cap),
-                        _gather(cand, 1, [c[1] for c in counts], cap), sum(c[2] for c in counts),
-                        any(max(c[0], c[1]) > cap for c in counts),
+    return UpdateResult(acc[:, :slots], sum(c[2] for c in counts), any(max(c[0], c[1]) > cap for c in counts),
                         min(e[0] for e in ends), max(e[1] for e in ends))
-
-
-def _gather(cand: torch.Tensor, side: int, counts: list, cap: int) -> torch.Tensor:
-    """The stored candidates of one side over all slices, as a new tensor (not the buffer)."""
-    parts = [cand[t, side, :min(c, cap)] for t, c in enumerate(counts) if c]
-    if len(parts) == 1:
-        return parts[0].clone()
-    return torch.cat(parts) if parts else cand.new_empty(0)
 
 
 class ChunkBounds(NamedTuple):

@@ -24,12 +24,12 @@ TOPK = 1024
 STREAM_BINS = 16384
 _CHUNK = 256
 #: group size of the first-batch bound on the compiled path (native.chunk_bounds): the bound
-#: of ``_bounds`` lets fewer than topk groups through, i.e. at most topk·32 candidates
+#: of ``_fold_bounds`` lets fewer than topk groups through, i.e. at most topk·32 candidates
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
-#: a steady update with up to this many candidates per side is merged into the top/bottom
-#: buffers in C (cut to the K best, sorted, merged); more go through torch.topk
+#: an update with up to this many candidates per side is merged into the top/bottom buffers
+#: in C (cut to the K best, sorted, merged); more go through torch.topk (the general path)
 _INSERT_MAX = 1 << 15
 
 
@@ -242,8 +242,8 @@ class IfmrStreamingObserver(Observer):
         if self.top is None:
             self.top = torch.full((self.topk,), -math.inf, device=device)
             self.bottom = torch.full((self.topk,), math.inf, device=device)
-            self._set_hist(torch.zeros(self.nbins, dtype=torch.int64, device=device),
-                           torch.zeros(self.nbins, dtype=torch.float64, device=device))
+            self._cnt = torch.zeros(self.nbins + 1, dtype=torch.int64, device=device)   # + overflow slot
+            self._ds = torch.zeros(self.nbins + 1, dtype=torch.float64, device=device)
 
     def _frame_for(self, gmin: float, gmax: float) -> Tuple[int, int]:
         """The frame after the global range becomes [gmin, gmax] (never finer than now)."""
@@ -260,42 +260,23 @@ class IfmrStreamingObserver(Observer):
         self.frame = (e, base)
         self.gmin, self.gmax = gmin, gmax
 
-    def _fused_update(self, xf: torch.Tensor, thr: Optional[Tuple[float, float]] = None,
-                      extra_above: Optional[torch.Tensor] = None, extra_below: Optional[torch.Tensor] = None) -> bool:
-        """An update in one compiled pass (native.stream_update) when the batch lies inside
-        the current frame and few of its values pass the top/bottom thresholds (``thr``: the
-        state's K-th values, or the tighter bounds of ``_bounds`` with their ``extra`` values).
-        Commits and returns True only then, with exactly the state the torch
-        path gives; False leaves the state untouched (a growing range, NaN/Inf, too many
-        candidates)."""
+    def _fused_update(self, xf: torch.Tensor) -> bool:
+        """An update in one compiled call (native.stream_update with the state to commit to):
+        it bins the batch, merges the values passing the state's K-th values into the
+        top/bottom buffers and adds the histogram — when the batch lies inside the current
+        frame, the range it grows keeps the frame and its candidates fit (room for
+        topk·_FINE_CHUNK a slice, _INSERT_MAX a side). Returns whether it committed, with
+        exactly the state the torch path gives; False leaves the state untouched."""
         e, base = self.frame
-        thr_hi, thr_lo = thr or self._thr
-        # the steady case (the grown range keeps the frame, at most _INSERT_MAX candidates a
-        # side) is merged into the state in the same call
-        commit = None if thr else native.Commit(self.gmin, self.gmax, e, self.nbins, histogram.REL_BITS,
-                                                 histogram.MIN_EXP, self.top, self.bottom, self._cnt, self._ds,
-                                                 _INSERT_MAX)
-        # room for topk·_FINE_CHUNK candidates per slice: with the chunk bound of ``_bounds``
-        # fewer than topk chunks can pass it, so a first batch never overflows (a later batch
-        # far above the state's K-th value may: then the general path runs)
+        commit = native.Commit(self.gmin, self.gmax, e, self.nbins, histogram.REL_BITS, histogram.MIN_EXP,
+                               self.top, self.bottom, self._cnt, self._ds, _INSERT_MAX)
         r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
-                                 thr_hi, thr_lo, self.topk * _FINE_CHUNK, histogram.MAX_SLICE, self._threads,
-                                 commit)
-        if r.committed:
-            self._thr = r.committed[:2]
-            self.gmin, self.gmax = r.committed[2:]
-            self.count += xf.numel()
-            return True
-        if r.outside or r.overflow:
+                                 self._thr[0], self._thr[1], self.topk * _FINE_CHUNK, histogram.MAX_SLICE,
+                                 self._threads, commit)
+        if not r.committed:
             return False
-        above = r.above if extra_above is None else torch.cat([r.above, extra_above])
-        below = r.below if extra_below is None else torch.cat([r.below, extra_below])
-        gmax, gmin = max(self.gmax, r.hi), min(self.gmin, r.lo)
-        if self._frame_for(gmin, gmax) != self.frame:
-            return False
-        self._merge_extremes(above, below)
-        self.gmin, self.gmax = gmin, gmax
-        native.add_packed(r.acc, self._cnt, self._ds, histogram.COUNT_BITS, self._threads)
+        self._thr = r.committed[:2]
+        self.gmin, self.gmax = r.committed[2:]
         self.count += xf.numel()
         return True
 
@@ -317,23 +298,26 @@ class IfmrStreamingObserver(Observer):
         if above.numel() or below.numel():
             self._thr = (float(self.top[-1]), float(self.bottom[-1]))
 
-    def _bounds(self, m_hi: float, m_lo: float):
-        """Thresholds for a batch's candidates and values to add with them, from the K-th
-        largest maximum ``m_hi`` and K-th smallest minimum ``m_lo`` of its groups of values
-        (∓inf when it has fewer than K groups; native.chunk_bounds).
+    def _fold_bounds(self, m_hi: float, m_lo: float) -> None:
+        """Fold a batch's bounds into the top/bottom buffers before its pass: ``m_hi`` is the
+        K-th largest maximum and ``m_lo`` the K-th smallest minimum of its groups of values
+        (∓inf with fewer than K groups; native.chunk_bounds).
 
-        K groups each hold a value ≥ m_hi, so the batch's top K is its values > m_hi plus
-        copies of m_hi — taking the values > m_hi and K copies of m_hi gives the same top K
-        whatever the ties (post-ReLU data has thousands of groups whose minimum is 0). Used
-        when m_hi passes the state's own K-th value; likewise for the bottom. Returns
-        ((thr_hi, thr_lo), extra_above, extra_below)."""
-        hi, lo = self._thr
-        extra_hi = extra_lo = None
-        if m_hi > hi:
-            hi, extra_hi = m_hi, torch.full((self.topk,), m_hi, device=self.top.device)
-        if m_lo < lo:
-            lo, extra_lo = m_lo, torch.full((self.topk,), m_lo, device=self.top.device)
-        return (hi, lo), extra_hi, extra_lo
+        K groups each hold a value ≥ m_hi, so the top K of the state and the batch is the top
+        K of the state, K copies of m_hi and the batch's values > m_hi, whatever the ties
+        (post-ReLU data has thousands of groups whose minimum is 0). With the copies in, the
+        state's K-th value is at least m_hi, so the pass collects only values > m_hi: fewer
+        than K groups hold one, at most K·32 values, which the pass has room for. Likewise
+        for the bottom. The copies stand for batch values, so the buffers stay right whatever
+        path the batch then takes."""
+        for buf, m, largest in ((self.top, m_hi, True), (self.bottom, m_lo, False)):
+            if not (m > self._thr[0] if largest else m < self._thr[1]):
+                continue
+            if self.count == 0:
+                buf.fill_(m)                      # the buffer held only its ∓inf padding
+            else:
+                native.insert_extremes(buf, torch.full((self.topk,), m), largest)
+        self._thr = (float(self.top[-1]), float(self.bottom[-1]))
 
     def _widen(self, lo: float, hi: float) -> None:
         """Take a batch with extremes lo/hi (NaN/Inf checked): grow the range and frame."""
@@ -350,7 +334,8 @@ class IfmrStreamingObserver(Observer):
                 return
             b = native.chunk_bounds(xf, _FINE_CHUNK, self.topk, self._threads)
             self._widen(b.lo, math.nan if b.nans else b.hi)
-            if self._fused_update(xf, *self._bounds(b.kth_hi, b.kth_lo)):
+            self._fold_bounds(b.kth_hi, b.kth_lo)
+            if self._fused_update(xf):
                 return
         n = xf.numel()
         full = n // _CHUNK * _CHUNK
