@@ -1,7 +1,7 @@
 """Building and loading ``hist_kernels.c`` (used by ``native.py``).
 
-Built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``; well
-under a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
+Built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``; about
+a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
 ``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``; a private per-user temp folder
 when that is not writable), keyed by the source, the compiler, the flags and the platform,
 and written atomically so that concurrent processes (torchrun ranks) can race safely.
