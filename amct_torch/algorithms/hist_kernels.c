@@ -298,7 +298,7 @@ int32_t amct_insert_extremes(float* buf, int64_t k, float* cand, int64_t c, int3
  * res = {max, min, k-th largest group maximum, k-th smallest group minimum} of x and
  * *nan = the NaN count. k groups each hold a value ≥ the k-th largest maximum, so the
  * batch's top k lie at or above it, and fewer than k groups hold values above it
- * (IfmrStreamingObserver._bounds). With fewer than k groups res[2..3] are ∓inf (no bound). */
+ * (IfmrStreamingObserver._fold_bounds). With fewer than k groups res[2..3] are ∓inf (no bound). */
 void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t group, int64_t k, float* hi, float* lo,
                        float* res, int64_t* nan) {
     const int w = wide();

@@ -212,9 +212,6 @@ class UpdateResult(NamedTuple):
 
     acc: torch.Tensor        # packed accumulators, int64 [pieces, slots] (reused buffer)
     outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
-    overflow: bool           # a slice had more than ``cap`` values passing a threshold
-    lo: float                # the data's extremes (NaN left out)
-    hi: float
     #: see Commit: the state's new (K-th top value, K-th bottom value, gmin, gmax)
     committed: Optional[Tuple[float, float, float, float]] = None
 
@@ -243,10 +240,11 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
                   thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1,
                   commit: Optional[Commit] = None) -> UpdateResult:
     """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``: the packed
-    histogram and the values above ``thr_hi`` / below ``thr_lo`` (at most ``cap`` a slice kept);
-    with ``commit``, those values and the histogram are folded into that state in the same
-    call when they fit (``amct_stream_step``: then ``committed`` says so; else the state is
-    untouched)."""
+    histogram, and the values above ``thr_hi`` / below ``thr_lo`` (at most ``cap`` a slice) —
+    which, with ``commit``, are folded into that state in the same call together with the
+    histogram when they fit (``amct_stream_step``: then ``committed`` says so; else the
+    state is untouched and the caller takes another path). Without ``commit`` (a plain
+    histogram: infinite thresholds) the caller decodes ``acc``."""
     _check_input(x)
     bounds = slice_bounds(x.numel(), max_slice, threads, slots)
     pieces = bounds.numel() - 1
@@ -271,16 +269,12 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
         if done < 0:
             raise MemoryError("no memory to merge the streaming IFMR candidates")
         if done:
-            k_hi, k_lo, lo, hi = ext[pieces:].reshape(-1).tolist()
-            return UpdateResult(acc[:, :slots], 0, False, lo, hi, (k_hi, k_lo, lo, hi))
+            return UpdateResult(acc[:, :slots], 0, tuple(ext[pieces:].reshape(-1).tolist()))
     else:
         lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
                                   acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
                                   res.data_ptr(), ext.data_ptr())
-    counts = res.tolist()
-    ends = ext[:pieces].tolist()
-    return UpdateResult(acc[:, :slots], sum(c[2] for c in counts), any(max(c[0], c[1]) > cap for c in counts),
-                        min(e[0] for e in ends), max(e[1] for e in ends))
+    return UpdateResult(acc[:, :slots], int(res[:, 2].sum()))
 
 
 class ChunkBounds(NamedTuple):
@@ -296,7 +290,7 @@ class ChunkBounds(NamedTuple):
 def chunk_bounds(x: torch.Tensor, chunk: int, k: int, threads: int = 1) -> ChunkBounds:
     """``amct_chunk_bounds``: x's extremes and the k-th largest maximum / smallest minimum of
     its groups of ``chunk`` values (not contiguous: see the kernel) — the first batch's bound
-    for the exact top/bottom-k buffers (``IfmrStreamingObserver._bounds``), in one pass on
+    for the exact top/bottom-k buffers (``IfmrStreamingObserver._fold_bounds``), in one pass on
     ``threads`` threads."""
     _check_input(x)
     n = x.numel()

@@ -28,8 +28,8 @@ _CHUNK = 256
 _FINE_CHUNK = 32
 #: group size of the second pruning step of the top-k candidates
 _GROUP = 16
-#: an update with up to this many candidates per side is merged into the top/bottom buffers
-#: in C (cut to the K best, sorted, merged); more go through torch.topk (the general path)
+#: a compiled update with up to this many candidates per side merges them into the top/bottom
+#: buffers in C (cut to the K best, sorted, merged); more leave it to the general path
 _INSERT_MAX = 1 << 15
 
 
@@ -281,20 +281,12 @@ class IfmrStreamingObserver(Observer):
         return True
 
     def _merge_extremes(self, above: torch.Tensor, below: torch.Tensor) -> None:
-        """Fold a batch's candidate values into the exact top/bottom buffers (in C on the CPU,
-        up to ``_INSERT_MAX`` of them; else with topk: the same values either way)."""
-        for cand, largest in ((above, True), (below, False)):
-            if not cand.numel():
-                continue
-            buf = self.top if largest else self.bottom
-            if cand.numel() <= _INSERT_MAX and native.usable(buf):
-                native.insert_extremes(buf, cand, largest)
-            else:
-                buf = torch.topk(torch.cat([buf, cand]), self.topk, largest=largest).values
-                if largest:
-                    self.top = buf
-                else:
-                    self.bottom = buf
+        """Fold a batch's candidate values into the exact top/bottom buffers (the general
+        path; compiled updates merge theirs in the same call)."""
+        if above.numel():
+            self.top = torch.topk(torch.cat([self.top, above]), self.topk).values
+        if below.numel():
+            self.bottom = torch.topk(torch.cat([self.bottom, below]), self.topk, largest=False).values
         if above.numel() or below.numel():
             self._thr = (float(self.top[-1]), float(self.bottom[-1]))
 
