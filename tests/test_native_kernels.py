@@ -327,6 +327,35 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
             native.set_isa(-1)
 
 
+@pytest.mark.skipif("native" not in BACKENDS, reason="the compiled kernels are not built here")
+@pytest.mark.parametrize("nbins", [64, 257, 2048, 4096])
+def test_hfmg_loss_lanes_give_the_int64_kernels_bits(nbins):
+    """Four candidates a vector with the moments as float64 (exact below 2^53) form the same
+    doubles as the per-candidate int64 code, at every width; candidate counts not a multiple
+    of four and ranges whose destination bins are narrower than a source bin included."""
+    g = torch.Generator().manual_seed(nbins + 1)
+    counts = (torch.rand(nbins, generator=g) ** 6 * 5000).to(torch.int64)
+    counts[nbins // 3: nbins // 3 + nbins // 10] = 0
+    j = torch.arange(nbins)
+    pref = torch.zeros(3, nbins + 1, dtype=torch.int64)
+    torch.cumsum(torch.stack([counts, counts * j, counts * j * j]), 1, out=pref[:, 1:])
+    cnt = torch.cat([counts, counts.new_zeros(1)])
+    lefts, rights = hfmg.candidates(counts)
+    extra_l = torch.tensor([0, 5, nbins - 3, 1])                # narrow and off-walk ranges
+    extra_r = torch.tensor([nbins - 1, 6, nbins - 1, 2])
+    lefts, rights = torch.cat([lefts, extra_l]), torch.cat([rights, extra_r])
+    for isa in ([0, -1] if "native_4_lanes" in BACKENDS else [-1]):
+        native.set_isa(isa)
+        try:
+            for m in (lefts.numel(), lefts.numel() - 1, 3, 1):  # every remainder of four
+                lanes = native.hfmg_losses(pref, cnt, lefts[:m], rights[:m], 0.37, hfmg.FLT_EPS, 2)
+                plain = native.hfmg_losses(pref, cnt, lefts[:m], rights[:m], 0.37, hfmg.FLT_EPS, 2,
+                                           int64_only=True)
+                assert torch.equal(lanes, plain), (isa, m)
+        finally:
+            native.set_isa(-1)
+
+
 def test_temp_folder_of_someone_else_is_refused(monkeypatch, tmp_path):
     """The temp fallback must be private: a folder others can write to is not used."""
     blocked = tmp_path / "file-not-folder"

@@ -488,7 +488,25 @@ int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* 
  * out[i] = loss × width², or 0 when width·D < flt_eps. */
 void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
                       const int64_t* rights, int64_t m, double width, double flt_eps, double* out,
-                      int32_t nt) {
+                      int32_t nt, int32_t int64_only) {
+    /* The integer moments in float64 are exact while every integer the formula forms stays
+     * below 2^53: |t2|, |m·(s1 + t1)|, s2 ≤ 3·Σc·n², so 4·Σc·n² < 2^53 suffices. Then the
+     * lane kernel (four candidates a vector) forms the very same doubles. */
+    const double total = (double)pref[n], nn = (double)n;
+    double* dp = NULL;
+    if (!int64_only && n < ((int64_t)1 << 30) && 4.0 * total * nn * nn < 9007199254740992.0)
+        dp = (double*)malloc(sizeof(double) * 4 * (size_t)(n + 1));
+    if (dp) {
+        for (int64_t t = 0; t < 3 * (n + 1); ++t) dp[t] = (double)pref[t];
+        for (int64_t t = 0; t <= n; ++t) dp[3 * (n + 1) + t] = (double)cnt[t];
+#if AMCT_HAVE_AVX2
+        if (wide()) hfmg_losses_lanes8(dp, n, lefts, rights, m, width, flt_eps, out, nt);
+        else
+#endif
+        hfmg_losses_lanes4(dp, n, lefts, rights, m, width, flt_eps, out, nt);
+        free(dp);
+        return;
+    }
 #if AMCT_HAVE_AVX2
     if (wide()) {
         hfmg_losses8(pref, cnt, n, lefts, rights, m, width, flt_eps, out, nt);
@@ -936,6 +954,93 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
             total += full + edge * (1.0 / 3.0);
         }
         out[i] = (width * D < flt_eps) ? 0.0 : total * (width * width);
+    }
+}
+
+/* amct_hfmg_losses with the moments as exact doubles (dp: p0, p1, p2, cnt, n + 1 each), four
+ * candidates a vector: each lane runs the scalar kernel's operations in its order (the same
+ * sums), and the integer steps are exact in float64, so the losses are the scalar kernel's
+ * bit for bit. The edges y, ⌊y⌋ and the bins' moments at the upper edge carry over to the
+ * next destination bin's lower edge. */
+typedef double L(vd) __attribute__((vector_size(32)));
+
+AMCT_INLINE L(vd) L(vfloor)(L(vd) v) {
+#if AMCT_X86 && AMCT_LANES == 8
+    return (L(vd))_mm256_floor_pd((__m256d)v);
+#else
+    for (int k = 0; k < 4; ++k) v[k] = floor(v[k]);
+    return v;
+#endif
+}
+
+static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lefts, const int64_t* rights,
+                                 int64_t m, double width, double flt_eps, double* out, int32_t nt) {
+    const double* p0 = dp;
+    const double* p1 = dp + (n + 1);
+    const double* p2 = dp + 2 * (n + 1);
+    const double* cn = dp + 3 * (n + 1);
+    const int64_t groups = (m + 3) / 4;
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        L(vd) l, D;
+        for (int k = 0; k < 4; ++k) {
+            const int64_t i = g * 4 + k < m ? g * 4 + k : m - 1;   /* the last group repeats */
+            l[k] = (double)lefts[i];
+            D[k] = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
+        }
+        L(vd) y_a = {0.0, 0.0, 0.0, 0.0}, f_a = y_a, q0 = y_a, q1 = y_a, q2 = y_a, c_a = y_a, total = y_a;
+        for (int k = 0; k < 4; ++k) {                     /* the lower edge of bin 0: y_0 = 0 */
+            q0[k] = p0[0];
+            q1[k] = p1[0];
+            q2[k] = p2[0];
+            c_a[k] = cn[0];
+        }
+        for (int d = 0; d < AMCT_DST; ++d) {
+            L(vd) y_b;
+            if (d + 1 == AMCT_DST) {
+                for (int k = 0; k < 4; ++k) y_b[k] = (double)n;
+            } else {
+                y_b = l + (double)(d + 1) * D;
+            }
+            const L(vd) f_b = L(vfloor)(y_b);
+            L(vd) r0, r1, r2, c_b;                       /* the moments at the upper edge */
+#if AMCT_X86 && AMCT_LANES == 8
+            const __m128i b = _mm_min_epi32(_mm256_cvttpd_epi32((__m256d)f_b), _mm_set1_epi32((int)n));
+            r0 = (L(vd))_mm256_i32gather_pd(p0, b, 8);
+            r1 = (L(vd))_mm256_i32gather_pd(p1, b, 8);
+            r2 = (L(vd))_mm256_i32gather_pd(p2, b, 8);
+            c_b = (L(vd))_mm256_i32gather_pd(cn, b, 8);
+#else
+            for (int k = 0; k < 4; ++k) {
+                int64_t b = (int64_t)f_b[k];
+                b = b > n ? n : b;
+                r0[k] = p0[b];
+                r1[k] = p1[b];
+                r2[k] = p2[b];
+                c_b[k] = cn[b];
+            }
+#endif
+            const L(vd) t0 = r0 - q0, s1 = r1 - q1, s2 = r2 - q2;
+            const L(vd) cen = l + ((double)d + 0.5) * D;
+            const L(vd) mf = L(vfloor)(cen);
+            const L(vd) phi = cen - mf;
+            const L(vd) t1 = s1 - mf * t0;
+            const L(vd) t2 = s2 - mf * (s1 + t1);
+            const L(vd) full = t2 + (1.0 - 2.0 * phi) * t1 + (phi * (phi - 1.0) + 1.0 / 3.0) * t0;
+            const L(vd) u_lo = y_a - cen, v_lo = f_a - cen;
+            const L(vd) u_hi = y_b - cen, v_hi = f_b - cen;
+            const L(vd) edge = c_b * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
+                               - c_a * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
+            total += full + edge * (1.0 / 3.0);
+            y_a = y_b;
+            f_a = f_b;
+            q0 = r0;
+            q1 = r1;
+            q2 = r2;
+            c_a = c_b;
+        }
+        for (int k = 0; k < 4 && g * 4 + k < m; ++k)
+            out[g * 4 + k] = (width * D[k] < flt_eps) ? 0.0 : total[k] * (width * width);
     }
 }
 

@@ -349,17 +349,19 @@ def set_isa(want: int) -> int:
 
 
 def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor,
-                width: float, flt_eps: float, threads: int = 1) -> torch.Tensor:
+                width: float, flt_eps: float, threads: int = 1, int64_only: bool = False) -> torch.Tensor:
     """``hfmg.losses`` per candidate in one kernel (``amct_hfmg_losses``): the same formula,
     float64 sums in another order (agree to ~1e-13 relative; tested). ``pref`` int64
-    [3, n + 1] prefix moments, ``cnt`` int64 [n + 1] (last entry 0)."""
+    [3, n + 1] prefix moments, ``cnt`` int64 [n + 1] (last entry 0). While the moments stay
+    exact in float64 (4·Σc·n² < 2^53) four candidates go through a vector at once; the
+    per-candidate int64 code (``int64_only``, and beyond that bound) gives the same bits."""
     pref, cnt = pref.contiguous(), cnt.contiguous()
     lefts = lefts.to(torch.int64).contiguous()
     rights = rights.to(torch.int64).contiguous()
     out = torch.empty(lefts.numel(), dtype=torch.float64)
     library().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),
                                rights.data_ptr(), lefts.numel(), width, flt_eps, out.data_ptr(),
-                               max(1, min(threads, lefts.numel() // 64)))
+                               max(1, min(threads, lefts.numel() // 64)), int(int64_only))
     return out
 
 

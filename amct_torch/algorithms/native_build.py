@@ -132,7 +132,7 @@ _SIGNATURES = {
     "amct_stream_step": (_I32, [_I32, _I32, _P, _P, _F32, _F32, _I64, _I64, _P, _I64, _F32, _F32, _P, _I64, _P, _P,
                                 _F32, _F32, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _P, _P, _I32, _P]),
     "amct_frame_for": (None, [_F64, _F64, _I64, _I64, _I64, _I64, _P]),
-    "amct_hfmg_losses": (None, [_P, _P, _I64, _P, _P, _I64, _F64, _F64, _P, _I32]),
+    "amct_hfmg_losses": (None, [_P, _P, _I64, _P, _P, _I64, _F64, _F64, _P, _I32, _I32]),
     "amct_ifmr_hist_losses": (_I32, [_P, _P, _I64, _F64, _F64, _P, _P, _P, _I64, _P]),
     "amct_hfmg_walk": (_I64, [_P, _I64, _P, _P]),
 }
