@@ -193,6 +193,17 @@ def test_merging_candidates_into_the_extremes_is_topk(largest):
         want = torch.topk(torch.cat([buf, cand]), k, largest=largest).values
         native.insert_extremes(buf, cand.contiguous(), largest)
         assert torch.equal(buf, want), (k, c)
+    # magnitudes from subnormal to 1e38 of both signs: every byte of the float bits differs
+    # between values (the large merges sort on those bits)
+    spread = lambda n: (torch.randn(n, generator=g, dtype=torch.float64)
+                        * 10.0 ** torch.randint(-44, 38, (n,), generator=g)).float()
+    for k, c in [(1024, 900), (256, 3000), (64, 64)]:
+        buf = torch.topk(spread(3000), k, largest=largest).values.contiguous()
+        cand = spread(c)
+        cand = cand[cand > buf[-1]] if largest else cand[cand < buf[-1]]
+        want = torch.topk(torch.cat([buf, cand]), k, largest=largest).values
+        native.insert_extremes(buf, cand.contiguous(), largest)
+        assert torch.equal(buf, want), (k, c)
 
 
 def test_hfmg_batches_inside_the_range_take_one_pass(monkeypatch):
