@@ -197,10 +197,14 @@ def test_merging_candidates_into_the_extremes_is_topk(largest):
     # between values (the large merges sort on those bits)
     spread = lambda n: (torch.randn(n, generator=g, dtype=torch.float64)
                         * 10.0 ** torch.randint(-44, 38, (n,), generator=g)).float()
-    for k, c in [(1024, 900), (256, 3000), (64, 64)]:
+    for k, c in [(1024, 900), (256, 3000), (64, 64), (64, 200_000), (1024, 40_000)]:
         buf = torch.topk(spread(3000), k, largest=largest).values.contiguous()
         cand = spread(c)
+        if c > 10_000:                  # most of them enter: the sampled selection of the K best
+            cand = torch.cat([cand, torch.round(cand * 3) + (buf[-1] if largest else -buf[-1]).abs() * 2
+                              * (1 if largest else -1)])
         cand = cand[cand > buf[-1]] if largest else cand[cand < buf[-1]]
+        assert torch.isfinite(cand).all()
         want = torch.topk(torch.cat([buf, cand]), k, largest=largest).values
         native.insert_extremes(buf, cand.contiguous(), largest)
         assert torch.equal(buf, want), (k, c)
@@ -470,3 +474,48 @@ def test_ifmr_histogram_losses_kernel_agrees_with_the_tensor_formula(kind, monke
             assert torch.equal(ifmr.histogram_losses(*args, lo, hi, s), kernel)
         finally:
             native.set_isa(-1)
+
+
+def reference_bounds(x: np.ndarray, group: int, lanes: int, k: int):
+    """amct_chunk_bounds from its definition: within each run of group·lanes values, group j
+    is lane j of its `group` vectors; the rest in contiguous groups; the k-th largest group
+    maximum and k-th smallest group minimum (∓inf with fewer than k groups)."""
+    nsb = x.size // (group * lanes)
+    main = x[:nsb * group * lanes].reshape(nsb, group, lanes)
+    rest = x[nsb * group * lanes:]
+    his = [main.max(axis=1).reshape(-1)] + [rest[i:i + group].max(keepdims=True) for i in range(0, rest.size, group)]
+    los = [main.min(axis=1).reshape(-1)] + [rest[i:i + group].min(keepdims=True) for i in range(0, rest.size, group)]
+    hi, lo = np.concatenate(his), np.concatenate(los)
+    if hi.size < k:
+        return float(x.max()), float(x.min()), -math.inf, math.inf
+    return float(x.max()), float(x.min()), float(np.sort(hi)[::-1][k - 1]), float(np.sort(lo)[k - 1])
+
+
+@pytest.mark.skipif("native" not in BACKENDS, reason="the compiled kernels are not built here")
+@pytest.mark.parametrize("kind", ["normal", "relu", "ties", "adversarial", "small"])
+def test_chunk_bounds_match_the_definition(kind):
+    """The first batch's bounds at every vector width: large inputs take the sampled
+    selection (the K-th of ~10^5 group extremes), including data built so that the sample
+    overestimates and the selection falls back; ties and fewer groups than K."""
+    rng = np.random.default_rng(len(kind))
+    n = 1_000_003 if kind != "small" else 20_000
+    x = rng.standard_normal(n).astype(np.float32)
+    if kind == "relu":
+        x = np.maximum(x + 0.2, 0).astype(np.float32)
+    elif kind == "ties":
+        x = np.round(x * 4).astype(np.float32) / 4
+    elif kind == "adversarial":                 # the groups the selection samples hold the largest
+        x = np.abs(x)                           # values: its threshold keeps < K, it falls back
+        for lanes in (4, 8):
+            g = np.arange(4096) * ((n // 32) // 4096)         # the sampled group indices
+            x[g // lanes * 32 * lanes + g % lanes] += 100.0   # a value in each of them
+    widths = [(0, 4), (-1, 8)] if "native_4_lanes" in BACKENDS else [(-1, 8 if native.set_isa(-1) else 4)]
+    try:
+        for isa, lanes in widths:
+            native.set_isa(isa)
+            b = native.chunk_bounds(torch.from_numpy(x), 32, 1024, 2)
+            want = reference_bounds(x, 32, lanes, 1024)
+            assert (b.hi, b.lo, b.kth_hi, b.kth_lo) == want, (isa, kind)
+            assert b.nans == 0
+    finally:
+        native.set_isa(-1)
