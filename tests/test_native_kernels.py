@@ -65,6 +65,24 @@ def numpy_packed(x: np.ndarray, e: int, base: int, slots: int):
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_full_slices_of_the_largest_offsets_do_not_overflow(backend):
+    """The packed fields at their limit: slices of MAX_SLICE values, all in two bins, half
+    of them at the largest offset q = 65536 (one float32 step below a bin edge), half at
+    49152."""
+    n = histogram.MAX_SLICE + 3                       # on one thread: a full slice and a few more
+    e, base = -12, 0                                  # bins of 2^-12 from 0
+    x = torch.full((n,), float(np.nextafter(np.float32(2.0 ** -11), np.float32(0.0))))   # bin 1's top
+    x[1::2] = 0.5 - 2.0 ** -14                        # a quarter bin below 0.5's edge
+    counts = torch.zeros(4097, dtype=torch.int64)
+    dsum = torch.zeros(4097, dtype=torch.float64)
+    histogram.accumulate(x, e, base, counts, dsum, threads=1)
+    want_c, want_q = numpy_packed(x.numpy(), e, base, 4097)
+    assert want_q.max() >= 65536 * (n // 2)           # the largest offset, n/2 times
+    assert counts.tolist() == want_c.tolist()
+    assert torch.equal(dsum, torch.from_numpy(want_q) * 2.0 ** -16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("kind", ["normal", "relu", "edges", "shifted", "heavy"])
 def test_packed_histogram_matches_numpy_reference(backend, kind, monkeypatch):
     monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)      # several slices on two threads

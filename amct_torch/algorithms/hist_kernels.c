@@ -51,17 +51,18 @@
 
 /* The packed entry of one value on the streaming-IFMR grid: u = v·s − base (float32, two
  * roundings), bin *j = trunc(u) (u ≥ 0 inside the frame), offset q = trunc((u − j)·65536 + ½)
- * (float32); the entry (q << count_bits) + 1 packs the count (low bits) and the offset in 2^-16
- * bin units (high bits) into one integer add. Written out again in the vectorised slices
- * (which also handle values outside the frame); used as is for the zeros. */
-static int64_t stream_entry(float v, float s, float base, int64_t count_bits, int32_t* j) {
+ * (float32); the entry q + 2^offset_bits packs the offset in 2^-16 bin units (low bits) and
+ * the count (high bits) into one integer add — one add of a constant per value in the
+ * scatter (a shift by a run-time count is 2–3 µops on x86). Written out again in the
+ * vectorised slices (which also handle values outside the frame); used as is for the zeros. */
+static int64_t stream_entry(float v, float s, float base, int64_t offset_bits, int32_t* j) {
     float u = v * s;
     u = u - base;
     *j = (int32_t)u;
     float f = u - (float)*j;
     f = f * 65536.0f;
     f = f + 0.5f;
-    return ((int64_t)(int32_t)f << count_bits) + 1;
+    return (int64_t)(int32_t)f + ((int64_t)1 << offset_bits);
 }
 
 /* HFMG bin of one value: min(trunc((v − mn)/w), last), float32 maths. */
@@ -73,18 +74,18 @@ static int32_t hfmg_bin(float v, float mn, float w, int32_t last) {
 }
 
 /* Add a block's packed entries, eight bins loaded before their eight updates. */
-AMCT_INLINE void scatter_packed(int64_t* acc, const int32_t* jb, const int32_t* qb, int m, int64_t count_bits) {
+AMCT_INLINE void scatter_packed(int64_t* acc, const int32_t* jb, const int32_t* qb, int m, int64_t one) {
     int i = 0;
     for (; i + 8 <= m; i += 8) {
         int32_t j[8];
         int64_t e[8];
         for (int k = 0; k < 8; ++k) {
             j[k] = jb[i + k];
-            e[k] = ((int64_t)qb[i + k] << count_bits) + 1;
+            e[k] = (int64_t)qb[i + k] + one;
         }
         for (int k = 0; k < 8; ++k) acc[j[k]] += e[k];
     }
-    for (; i < m; ++i) acc[jb[i]] += ((int64_t)qb[i] << count_bits) + 1;
+    for (; i < m; ++i) acc[jb[i]] += (int64_t)qb[i] + one;
 }
 
 /* Count a block's bins, likewise (int32 counts of one slice: a smaller histogram to keep
@@ -150,15 +151,15 @@ static int wide(void) {
  * the result away and takes the general path. res = {n_hi, n_lo, outside}; ext = {min, max}
  * of the values (NaN left out). */
 void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
-                        int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
+                        int64_t offset_bits, int64_t* acc, float thr_hi, float thr_lo,
                         float* cand, int64_t cap, int64_t* res, float* ext) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
-        stream_slice8(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
+        stream_slice8(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
         return;
     }
 #endif
-    stream_slice4(x, n, s, base, slots, count_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
+    stream_slice4(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
 }
 
 /* HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
@@ -414,13 +415,13 @@ void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t group, int
  * parallel regions, so a separate thread pool would fight them for the cores). Built
  * without OpenMP the pragmas are ignored and the slices run one after the other. */
 void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
-                           int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
+                           int64_t slots, int64_t offset_bits, int64_t* acc, int64_t acc_stride,
                            float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res, float* ext) {
     wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
         memset(acc + t * acc_stride, 0, sizeof(int64_t) * acc_stride);
-        amct_stream_update(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, count_bits,
+        amct_stream_update(x + bounds[t], bounds[t + 1] - bounds[t], s, base, slots, offset_bits,
                            acc + t * acc_stride, thr_hi, thr_lo, cand + t * 2 * (cap + 1), cap, res + 3 * t,
                            ext + 2 * t);
     }
@@ -444,20 +445,20 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
 }
 
 /* Decode packed accumulators (np rows of `stride`, the first `slots` used) and add them to a
- * state: counts += Σ low fields; dsum += (Σ high fields)·2^-16, the integer sums taken first
+ * state: counts += Σ high fields; dsum += (Σ low fields)·2^-16, the integer sums taken first
  * so that the result does not depend on the slicing (the same arithmetic as
  * histogram.add_packed). Slot blocks on nt threads. */
-void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t count_bits,
+void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t offset_bits,
                      int64_t* counts, double* dsum, int32_t nt) {
     const int w = wide();
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t j0 = 0; j0 < slots; j0 += BLOCK) {      /* slot blocks: contiguous rows */
         const int m = (int)(slots - j0 < BLOCK ? slots - j0 : BLOCK);
 #if AMCT_HAVE_AVX2
-        if (w) add_packed_block8(np, acc + j0, stride, m, count_bits, counts + j0, dsum + j0);
+        if (w) add_packed_block8(np, acc + j0, stride, m, offset_bits, counts + j0, dsum + j0);
         else
 #endif
-        add_packed_block4(np, acc + j0, stride, m, count_bits, counts + j0, dsum + j0);
+        add_packed_block4(np, acc + j0, stride, m, offset_bits, counts + j0, dsum + j0);
     }
 }
 
@@ -495,12 +496,12 @@ void amct_frame_for(double gmin, double gmax, int64_t nbins, int64_t rel_bits, i
  * value, new gmin, new gmax}. Returns 1 when committed, 0 when not (the state untouched, the
  * pass's results in the buffers for the caller), −1 when out of memory mid-commit. */
 int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float s, float base,
-                         int64_t slots, int64_t count_bits, int64_t* acc, int64_t acc_stride,
+                         int64_t slots, int64_t offset_bits, int64_t* acc, int64_t acc_stride,
                          float thr_hi, float thr_lo, float* cand, int64_t cap, int64_t* res, float* ext,
                          float gmin, float gmax, int64_t e, int64_t nbins, int64_t rel_bits, int64_t min_exp,
                          int64_t insert_max, float* top, float* bottom, int64_t k,
                          int64_t* counts, double* dsum, int32_t nt_decode, float* out) {
-    amct_stream_update_mt(np, nt, x, bounds, s, base, slots, count_bits, acc, acc_stride, thr_hi, thr_lo,
+    amct_stream_update_mt(np, nt, x, bounds, s, base, slots, offset_bits, acc, acc_stride, thr_hi, thr_lo,
                           cand, cap, res, ext);
     int64_t n_hi = 0, n_lo = 0;
     float lo = gmin, hi = gmax;
@@ -522,7 +523,7 @@ int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* 
         if (amct_insert_extremes(top, k, c, res[3 * t], 1) || amct_insert_extremes(bottom, k, c + cap + 1, res[3 * t + 1], 0))
             return -1;
     }
-    amct_add_packed(np, acc, acc_stride, slots, count_bits, counts, dsum, nt_decode);
+    amct_add_packed(np, acc, acc_stride, slots, offset_bits, counts, dsum, nt_decode);
     out[0] = top[k - 1];
     out[1] = bottom[k - 1];
     out[2] = lo;
@@ -746,12 +747,12 @@ AMCT_INLINE int64_t L(collect)(const float* p, int m, float thr, int above, floa
 }
 
 /* amct_add_packed on m ≤ BLOCK slots. The fields are non-negative (so a logical shift
- * splits them) and the offset sums stay below 2^52, so the int64 → double conversion (no
+ * splits them) and the offset sums stay below 2^40, so the int64 → double conversion (no
  * AVX2 instruction) is the exact bit trick: the integer as the mantissa of 2^52, minus
  * 2^52. Written as plain loops for the compiler to vectorise. */
-static void L(add_packed_block)(int32_t np, const int64_t* acc, int64_t stride, int m, int64_t count_bits,
+static void L(add_packed_block)(int32_t np, const int64_t* acc, int64_t stride, int m, int64_t offset_bits,
                                 int64_t* counts, double* dsum) {
-    const uint64_t mask = ((uint64_t)1 << count_bits) - 1;
+    const uint64_t mask = ((uint64_t)1 << offset_bits) - 1;
     uint64_t c[BLOCK], q[BLOCK];
     for (int j = 0; j < m; ++j) {
         c[j] = 0;
@@ -760,8 +761,8 @@ static void L(add_packed_block)(int32_t np, const int64_t* acc, int64_t stride, 
     for (int32_t t = 0; t < np; ++t) {
         const uint64_t* row = (const uint64_t*)(acc + t * stride);
         for (int j = 0; j < m; ++j) {
-            c[j] += row[j] & mask;
-            q[j] += row[j] >> count_bits;
+            q[j] += row[j] & mask;
+            c[j] += row[j] >> offset_bits;
         }
     }
     const double two52 = 4503599627370496.0;
@@ -776,7 +777,7 @@ static void L(add_packed_block)(int32_t np, const int64_t* acc, int64_t stride, 
 
 /* Streaming IFMR, one slice (amct_stream_update has the contract). */
 static void L(stream_slice)(const float* x, int64_t n, float s, float base, int64_t slots,
-                            int64_t count_bits, int64_t* acc, float thr_hi, float thr_lo,
+                            int64_t offset_bits, int64_t* acc, float thr_hi, float thr_lo,
                             float* cand, int64_t cap, int64_t* res, float* ext) {
     int32_t jb[BLOCK] __attribute__((aligned(64)));
     int32_t qb[BLOCK] __attribute__((aligned(64)));
@@ -843,13 +844,13 @@ static void L(stream_slice)(const float* x, int64_t n, float s, float base, int6
         if (b_hi > s_hi) s_hi = b_hi;
         zeros += c_zero;
         outside += c_out;
-        scatter_packed(acc, jb, qb, m, count_bits);
+        scatter_packed(acc, jb, qb, m, (int64_t)1 << offset_bits);
         if (c_hi) n_hi = L(collect)(p, m, thr_hi, 1, cand, cap, n_hi);
         if (c_lo) n_lo = L(collect)(p, m, thr_lo, 0, cand_lo, cap, n_lo);
     }
     if (zeros) {                                 /* the exact zeros, sent to the trash above */
         int32_t j;
-        const int64_t entry = stream_entry(0.0f, s, base, count_bits, &j);
+        const int64_t entry = stream_entry(0.0f, s, base, offset_bits, &j);
         acc[j] += entry * zeros;
     }
     res[0] = n_hi;

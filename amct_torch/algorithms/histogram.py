@@ -33,11 +33,11 @@ def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
     return e, math.floor(math.ldexp(gmin, -e))
 
 
-#: low bits of a packed accumulator entry that hold the count (the rest: offset sum)
-COUNT_BITS = 22
-#: most elements one packed accumulator may take (no field can overflow: counts < 2^22,
-#: offset sums ≤ 2^16 · 2^22 < 2^63 / 2^22)
-MAX_SLICE = (1 << COUNT_BITS) - 1
+#: low bits of a packed accumulator entry that hold the offset sum (the rest: the count)
+OFFSET_BITS = 40
+#: most elements one packed accumulator may take (no field can overflow and the sign bit
+#: stays clear: counts < 2^23 in bits 40–62, offset sums ≤ 2^16 · 2^23 < 2^40)
+MAX_SLICE = (1 << (63 - OFFSET_BITS)) - 1
 #: offsets are summed in units of 2^-16 of a bin (exact integer sums, order-independent)
 OFFSET_UNIT = 2.0 ** -16
 
@@ -45,14 +45,14 @@ OFFSET_UNIT = 2.0 ** -16
 def packed_slice(x: torch.Tensor, s: float, base: float, slots: int) -> torch.Tensor:
     """The torch formula of one packed accumulator (``hist_kernels.c`` computes the same
     integers): u = x·s − base in float32, bin j = trunc(u), offset q = trunc((u − j)·65536 + ½)
-    in float32, and entry j sums (q << COUNT_BITS) + 1 over its elements. ``x`` flat float32
+    in float32, and entry j sums q + 2^OFFSET_BITS over its elements. ``x`` flat float32
     inside the frame, at most ``MAX_SLICE`` elements; returns int64 [slots]."""
     u = torch.mul(x, s)
     if base:
         u.sub_(base)
     idx = u.to(torch.int32)
     u.frac_().mul_(65536.0).add_(0.5)   # u − trunc(u) = offset inside the bin (u ≥ 0)
-    packed = u.to(torch.int32).to(torch.int64).mul_(1 << COUNT_BITS).add_(1)
+    packed = u.to(torch.int32).to(torch.int64).add_(1 << OFFSET_BITS)
     return torch.zeros(slots, dtype=torch.int64, device=x.device).index_add_(0, idx, packed)
 
 
@@ -68,10 +68,10 @@ def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: t
     torch formula; both give the same integers, so the state does not depend on either."""
     s, b, slots = math.ldexp(1.0, -e), float(base), counts.numel()
     if native.usable(x):                 # the fused kernel with no candidates: a plain histogram
-        r = native.stream_update(x, s, b, slots, COUNT_BITS, math.inf, -math.inf, 0, MAX_SLICE, threads)
+        r = native.stream_update(x, s, b, slots, OFFSET_BITS, math.inf, -math.inf, 0, MAX_SLICE, threads)
         if r.outside:
             raise ValueError(f"{r.outside} values lie outside the histogram's frame")
-        native.add_packed(r.acc, counts, dsum, COUNT_BITS)
+        native.add_packed(r.acc, counts, dsum, OFFSET_BITS)
         return
     acc = torch.stack([packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)])
     add_packed(acc, counts, dsum)
@@ -81,7 +81,7 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor) -> N
     """Decode packed accumulators (int64 [slices, slots], one row per slice) and add them to
     ``counts``/``dsum``: the integer fields are summed first, so the result does not depend
     on the slicing. (``native.add_packed`` does the same in one kernel call.)"""
-    fields = [acc & ((1 << COUNT_BITS) - 1), acc >> COUNT_BITS]
+    fields = [acc >> OFFSET_BITS, acc & ((1 << OFFSET_BITS) - 1)]
     if acc.shape[0] > 1:
         fields = [f.sum(0) for f in fields]
     else:

@@ -164,7 +164,7 @@ def _buffer(name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     return view
 
 
-def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, count_bits: int,
+def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, offset_bits: int,
                threads: int = 1) -> None:
     """``histogram.add_packed`` in one kernel call (same arithmetic) for CPU state tensors
     (int64 ``counts``, float64 ``dsum``, contiguous), slot blocks on ``threads`` threads."""
@@ -172,7 +172,7 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, coun
             and dsum.dtype == torch.float64 and counts.is_contiguous() and dsum.is_contiguous()
             and counts.device.type == dsum.device.type == "cpu"):
         raise ValueError("add_packed takes CPU int64 counts and float64 offset sums")
-    library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], count_bits,
+    library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], offset_bits,
                               counts.data_ptr(), dsum.data_ptr(), _decode_threads(threads, acc.shape[1]))
 
 
@@ -236,7 +236,7 @@ class Commit(NamedTuple):
     insert_max: int
 
 
-def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits: int,
+def stream_update(x: torch.Tensor, s: float, base: float, slots: int, offset_bits: int,
                   thr_hi: float, thr_lo: float, cap: int, max_slice: int, threads: int = 1,
                   commit: Optional[Commit] = None) -> UpdateResult:
     """The fused streaming-IFMR pass (``amct_stream_update``) over slices of ``x``: the packed
@@ -260,7 +260,7 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
         if not (c.counts.is_contiguous() and c.dsum.is_contiguous() and c.top.is_contiguous()
                 and c.bottom.is_contiguous() and c.counts.numel() >= slots):
             raise ValueError("stream_update commits into contiguous state tensors")
-        done = lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
+        done = lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, offset_bits,
                                     acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
                                     res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.e, c.nbins, c.rel_bits,
                                     c.min_exp, c.insert_max, c.top.data_ptr(), c.bottom.data_ptr(), c.top.numel(),
@@ -271,7 +271,7 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, count_bits
         if done:
             return UpdateResult(acc[:, :slots], 0, tuple(ext[pieces:].reshape(-1).tolist()))
     else:
-        lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, count_bits,
+        lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, offset_bits,
                                   acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
                                   res.data_ptr(), ext.data_ptr())
     return UpdateResult(acc[:, :slots], int(res[:, 2].sum()))
@@ -415,7 +415,7 @@ def self_check() -> Optional[str]:
                 e, base = histogram.frame_for(lo, hi, 4096)
                 s = math.ldexp(1.0, -e)
                 want = histogram.packed_slice(data, s, float(base), 4097)
-                got = stream_update(data, s, float(base), 4097, histogram.COUNT_BITS, math.inf, -math.inf, 0, 1 << 30)
+                got = stream_update(data, s, float(base), 4097, histogram.OFFSET_BITS, math.inf, -math.inf, 0, 1 << 30)
                 if got.outside or not torch.equal(got.acc[0], want):
                     return f"streaming IFMR histogram differs from the torch formula (vector width {isa})"
                 first = hfmg_pass(data, math.inf, -math.inf, 0.0, 2048, threads=2)   # extremes only

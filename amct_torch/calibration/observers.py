@@ -270,7 +270,7 @@ class IfmrStreamingObserver(Observer):
         e, base = self.frame
         commit = native.Commit(self.gmin, self.gmax, e, self.nbins, histogram.REL_BITS, histogram.MIN_EXP,
                                self.top, self.bottom, self._cnt, self._ds, _INSERT_MAX)
-        r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.COUNT_BITS,
+        r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.OFFSET_BITS,
                                  self._thr[0], self._thr[1], self.topk * _FINE_CHUNK, histogram.MAX_SLICE,
                                  self._threads, commit)
         if not r.committed:
