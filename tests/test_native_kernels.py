@@ -360,12 +360,14 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
             native.set_isa(-1)
 
 
-@pytest.mark.skipif("native" not in BACKENDS, reason="the compiled kernels are not built here")
 @pytest.mark.parametrize("nbins", [64, 257, 2048, 4096])
 def test_hfmg_loss_lanes_give_the_int64_kernels_bits(nbins):
     """Four candidates a vector with the moments as float64 (exact below 2^53) form the same
     doubles as the per-candidate int64 code, at every width; candidate counts not a multiple
     of four and ranges whose destination bins are narrower than a source bin included."""
+    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
+        assert native.library() is None and native_build.find_compiler() is None
+        return
     g = torch.Generator().manual_seed(nbins + 1)
     counts = (torch.rand(nbins, generator=g) ** 6 * 5000).to(torch.int64)
     counts[nbins // 3: nbins // 3 + nbins // 10] = 0
@@ -509,12 +511,14 @@ def reference_bounds(x: np.ndarray, group: int, lanes: int, k: int):
     return float(x.max()), float(x.min()), float(np.sort(hi)[::-1][k - 1]), float(np.sort(lo)[k - 1])
 
 
-@pytest.mark.skipif("native" not in BACKENDS, reason="the compiled kernels are not built here")
 @pytest.mark.parametrize("kind", ["normal", "relu", "ties", "adversarial", "small"])
 def test_chunk_bounds_match_the_definition(kind):
     """The first batch's bounds at every vector width: large inputs take the sampled
     selection (the K-th of ~10^5 group extremes), including data built so that the sample
     overestimates and the selection falls back; ties and fewer groups than K."""
+    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
+        assert native.library() is None and native_build.find_compiler() is None
+        return
     rng = np.random.default_rng(len(kind))
     n = 1_000_003 if kind != "small" else 20_000
     x = rng.standard_normal(n).astype(np.float32)
