@@ -459,6 +459,9 @@ def test_slices_per_thread_respect_element_and_histogram_minimums(monkeypatch):
     assert pieces(20_000, 8, 16385) == 1
     assert pieces(999, 8, 0) == 1                   # < MIN_PER_THREAD for a second thread
     assert pieces(10, 1, 0, max_slice=3) == 4       # no slice over max_slice, whatever the threads
+    assert pieces(10_000, 2, 0, max_slice=4000) == 4   # 3 would leave one thread twice the work
+    assert pieces(10_000, 3, 0, max_slice=4000) == 3
+    assert pieces(10_000, 3, 0, max_slice=3000) == 6
     b = native.slice_bounds(1_000_003, 1 << 30, 3, 0)
     assert b[0] == 0 and b[-1] == 1_000_003 and bool((b.diff() > 0).all())
 

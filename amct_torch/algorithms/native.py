@@ -109,13 +109,16 @@ def slice_bounds(n: int, max_slice: int, threads: int, slots: int = 0) -> torch.
     are at most √(n / slots) slices — each slice zeroes and decodes a private histogram of
     ``slots`` entries, and with per-element cost e and per-slot cost ~e, p slices cost about
     n·e/p + p·slots·e: least near p = √(n / slots) (on many cores a small tensor would
-    otherwise spend more on histograms than on its elements)."""
+    otherwise spend more on histograms than on its elements). When the length limit asks
+    for more slices than workers, their number is a multiple of the workers', so that every
+    thread gets the same share (16M values on 2 threads: 4 slices, not 3 — one thread would
+    have run twice as long as the other)."""
     key = (n, max_slice, threads, slots)
     bounds = _BOUNDS.get(key)
     if bounds is None:
         cap = math.isqrt(n // slots) if slots else n
         workers = max(1, min(threads, n // MIN_PER_THREAD, cap))
-        pieces = max(workers, -(-n // max_slice), 1)
+        pieces = -(-max(workers, -(-n // max_slice), 1) // workers) * workers
         bounds = torch.linspace(0, n, pieces + 1, dtype=torch.float64).round().to(torch.int64)
         if len(_BOUNDS) > 4096:
             _BOUNDS.clear()
