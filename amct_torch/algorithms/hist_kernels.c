@@ -1046,14 +1046,13 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
  * next destination bin's lower edge. */
 typedef double L(vd) __attribute__((vector_size(32)));
 
-AMCT_INLINE L(vd) L(vfloor)(L(vd) v) {
+/* dst = ⌊v⌋ lane-wise. A statement, not a function: the 4-lane build has no AVX, and
+ * compilers warn about passing 32-byte vectors to functions there. */
 #if AMCT_X86 && AMCT_LANES == 8
-    return (L(vd))_mm256_floor_pd((__m256d)v);
+#define AMCT_VFLOOR(dst, v) ((dst) = (L(vd))_mm256_floor_pd((__m256d)(v)))
 #else
-    for (int k = 0; k < 4; ++k) v[k] = floor(v[k]);
-    return v;
+#define AMCT_VFLOOR(dst, v) do { for (int k_ = 0; k_ < 4; ++k_) (dst)[k_] = floor((v)[k_]); } while (0)
 #endif
-}
 
 static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lefts, const int64_t* rights,
                                  int64_t m, double width, double flt_eps, double* out, int32_t nt) {
@@ -1084,7 +1083,8 @@ static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lef
             } else {
                 y_b = l + (double)(d + 1) * D;
             }
-            const L(vd) f_b = L(vfloor)(y_b);
+            L(vd) f_b;
+            AMCT_VFLOOR(f_b, y_b);
             L(vd) r0, r1, r2, c_b;                       /* the moments at the upper edge */
 #if AMCT_X86 && AMCT_LANES == 8
             const __m128i b = _mm_min_epi32(_mm256_cvttpd_epi32((__m256d)f_b), _mm_set1_epi32((int)n));
@@ -1104,7 +1104,8 @@ static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lef
 #endif
             const L(vd) t0 = r0 - q0, s1 = r1 - q1, s2 = r2 - q2;
             const L(vd) cen = l + ((double)d + 0.5) * D;
-            const L(vd) mf = L(vfloor)(cen);
+            L(vd) mf;
+            AMCT_VFLOOR(mf, cen);
             const L(vd) phi = cen - mf;
             const L(vd) t1 = s1 - mf * t0;
             const L(vd) t2 = s2 - mf * (s1 + t1);
@@ -1164,6 +1165,7 @@ static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const 
     }
 }
 
+#undef AMCT_VFLOOR
 #undef VF
 #undef VI
 #undef W
