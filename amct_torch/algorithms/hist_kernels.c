@@ -73,17 +73,23 @@ static int32_t hfmg_bin(float v, float mn, float w, int32_t last) {
     return j < last ? j : last;
 }
 
-/* Add a block's packed entries, eight bins loaded before their eight updates. */
+/* Add a block's packed entries, eight bins loaded before their eight updates, sixteen a
+ * loop turn (the loop's own instructions are a tenth of the scatter's at eight). */
 AMCT_INLINE void scatter_packed(int64_t* acc, const int32_t* jb, const int32_t* qb, int m, int64_t one) {
     int i = 0;
-    for (; i + 8 <= m; i += 8) {
-        int32_t j[8];
-        int64_t e[8];
+    for (; i + 16 <= m; i += 16) {
+        int32_t j[16];
+        int64_t e[16];
         for (int k = 0; k < 8; ++k) {
             j[k] = jb[i + k];
             e[k] = (int64_t)qb[i + k] + one;
         }
         for (int k = 0; k < 8; ++k) acc[j[k]] += e[k];
+        for (int k = 8; k < 16; ++k) {
+            j[k] = jb[i + k];
+            e[k] = (int64_t)qb[i + k] + one;
+        }
+        for (int k = 8; k < 16; ++k) acc[j[k]] += e[k];
     }
     for (; i < m; ++i) acc[jb[i]] += (int64_t)qb[i] + one;
 }
