@@ -213,7 +213,8 @@ def _check_input(x: torch.Tensor) -> None:
 class UpdateResult(NamedTuple):
     """What ``stream_update`` found, over all slices."""
 
-    acc: torch.Tensor        # packed accumulators, int64 [pieces, slots] (reused buffer)
+    acc: torch.Tensor        # packed accumulators, int64 [pieces, slots] (reused buffer; when
+                             # committed, already decoded: the whole rows, trash included)
     outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
     #: see Commit: the state's new (K-th top value, K-th bottom value, gmin, gmax)
     committed: Optional[Tuple[float, float, float, float]] = None
@@ -271,8 +272,8 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, offset_bit
                                     ext[pieces].data_ptr())
         if done < 0:
             raise MemoryError("no memory to merge the streaming IFMR candidates")
-        if done:
-            return UpdateResult(acc[:, :slots], 0, tuple(ext[pieces:].reshape(-1).tolist()))
+        if done:                          # the accumulators are decoded: no view of them
+            return UpdateResult(acc, 0, tuple(ext[pieces:].reshape(-1).tolist()))
     else:
         lib.amct_stream_update_mt(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, offset_bits,
                                   acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
