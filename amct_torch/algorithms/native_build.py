@@ -26,6 +26,8 @@ from typing import List, Optional
 log = logging.getLogger("amct_torch")
 
 SOURCE = Path(__file__).with_name("hist_kernels.c")
+#: every file of the one compilation unit (SOURCE includes the others): the cache key hashes them all
+SOURCES = [SOURCE, SOURCE.with_name("hist_select.h"), SOURCE.with_name("hist_lanes.h")]
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
 
 
@@ -95,7 +97,7 @@ def build(cc: str) -> Path:
 
 def build_with(cc: str, flags: List[str]) -> Path:
     """Compile with ``flags`` into the cache (or find it there); the built file's path."""
-    src = SOURCE.read_bytes()
+    src = b"\0".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(flags).encode(),
                                      platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
     target = writable_folder(cache_dir()) / f"hist_kernels-{key}.so"
