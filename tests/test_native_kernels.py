@@ -434,11 +434,16 @@ def _portable_build(cc: str):
                          ids=["ifmr_streaming", "hfmg"])
 def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
     """The code other architectures compile (4 lanes, compare-and-select instead of x86's
-    min/max instructions, no AVX2) passes its self-check and gives the same states."""
+    min/max instructions, no AVX2 gathers or floor) passes its self-check and gives the same
+    states, the same search losses and the same factors."""
     if native_build.find_compiler() is None:
         assert native.library() is None
         return
+    g = torch.Generator().manual_seed(3)
+    counts = (torch.rand(2048, generator=g) ** 4 * 900).to(torch.int64)
+    lefts, rights = hfmg.candidates(counts)
     want = states(factory, True, 1, monkeypatch)
+    want_loss = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
@@ -446,8 +451,12 @@ def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
         assert native.library() is not None, native.unavailable_reason()
         assert native.set_isa(-1) == 0
         got = states(factory, True, 1, monkeypatch)
+        got_factors = got.compute()
+        got_loss = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
     for k, v in want.state_dict().items():
         assert torch.equal(v, got.state_dict()[k]), k
+    assert got_factors == want.compute()
+    assert torch.equal(got_loss, want_loss)
 
 
 def test_slices_per_thread_respect_element_and_histogram_minimums(monkeypatch):
