@@ -150,7 +150,8 @@ static int wide(void) {
     return amct_isa;
 }
 
-/* One streaming-IFMR update on the current frame, fused: the packed histogram (stream_entry;
+/* One slice of a streaming-IFMR update on the current frame (the width dispatch of
+ * amct_stream_update_mt's slices), fused: the packed histogram (stream_entry;
  * the caller bounds n so that no field overflows) plus the values that can enter the exact
  * top/bottom buffers (v > thr_hi into cand[0..cap], v < thr_lo into cand[cap+1..2cap+1];
  * every qualifying value is counted, stored while there is room; infinite thresholds give a
@@ -158,9 +159,9 @@ static int wide(void) {
  * Elements outside the frame (or NaN/Inf) are not binned but counted: then the caller throws
  * the result away and takes the general path. res = {n_hi, n_lo, outside}; ext = {min, max}
  * of the values (NaN left out). */
-void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
-                        int64_t offset_bits, int64_t* acc, float thr_hi, float thr_lo,
-                        float* cand, int64_t cap, int64_t* res, float* ext) {
+static void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
+                               int64_t offset_bits, int64_t* acc, float thr_hi, float thr_lo,
+                               float* cand, int64_t cap, int64_t* res, float* ext) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
         stream_slice8(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
@@ -170,15 +171,15 @@ void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t 
     stream_slice4(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
 }
 
-/* HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
+/* One slice of amct_hfmg_hist_mt (the width dispatch). HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
  * maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31); res = {non-zero if a value lies outside
  * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
  * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
  * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
  * the values before lie inside [mn, mx], so the union of [mn, mx] and ext is the union with
  * the batch's range. With mn > mx (no range yet) the call is a pure min/max pass. */
-void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
-                    int32_t* cnt, float* ext, int64_t* res) {
+static void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
+                           int32_t* cnt, float* ext, int64_t* res) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
         hfmg_slice8(x, n, mn, mx, w, nbins, cnt, ext, res);

@@ -122,8 +122,6 @@ _P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 _F32, _F64 = ctypes.c_float, ctypes.c_double
 #: the C signatures (hist_kernels.c), pointers as void*
 _SIGNATURES = {
-    "amct_stream_update": (None, [_P, _I64, _F32, _F32, _I64, _I64, _P, _F32, _F32, _P, _I64, _P, _P]),
-    "amct_hfmg_hist": (None, [_P, _I64, _F32, _F32, _F32, _I64, _P, _P, _P]),
     "amct_stream_update_mt": (None, [_I32, _I32, _P, _P, _F32, _F32, _I64, _I64, _P, _I64, _F32, _F32, _P,
                                      _I64, _P, _P]),
     "amct_hfmg_hist_mt": (None, [_I32, _I32, _P, _P, _F32, _F32, _F32, _I64, _P, _I64, _P, _P, _P]),
