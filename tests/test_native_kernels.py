@@ -51,6 +51,12 @@ def data(kind: str, n: int, seed: int) -> torch.Tensor:
         return x * 0.01 + 7.5
     if kind == "heavy":
         return x / torch.rand(n, generator=g).clamp_min(0.02)
+    if kind == "zero_runs":          # whole blocks of zeros, blocks without one, mixed ones
+        x = torch.relu(x)
+        for start in range(0, n, 3000):
+            x[start:start + 1500] = 0.0
+            x[start + 1500:start + 2600] = x[start + 1500:start + 2600].abs() + 0.01
+        return x
     return x
 
 
@@ -102,14 +108,35 @@ def test_packed_histogram_matches_numpy_reference(backend, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-@pytest.mark.parametrize("kind", ["normal", "relu", "edges", "shifted"])
-def test_hfmg_histogram_matches_numpy_reference(backend, kind):
-    x = data(kind, 20000, seed=3)
+@pytest.mark.parametrize("kind,n", [("normal", 20000), ("relu", 20000), ("relu", 20003), ("edges", 20000),
+                                    ("shifted", 20000), ("zero_runs", 30007)])
+def test_hfmg_histogram_matches_numpy_reference(backend, kind, n):
+    x = data(kind, n, seed=3)
     mn, mx = float(x.min()), float(x.max())
     w = np.float32(hfmg.bin_width(mn, mx, 1024))
     t = ((x.numpy() - np.float32(mn)).astype(np.float32) / w).astype(np.float32)
     want = np.bincount(np.minimum(np.trunc(t).astype(np.int64), 1023), minlength=1024)
     assert hfmg.histogram(x, mn, mx, 1024, threads=2).tolist() == want.tolist()
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
+def test_redistribute_kernel_gives_the_torch_formulas_integers():
+    """The compiled redistribute against the torch formulas and the plain loop of
+    test_algo_hfmg, on ranges that grow on one side, both sides, by whole old bins (splits
+    exactly on edges), by a factor that puts many old bins into one, and on huge counts."""
+    from test_algo_hfmg import ref_redistribute
+    rng = np.random.default_rng(11)
+    cases = [(-1.0, 1.0, -1.0, 3.0), (-1.0, 1.0, -2.0, 1.0), (0.0, 2.0, -0.5, 2.5),
+             (0.0, 1.0, 0.0, 1000.0), (0.25, 0.75, -3.0, 0.75)]
+    cases += [tuple(sorted(rng.uniform(-2, 2, 2))) for _ in range(6)]
+    for i, case in enumerate(cases):
+        omn, omx = case[:2]
+        nmn, nmx = case[2:] if len(case) == 4 else (omn - rng.uniform(0, 3), omx + rng.uniform(0, 3))
+        hi = 2 ** 40 if i % 3 == 0 else 60
+        counts = torch.from_numpy(rng.integers(0, hi, 1000 + 24 * i))
+        got = native.hfmg_redistribute(counts, omn, omx, nmn, nmx)
+        assert torch.equal(got, hfmg.redistribute_torch(counts, omn, omx, nmn, nmx)), case
+        assert np.array_equal(got.numpy(), ref_redistribute(counts.numpy(), omn, omx, nmn, nmx)), case
 
 
 def batches(seed: int):

@@ -54,16 +54,29 @@ def redistribute(counts: torch.Tensor, old_min: float, old_max: float,
     """Move a histogram of [old_min, old_max] onto [new_min, new_max] ⊇ it (same bin count):
     each old bin [lo, hi) goes to the new bin holding lo, or is split between the two new bins
     it straddles with the lower share floor(frac·count), frac = the part of [lo, hi) below the
-    boundary (float64 geometry). A constant histogram (old_min == old_max) moves whole."""
+    boundary (float64 geometry). A constant histogram (old_min == old_max) moves whole.
+    On the CPU the compiled kernel does the same operations (``redistribute_torch`` is the
+    reference)."""
     nbins = counts.numel()
     if (old_min, old_max) == (new_min, new_max):
         return counts
-    out = torch.zeros_like(counts)
-    nw = (new_max - new_min) / nbins
     if old_max == old_min:
+        out = torch.zeros_like(counts)
+        nw = (new_max - new_min) / nbins
         a = min(nbins - 1, max(0, math.floor((old_min - new_min) / nw)))
         out[a] = counts.sum()
         return out
+    if native.usable(counts, dtype=torch.int64):
+        return native.hfmg_redistribute(counts, old_min, old_max, new_min, new_max)
+    return redistribute_torch(counts, old_min, old_max, new_min, new_max)
+
+
+def redistribute_torch(counts: torch.Tensor, old_min: float, old_max: float,
+                       new_min: float, new_max: float) -> torch.Tensor:
+    """``redistribute`` in torch ops (any device) for old_max > old_min."""
+    nbins = counts.numel()
+    out = torch.zeros_like(counts)
+    nw = (new_max - new_min) / nbins
     ow = (old_max - old_min) / nbins
     j = torch.arange(nbins, dtype=torch.float64, device=counts.device)
     lo = old_min + j * ow

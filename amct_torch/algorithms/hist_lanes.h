@@ -89,6 +89,23 @@ AMCT_INLINE int L(any)(VI m) {
 #endif
 }
 
+/* AVX2: store the lanes of j where keep is true, in order, at out (a whole vector is
+ * written; the lanes past the count are garbage) and return their count. HFMG's scatter
+ * then skips the exact zeros and the dropped values instead of sending them to the trash
+ * slots: post-ReLU data is often half zeros, and every store costs the same. Elsewhere
+ * (AMCT_PACK 0) the trash slots remain. */
+#if AMCT_X86 && AMCT_LANES == 8
+#define AMCT_PACK 1
+AMCT_INLINE int L(pack)(VI j, VI keep, int32_t* out) {
+    const int mask = _mm256_movemask_ps((__m256)keep);
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)amct_pack_lut[mask]));
+    _mm256_storeu_si256((__m256i*)out, _mm256_permutevar8x32_epi32((__m256i)j, idx));
+    return __builtin_popcount((unsigned)mask);
+}
+#else
+#define AMCT_PACK 0
+#endif
+
 /* Append the values of p[0..m) above thr (below it when !above) to cand: each is counted in
  * the returned n_c, stored while n_c < cap (slot cap takes the rest). Vectors without one
  * are skipped after one comparison. */
@@ -297,7 +314,7 @@ static int64_t L(group_extremes)(const float* x, int64_t group, int64_t b0, int6
  * outside, that block and the rest are scanned for them. */
 static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
                           int32_t* cnt, float* ext, int64_t* res) {
-    int32_t jb[BLOCK] __attribute__((aligned(64)));
+    int32_t jb[BLOCK + W] __attribute__((aligned(64)));      /* + W: L(pack) stores whole vectors */
     const int32_t last = (int32_t)nbins - 1;
     const VI lastv = L(isplat)(last);
     VI lane = L(trash_lanes)((int32_t)nbins), step = L(isplat)(W < AMCT_TRASH ? W : 0);
@@ -311,30 +328,37 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             continue;
         }
         VI n_in = L(isplat)(0), n_keep = n_in;
-        int i = 0;
+        int i = 0, kept = 0;
         for (; i + W <= m; i += W) {
             VF v;
             memcpy(&v, p + i, sizeof v);
             VF t = v - mn;
             t = t / w;
             VI in = (v >= mn) & (v <= mx);          /* false for NaN */
-            VI j = __builtin_convertvector(t, VI);  /* garbage where !in: those go to the trash */
+            VI j = __builtin_convertvector(t, VI);  /* garbage where !in: those are dropped */
             j = L(select)(j < lastv, j, lastv);
             VI keep = in & (v != 0.0f);
+#if AMCT_PACK
+            kept += L(pack)(j, keep, jb + kept);
+#else
             VI jj = L(select)(keep, j, lane);
             memcpy(jb + i, &jj, sizeof jj);
-            n_in -= in;
-            n_keep -= keep;
             lane += step;
             step = -step;
+#endif
+            n_in -= in;
+            n_keep -= keep;
         }
         const int32_t c_in = L(hsum)(n_in);
         int32_t c_zero = c_in - L(hsum)(n_keep), c_out = i - c_in;
+#if !AMCT_PACK
+        kept = i;
+#endif
         for (; i < m; ++i) {                     /* the tail of the last block: same maths */
             float v = p[i];
             int in = (v >= mn) & (v <= mx);
             int isz = (v == 0.0f);
-            jb[i] = (in & !isz) ? hfmg_bin(v, mn, w, last) : (int32_t)nbins + (i & (AMCT_TRASH - 1));
+            if (in & !isz) jb[kept++] = hfmg_bin(v, mn, w, last);
             c_zero += isz & in;
             c_out += !in;
         }
@@ -344,7 +368,7 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             continue;
         }
         zeros += c_zero;
-        scatter_count(cnt, jb, m);
+        scatter_count(cnt, jb, kept);
     }
     if (zeros && !outside)                       /* the exact zeros, sent to the trash above */
         cnt[hfmg_bin(0.0f, mn, w, last)] += (int32_t)zeros;
@@ -531,6 +555,7 @@ static void L(ifmr_hist_losses)(const double* cum_n, const double* cum_s, const 
 }
 
 #undef AMCT_VFLOOR
+#undef AMCT_PACK
 #undef VF
 #undef VI
 #undef W

@@ -398,6 +398,17 @@ def hfmg_walk(counts: torch.Tensor):
     return lefts[:k], rights[:k]
 
 
+def hfmg_redistribute(counts: torch.Tensor, old_min: float, old_max: float, new_min: float,
+                      new_max: float) -> torch.Tensor:
+    """``hfmg.redistribute`` for an int64 CPU histogram with old_max > old_min
+    (``amct_hfmg_redistribute``: the same float64 operations, so the same integers)."""
+    counts = counts.contiguous()
+    out = torch.empty_like(counts)
+    library().amct_hfmg_redistribute(counts.data_ptr(), counts.numel(), old_min, old_max, new_min, new_max,
+                                     out.data_ptr())
+    return out
+
+
 def self_check() -> Optional[str]:
     """Compare the kernels, at every vector width the CPU has, with the torch formulas on
     awkward data (exact zeros, both signs, bin edges, the top edge, a tiny range); a

@@ -135,6 +135,7 @@ _SIGNATURES = {
     "amct_hfmg_losses": (None, [_P, _P, _I64, _P, _P, _I64, _F64, _F64, _P, _I32, _I32]),
     "amct_ifmr_hist_losses": (_I32, [_P, _P, _I64, _F64, _F64, _P, _P, _P, _I64, _P]),
     "amct_hfmg_walk": (_I64, [_P, _I64, _P, _P]),
+    "amct_hfmg_redistribute": (None, [_P, _I64, _F64, _F64, _F64, _F64, _P]),
 }
 
 
