@@ -120,6 +120,30 @@ def test_hfmg_histogram_matches_numpy_reference(backend, kind, n):
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", [-1, 0])
+def test_hfmg_widening_batch_reports_every_slices_extremes(threads, isa, monkeypatch):
+    """A value outside the range in the first slice stops the binning of every slice; the
+    extremes and NaNs of the slices that stop on that signal (in their first block, with one
+    thread: they run after it) must still be found."""
+    monkeypatch.setattr(native, "HFMG_MAX_SLICE", 9000)
+    monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)
+    native.set_isa(isa)
+    try:
+        g = torch.Generator().manual_seed(5)
+        x = torch.rand(40_000, generator=g) * 2 - 1
+        x[10] = 1.5                                       # outside, in the first slice
+        x[35_000], x[29_999] = 9.0, -7.0                  # the extremes, in later slices
+        r = native.hfmg_pass(x, -1.0, 1.0, hfmg.bin_width(-1.0, 1.0, 256), 256, threads)
+        assert r.outside and (r.lo, r.hi) == (-7.0, 9.0) and r.nans == 0
+        x[39_000] = float("nan")
+        r = native.hfmg_pass(x, -1.0, 1.0, hfmg.bin_width(-1.0, 1.0, 256), 256, threads)
+        assert r.outside and (r.lo, r.hi) == (-7.0, 9.0) and r.nans == 1
+    finally:
+        native.set_isa(-1)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 def test_redistribute_kernel_gives_the_torch_formulas_integers():
     """The compiled redistribute against the torch formulas and the plain loop of
     test_algo_hfmg, on ranges that grow on one side, both sides, by whole old bins (splits

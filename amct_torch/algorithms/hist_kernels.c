@@ -192,16 +192,19 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
  * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
  * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
  * the values before lie inside [mn, mx], so the union of [mn, mx] and ext is the union with
- * the batch's range. With mn > mx (no range yet) the call is a pure min/max pass. */
+ * the batch's range. *stop is shared by the slices of one call: a slice that meets a value
+ * outside raises it, and the others then scan their remaining blocks for extremes only
+ * (their counts are thrown away too), so a widening batch is not binned to its end on every
+ * thread. With mn > mx (no range yet) the call is a pure min/max pass. */
 static void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
-                           int32_t* cnt, float* ext, int64_t* res) {
+                           int32_t* cnt, float* ext, int64_t* res, int* stop) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
-        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, ext, res);
+        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, ext, res, stop);
         return;
     }
 #endif
-    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res);
+    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res, stop);
 }
 
 #include "hist_select.h"      /* sorting, selection and the top/bottom merge */
@@ -280,12 +283,13 @@ void amct_stream_update_mt(int32_t np, int32_t nt, const float* x, const int64_t
 void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bounds, float mn, float mx,
                        float w, int64_t nbins, int32_t* cnt, int64_t cnt_stride, float* ext, int64_t* res,
                        int64_t* into) {
+    int stop = 0;
     wide();
     #pragma omp parallel for num_threads(nt) schedule(static, 1)
     for (int32_t t = 0; t < np; ++t) {
         memset(cnt + t * cnt_stride, 0, sizeof(int32_t) * cnt_stride);
         amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, mx, w, nbins, cnt + t * cnt_stride,
-                       ext + 2 * t, res + 2 * t);
+                       ext + 2 * t, res + 2 * t, &stop);
     }
     int64_t outside = 0;
     for (int32_t t = 0; t < np; ++t) outside |= res[2 * t];

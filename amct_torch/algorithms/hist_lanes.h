@@ -311,9 +311,9 @@ static int64_t L(group_extremes)(const float* x, int64_t group, int64_t b0, int6
 
 /* HFMG, one slice (amct_hfmg_hist has the contract). While every value lies inside
  * [mn, mx] the extremes are not needed (the range stays); from the first block that has one
- * outside, that block and the rest are scanned for them. */
+ * outside — in this slice or, through *stop, in another — the blocks are scanned for them. */
 static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
-                          int32_t* cnt, float* ext, int64_t* res) {
+                          int32_t* cnt, float* ext, int64_t* res, int* stop) {
     int32_t jb[BLOCK + W] __attribute__((aligned(64)));      /* + W: L(pack) stores whole vectors */
     const int32_t last = (int32_t)nbins - 1;
     const VI lastv = L(isplat)(last);
@@ -323,6 +323,8 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
     for (int64_t st = 0; st < n; st += BLOCK) {
         const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
         const float* p = x + st;
+        if (!outside && __atomic_load_n(stop, __ATOMIC_RELAXED))
+            outside = -1;                        /* another slice found the batch widens */
         if (outside) {                           /* the range grows: extremes only */
             L(minmax_block)(p, m, &lo, &hi, &nans);
             continue;
@@ -364,6 +366,7 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
         }
         if (c_out) {                             /* this batch widens the range */
             outside = c_out;
+            __atomic_store_n(stop, 1, __ATOMIC_RELAXED);
             L(minmax_block)(p, m, &lo, &hi, &nans);
             continue;
         }
