@@ -144,6 +144,13 @@ def test_hfmg_widening_batch_reports_every_slices_extremes(threads, isa, monkeyp
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
+def test_hfmg_pass_refuses_an_empty_bin_width():
+    """A zero width would turn every bin index into garbage (and the scatter out of bounds)."""
+    with pytest.raises(ValueError, match="positive bin width"):
+        native.hfmg_pass(torch.full((100,), 1.5), 1.5, 1.5, 0.0, 256)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 def test_redistribute_kernel_gives_the_torch_formulas_integers():
     """The compiled redistribute against the torch formulas and the plain loop of
     test_algo_hfmg, on ranges that grow on one side, both sides, by whole old bins (splits

@@ -41,6 +41,17 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 
     return histogram_torch(x, mn, mx, nbins)
 
 
+def add_histogram(counts: torch.Tensor, x: torch.Tensor, mn: float, mx: float, threads: int = 1) -> None:
+    """counts += histogram(x, mn, mx, counts.numel()): on the CPU the kernel adds into the
+    state itself (no per-batch counts tensor); x inside [mn, mx]."""
+    nbins = counts.numel()
+    if mx > mn and native.usable(x) and counts.is_contiguous() and counts.dtype == torch.int64 and counts.device.type == "cpu":
+        if native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads, into=counts).outside:
+            raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
+        return
+    counts += histogram(x, mn, mx, nbins, threads)
+
+
 def histogram_torch(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
     """``histogram`` in torch ops (any device; the reference of the compiled kernel); mx > mn."""
     w = bin_width(mn, mx, nbins)

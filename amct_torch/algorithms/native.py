@@ -326,6 +326,8 @@ def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threa
     mn > mx: no range yet), the extremes: min(mn, lo) and max(mx, hi) are the union of
     [mn, mx] and x's range."""
     _check_input(x)
+    if mn <= mx and not (w > 0 and math.isfinite(w)):
+        raise ValueError(f"hfmg_pass needs a positive bin width for the range [{mn}, {mx}], got {w}")
     if into is not None and not (into.is_contiguous() and into.dtype == torch.int64 and into.numel() == nbins
                                  and into.device.type == "cpu"):
         raise ValueError("hfmg_pass adds into a contiguous int64 CPU tensor of nbins counts")

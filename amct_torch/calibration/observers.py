@@ -438,7 +438,7 @@ class HfmgObserver(Observer):
         nmn, nmx = min(self.mn, lo), max(self.mx, hi)
         self.counts = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
         self.mn, self.mx = nmn, nmx
-        self.counts += hfmg.histogram(xf, nmn, nmx, self.nbins, self._threads)
+        hfmg.add_histogram(self.counts, xf, nmn, nmx, self._threads)
 
     def merge(self, other: "HfmgObserver") -> None:
         if other.counts is None:
