@@ -323,6 +323,8 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
     for (int64_t st = 0; st < n; st += BLOCK) {
         const int m = (int)(n - st < BLOCK ? n - st : BLOCK);
         const float* p = x + st;
+        if (st + AMCT_AHEAD * BLOCK < n)
+            for (int k = 0; k < BLOCK; k += 16) __builtin_prefetch(p + AMCT_AHEAD * BLOCK + k);
         if (!outside && __atomic_load_n(stop, __ATOMIC_RELAXED))
             outside = -1;                        /* another slice found the batch widens */
         if (outside) {                           /* the range grows: extremes only */
@@ -338,7 +340,11 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             t = t / w;
             VI in = (v >= mn) & (v <= mx);          /* false for NaN */
             VI j = __builtin_convertvector(t, VI);  /* garbage where !in: those are dropped */
+#if AMCT_X86 && AMCT_LANES == 8
+            j = (VI)_mm256_min_epi32((__m256i)j, (__m256i)lastv);
+#else
             j = L(select)(j < lastv, j, lastv);
+#endif
             VI keep = in & (v != 0.0f);
 #if AMCT_PACK
             kept += L(pack)(j, keep, jb + kept);
@@ -347,13 +353,15 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             memcpy(jb + i, &jj, sizeof jj);
             lane += step;
             step = -step;
+            n_keep -= keep;
 #endif
             n_in -= in;
-            n_keep -= keep;
         }
         const int32_t c_in = L(hsum)(n_in);
+#if AMCT_PACK
+        int32_t c_zero = c_in - kept, c_out = i - c_in;      /* in range and not kept: zeros */
+#else
         int32_t c_zero = c_in - L(hsum)(n_keep), c_out = i - c_in;
-#if !AMCT_PACK
         kept = i;
 #endif
         for (; i < m; ++i) {                     /* the tail of the last block: same maths */
