@@ -97,16 +97,22 @@ AMCT_INLINE void scatter_packed(int64_t* acc, const int32_t* jb, const int32_t* 
     for (; i < m; ++i) acc[jb[i]] += (int64_t)qb[i] + one;
 }
 
-/* Count a block's bins, likewise (int32 counts of one slice: a smaller histogram to keep
- * in cache, 15 % faster here than int64). */
-AMCT_INLINE void scatter_count(int32_t* cnt, const int32_t* jb, int m) {
+/* Count a block's bins, likewise — int32 counts of one slice (a smaller histogram to keep
+ * in cache, 15 % faster here than int64), in two copies taken alternately (the caller adds
+ * c1 into c0 at the end): a run of equal bins — an image's flat regions, values clipped at a
+ * bound — then makes two chains of dependent increments instead of one (38 % of the values in
+ * one bin: 0.47 → 0.34 ms per 1M values; real nsfw inputs: the same or a little faster). */
+AMCT_INLINE void scatter_count2(int32_t* c0, int32_t* c1, const int32_t* jb, int m) {
     int i = 0;
     for (; i + 8 <= m; i += 8) {
         int32_t j[8];
         for (int k = 0; k < 8; ++k) j[k] = jb[i + k];
-        for (int k = 0; k < 8; ++k) cnt[j[k]] += 1;
+        for (int k = 0; k < 8; k += 2) {
+            c0[j[k]] += 1;
+            c1[j[k + 1]] += 1;
+        }
     }
-    for (; i < m; ++i) cnt[jb[i]] += 1;
+    for (; i < m; ++i) c0[jb[i]] += 1;
 }
 
 /* The AVX2 left-pack's lane orders: row `mask` lists the set bits of mask in order (then
@@ -188,7 +194,8 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
 }
 
 /* One slice of amct_hfmg_hist_mt (the width dispatch). HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
- * maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31); res = {non-zero if a value lies outside
+ * maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31; cnt2, as large, is the second copy
+ * of scatter_count2, added into cnt at the end); res = {non-zero if a value lies outside
  * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
  * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
  * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
@@ -198,14 +205,14 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
  * (their counts are thrown away too), so a widening batch is not binned to its end on every
  * thread. With mn > mx (no range yet) the call is a pure min/max pass. */
 static void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
-                           int32_t* cnt, float* ext, int64_t* res, int* stop) {
+                           int32_t* cnt, int32_t* cnt2, float* ext, int64_t* res, int* stop) {
 #if AMCT_HAVE_AVX2
     if (wide()) {
-        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, ext, res, stop);
+        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, cnt2, ext, res, stop);
         return;
     }
 #endif
-    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, ext, res, stop);
+    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, cnt2, ext, res, stop);
 }
 
 #include "hist_select.h"      /* sorting, selection and the top/bottom merge */
@@ -290,7 +297,7 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
     for (int32_t t = 0; t < np; ++t) {
         memset(cnt + t * cnt_stride, 0, sizeof(int32_t) * cnt_stride);
         amct_hfmg_hist(x + bounds[t], bounds[t + 1] - bounds[t], mn, mx, w, nbins, cnt + t * cnt_stride,
-                       ext + 2 * t, res + 2 * t, &stop);
+                       cnt + t * cnt_stride + cnt_stride / 2, ext + 2 * t, res + 2 * t, &stop);
     }
     int64_t outside = 0;
     for (int32_t t = 0; t < np; ++t) outside |= res[2 * t];

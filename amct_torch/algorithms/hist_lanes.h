@@ -313,7 +313,7 @@ static int64_t L(group_extremes)(const float* x, int64_t group, int64_t b0, int6
  * [mn, mx] the extremes are not needed (the range stays); from the first block that has one
  * outside — in this slice or, through *stop, in another — the blocks are scanned for them. */
 static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
-                          int32_t* cnt, float* ext, int64_t* res, int* stop) {
+                          int32_t* cnt, int32_t* cnt2, float* ext, int64_t* res, int* stop) {
     int32_t jb[BLOCK + W] __attribute__((aligned(64)));      /* + W: L(pack) stores whole vectors */
     const int32_t last = (int32_t)nbins - 1;
     const VI lastv = L(isplat)(last);
@@ -379,8 +379,10 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             continue;
         }
         zeros += c_zero;
-        scatter_count(cnt, jb, kept);
+        scatter_count2(cnt, cnt2, jb, kept);
     }
+    if (!outside)
+        for (int64_t j = 0; j < nbins; ++j) cnt[j] += cnt2[j];
     if (zeros && !outside)                       /* the exact zeros, sent to the trash above */
         cnt[hfmg_bin(0.0f, mn, w, last)] += (int32_t)zeros;
     ext[0] = lo;

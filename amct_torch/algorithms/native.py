@@ -333,7 +333,7 @@ def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threa
         raise ValueError("hfmg_pass adds into a contiguous int64 CPU tensor of nbins counts")
     bounds = slice_bounds(x.numel(), HFMG_MAX_SLICE, threads, nbins)
     pieces = bounds.numel() - 1
-    stride = _row(nbins + TRASH, 4)
+    stride = 2 * _row(nbins + TRASH, 4)           # two copies a slice (scatter_count2)
     cnt = _buffer("hfmg", (pieces, stride), torch.int32)
     ext = _buffer("hfmg_ext", (pieces, 2), torch.float32)
     res = _buffer("hfmg_res", (pieces, 2), torch.int64)
