@@ -399,7 +399,9 @@ int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* 
  * cnt: int64 [n + 1] counts with cnt[n] = 0. In source-bin units, destination bin d of
  * candidate (l, r) spans [y_d, y_{d+1}), y_k = l + k·D, D = (r − l + 1)/256, y_0 = 0,
  * y_256 = n; centre c = l + (d + ½)·D. Its error: whole source bins from the int64 moments
- * re-centred on m = ⌊c⌋, plus the partial bins at both edges, c_J((y − c)³ − (J − c)³)/3.
+ * re-centred on m = ⌊c⌋, plus the partial bins at both edges, c_J((y − c)³ − (J − c)³)/3;
+ * summed over the destination bins those corrections come to −D·Σ_k c_J·ρ_k², J = ⌊y_k⌋,
+ * ρ_k = y_k − J (hfmg.losses derives it), which the kernels use.
  * out[i] = loss × width², or 0 when width·D < flt_eps. */
 void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
                       const int64_t* rights, int64_t m, double width, double flt_eps, double* out,

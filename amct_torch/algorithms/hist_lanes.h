@@ -417,7 +417,7 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
             jf[k] = f;
             jj[k] = ji;
         }
-        double total = 0.0;
+        double total = 0.0, split = 0.0;
         for (int d = 0; d < AMCT_DST; ++d) {
             const int64_t a = jj[d], b = jj[d + 1];
             const int64_t t0 = p0[b] - p0[a];
@@ -431,12 +431,11 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
             const int64_t t2 = s2 - mi * (s1 + t1);
             const double full = (double)t2 + (1.0 - 2.0 * phi) * (double)t1
                                 + (phi * (phi - 1.0) + 1.0 / 3.0) * (double)t0;
-            const double u_lo = y[d] - cen, v_lo = jf[d] - cen;
-            const double u_hi = y[d + 1] - cen, v_hi = jf[d + 1] - cen;
-            const double edge = (double)cnt[b] * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
-                                - (double)cnt[a] * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
-            total += full + edge * (1.0 / 3.0);
+            const double rho = y[d + 1] - jf[d + 1];
+            total += full;
+            split += (double)cnt[b] * (rho * rho);
         }
+        total -= D * split;
         out[i] = (width * D < flt_eps) ? 0.0 : total * (width * width);
     }
 }
@@ -444,8 +443,8 @@ static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, c
 /* amct_hfmg_losses with the moments as exact doubles (dp: p0, p1, p2, cnt, n + 1 each), four
  * candidates a vector: each lane runs the scalar kernel's operations in its order (the same
  * sums), and the integer steps are exact in float64, so the losses are the scalar kernel's
- * bit for bit. The edges y, ⌊y⌋ and the bins' moments at the upper edge carry over to the
- * next destination bin's lower edge. */
+ * bit for bit. The moments at a bin's upper edge carry over as the next destination bin's
+ * lower edge. */
 typedef double L(vd) __attribute__((vector_size(32)));
 
 /* dst = ⌊v⌋ lane-wise. A statement, not a function: the 4-lane build has no AVX, and
@@ -471,12 +470,11 @@ static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lef
             l[k] = (double)lefts[i];
             D[k] = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
         }
-        L(vd) y_a = {0.0, 0.0, 0.0, 0.0}, f_a = y_a, q0 = y_a, q1 = y_a, q2 = y_a, c_a = y_a, total = y_a;
+        L(vd) q0 = {0.0, 0.0, 0.0, 0.0}, q1 = q0, q2 = q0, total = q0, split = q0;
         for (int k = 0; k < 4; ++k) {                     /* the lower edge of bin 0: y_0 = 0 */
             q0[k] = p0[0];
             q1[k] = p1[0];
             q2[k] = p2[0];
-            c_a[k] = cn[0];
         }
         for (int d = 0; d < AMCT_DST; ++d) {
             L(vd) y_b;
@@ -512,18 +510,14 @@ static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lef
             const L(vd) t1 = s1 - mf * t0;
             const L(vd) t2 = s2 - mf * (s1 + t1);
             const L(vd) full = t2 + (1.0 - 2.0 * phi) * t1 + (phi * (phi - 1.0) + 1.0 / 3.0) * t0;
-            const L(vd) u_lo = y_a - cen, v_lo = f_a - cen;
-            const L(vd) u_hi = y_b - cen, v_hi = f_b - cen;
-            const L(vd) edge = c_b * (u_hi * u_hi * u_hi - v_hi * v_hi * v_hi)
-                               - c_a * (u_lo * u_lo * u_lo - v_lo * v_lo * v_lo);
-            total += full + edge * (1.0 / 3.0);
-            y_a = y_b;
-            f_a = f_b;
+            const L(vd) rho = y_b - f_b;
+            total += full;
+            split += c_b * (rho * rho);
             q0 = r0;
             q1 = r1;
             q2 = r2;
-            c_a = c_b;
         }
+        total -= D * split;
         for (int k = 0; k < 4 && g * 4 + k < m; ++k)
             out[g * 4 + k] = (width * D[k] < flt_eps) ? 0.0 : total[k] * (width * width);
     }
