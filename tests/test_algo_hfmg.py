@@ -209,3 +209,16 @@ def test_walk_and_losses_on_sparse_histograms(device, search):
         if t % 10 == 0:
             got = hfmg.losses(torch.from_numpy(c).to(device), 0.37, lefts, rights).cpu().numpy()
             np.testing.assert_allclose(got, [ref_loss(c, 0.37, a, b) for a, b in cands], rtol=1e-9)
+
+
+def test_float32_rounding_matches_torch():
+    """hfmg's bin width and factors round to float32 without tensors (quant.to_float32):
+    the same values as torch's conversion, over magnitudes from subnormal to overflow."""
+    from amct_torch.algorithms.quant import to_float32
+    rng = np.random.default_rng(9)
+    vals = rng.uniform(-1, 1, 20000) * 10.0 ** rng.integers(-46, 40, 20000)
+    vals = list(vals) + [3.4028235677973366e38, 3.4028236e38, -1e39, 2.0 ** -150, 1.5 * 2.0 ** -149, -0.0]
+    for v in vals:
+        want = float(torch.tensor(float(v), dtype=torch.float32))
+        got = to_float32(float(v))
+        assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want), v

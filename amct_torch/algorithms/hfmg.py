@@ -14,14 +14,14 @@ import torch
 
 from amct_torch.algorithms import native
 from amct_torch.algorithms.histogram import count_bins
-from amct_torch.algorithms.quant import FLT_EPS
+from amct_torch.algorithms.quant import FLT_EPS, to_float32
 
 DST_BINS = 256
 
 
 def bin_width(mn: float, mx: float, nbins: int) -> float:
     """Width of one bin of [mn, mx] as float32 (the value the data is binned with)."""
-    return float(torch.tensor((mx - mn) / nbins, dtype=torch.float32))
+    return to_float32((mx - mn) / nbins)
 
 
 def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 1) -> torch.Tensor:
@@ -317,7 +317,7 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
 
 def _factors(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
     """SPEC §5.3 step 4: the chosen bin range [left, right] → scale and offset."""
-    f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731  float32 arithmetic
+    f32 = to_float32
     clip_min = f32(mn + left * width)
     clip_max = f32(mn + (right + 1) * width)
     if asymmetric:

@@ -6,6 +6,8 @@ and the int8 range is [-128, 127].
 """
 from __future__ import annotations
 
+import math
+import struct
 from typing import Union
 
 import torch
@@ -15,6 +17,16 @@ QMIN = -128
 QMAX = 127
 
 Scalar = Union[float, int, torch.Tensor]
+
+
+def to_float32(v: float) -> float:
+    """``v`` rounded to float32 (nearest, ties to even; ±inf past the float32 range), as
+    float(torch.tensor(v, dtype=torch.float32)) gives, without a tensor (a few µs a call
+    on the observers' per-batch path)."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 def quantize(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor:
