@@ -119,43 +119,69 @@ def test_hfmg_histogram_matches_numpy_reference(backend, kind, n):
     assert hfmg.histogram(x, mn, mx, 1024, threads=2).tolist() == want.tolist()
 
 
-@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("isa", [-1, 0])
-def test_hfmg_widening_batch_reports_every_slices_extremes(threads, isa, monkeypatch):
+def test_hfmg_widening_batch_reports_every_slices_extremes(backend, threads, monkeypatch):
     """A value outside the range in the first slice stops the binning of every slice; the
     extremes and NaNs of the slices that stop on that signal (in their first block, with one
-    thread: they run after it) must still be found."""
+    thread: they run after it) must still be found — in the pass itself and in the state the
+    observer then builds (SPEC §5.3's sequential rule, the plain reference of test_algo_hfmg)."""
     monkeypatch.setattr(native, "HFMG_MAX_SLICE", 9000)
     monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)
-    native.set_isa(isa)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)                        # the observer passes torch's count on
     try:
-        g = torch.Generator().manual_seed(5)
-        x = torch.rand(40_000, generator=g) * 2 - 1
-        x[10] = 1.5                                       # outside, in the first slice
-        x[35_000], x[29_999] = 9.0, -7.0                  # the extremes, in later slices
+        _widening_case(backend, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _widening_case(backend, threads):
+    from test_algo_hfmg import ref_hist, ref_redistribute
+    g = torch.Generator().manual_seed(5)
+    first = torch.rand(40_000, generator=g) * 2 - 1
+    first[0], first[1] = -1.0, 1.0
+    x = torch.rand(40_000, generator=g) * 2 - 1
+    x[10] = 1.5                                           # outside, in the first slice
+    x[35_000], x[29_999] = 9.0, -7.0                      # the extremes, in later slices
+    if backend != "torch":
         r = native.hfmg_pass(x, -1.0, 1.0, hfmg.bin_width(-1.0, 1.0, 256), 256, threads)
         assert r.outside and (r.lo, r.hi) == (-7.0, 9.0) and r.nans == 0
-        x[39_000] = float("nan")
+    obs = HfmgObserver("conv7", 256)
+    obs.update(first)
+    obs.update(x)
+    want = ref_redistribute(ref_hist(first.numpy(), -1.0, 1.0, 256), -1.0, 1.0, -7.0, 9.0) \
+        + ref_hist(x.numpy(), -7.0, 9.0, 256)
+    assert (obs.mn, obs.mx) == (-7.0, 9.0) and obs.counts.tolist() == want.tolist()
+    x[39_000] = float("nan")
+    if backend != "torch":
         r = native.hfmg_pass(x, -1.0, 1.0, hfmg.bin_width(-1.0, 1.0, 256), 256, threads)
         assert r.outside and (r.lo, r.hi) == (-7.0, 9.0) and r.nans == 1
-    finally:
-        native.set_isa(-1)
+    with pytest.raises(CalibrationError, match="conv7"):
+        obs.update(x)
 
 
-@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
-def test_hfmg_pass_refuses_an_empty_bin_width():
-    """A zero width would turn every bin index into garbage (and the scatter out of bounds)."""
-    with pytest.raises(ValueError, match="positive bin width"):
-        native.hfmg_pass(torch.full((100,), 1.5), 1.5, 1.5, 0.0, 256)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_hfmg_constant_batches_after_a_constant_first(backend):
+    """A constant state and a constant batch keep the range empty (mn == mx): the batch must go
+    to the middle bin, not through a zero bin width (which the pass refuses: garbage indices
+    would scatter out of bounds)."""
+    obs = HfmgObserver("pool1", 256)
+    obs.update(torch.full((100,), 1.5))
+    obs.update(torch.full((300,), 1.5))
+    assert (obs.mn, obs.mx) == (1.5, 1.5) and obs.counts[128] == 400 and int(obs.counts.sum()) == 400
+    if backend != "torch":
+        with pytest.raises(ValueError, match="positive bin width"):
+            native.hfmg_pass(torch.full((100,), 1.5), 1.5, 1.5, 0.0, 256)
 
 
-@pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 def test_redistribute_kernel_gives_the_torch_formulas_integers():
-    """The compiled redistribute against the torch formulas and the plain loop of
-    test_algo_hfmg, on ranges that grow on one side, both sides, by whole old bins (splits
-    exactly on edges), by a factor that puts many old bins into one, and on huge counts."""
+    """The compiled redistribute (where a C compiler built it) and the torch formulas against
+    the plain loop of test_algo_hfmg, on ranges that grow on one side, both sides, by whole old
+    bins (splits exactly on edges), by a factor that puts many old bins into one, and on huge
+    counts."""
     from test_algo_hfmg import ref_redistribute
+    impls = [hfmg.redistribute_torch] + ([native.hfmg_redistribute] if native.library() is not None else [])
     rng = np.random.default_rng(11)
     cases = [(-1.0, 1.0, -1.0, 3.0), (-1.0, 1.0, -2.0, 1.0), (0.0, 2.0, -0.5, 2.5),
              (0.0, 1.0, 0.0, 1000.0), (0.25, 0.75, -3.0, 0.75)]
@@ -165,9 +191,9 @@ def test_redistribute_kernel_gives_the_torch_formulas_integers():
         nmn, nmx = case[2:] if len(case) == 4 else (omn - rng.uniform(0, 3), omx + rng.uniform(0, 3))
         hi = 2 ** 40 if i % 3 == 0 else 60
         counts = torch.from_numpy(rng.integers(0, hi, 1000 + 24 * i))
-        got = native.hfmg_redistribute(counts, omn, omx, nmn, nmx)
-        assert torch.equal(got, hfmg.redistribute_torch(counts, omn, omx, nmn, nmx)), case
-        assert np.array_equal(got.numpy(), ref_redistribute(counts.numpy(), omn, omx, nmn, nmx)), case
+        want = ref_redistribute(counts.numpy(), omn, omx, nmn, nmx)
+        for impl in impls:
+            assert np.array_equal(impl(counts, omn, omx, nmn, nmx).numpy(), want), (impl.__name__, case)
 
 
 def batches(seed: int):
