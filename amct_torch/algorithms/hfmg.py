@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -34,10 +34,7 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 
         out[nbins // 2] = x.numel()
         return out
     if native.usable(x):
-        r = native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads)
-        if r.outside:
-            raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
-        return r.counts
+        return _compiled_pass(x, mn, mx, nbins, threads).counts
     return histogram_torch(x, mn, mx, nbins)
 
 
@@ -45,11 +42,19 @@ def add_histogram(counts: torch.Tensor, x: torch.Tensor, mn: float, mx: float, t
     """counts += histogram(x, mn, mx, counts.numel()): on the CPU the kernel adds into the
     state itself (no per-batch counts tensor); x inside [mn, mx]."""
     nbins = counts.numel()
-    if mx > mn and native.usable(x) and counts.is_contiguous() and counts.dtype == torch.int64 and counts.device.type == "cpu":
-        if native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads, into=counts).outside:
-            raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
+    if mx > mn and native.usable(x) and native.usable(counts, dtype=torch.int64) and counts.is_contiguous():
+        _compiled_pass(x, mn, mx, nbins, threads, into=counts)
         return
     counts += histogram(x, mn, mx, nbins, threads)
+
+
+def _compiled_pass(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int,
+                   into: Optional[torch.Tensor] = None) -> native.HfmgPass:
+    """The kernel's pass over a batch the caller knows to lie inside [mn, mx] (mx > mn)."""
+    r = native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads, into=into)
+    if r.outside:
+        raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
+    return r
 
 
 def histogram_torch(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:

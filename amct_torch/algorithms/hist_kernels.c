@@ -313,6 +313,7 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
 void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t offset_bits,
                      int64_t* counts, double* dsum, int32_t nt) {
     const int w = wide();
+    (void)w;                                             /* unused where there is no AVX2 build */
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t j0 = 0; j0 < slots; j0 += BLOCK) {      /* slot blocks: contiguous rows */
         const int m = (int)(slots - j0 < BLOCK ? slots - j0 : BLOCK);

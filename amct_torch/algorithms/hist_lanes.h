@@ -317,7 +317,9 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
     int32_t jb[BLOCK + W] __attribute__((aligned(64)));      /* + W: L(pack) stores whole vectors */
     const int32_t last = (int32_t)nbins - 1;
     const VI lastv = L(isplat)(last);
+#if !AMCT_PACK
     VI lane = L(trash_lanes)((int32_t)nbins), step = L(isplat)(W < AMCT_TRASH ? W : 0);
+#endif
     int64_t zeros = 0, outside = !(mn <= mx), nans = 0;
     float lo = INFINITY, hi = -INFINITY;
     for (int64_t st = 0; st < n; st += BLOCK) {
@@ -331,7 +333,10 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
             L(minmax_block)(p, m, &lo, &hi, &nans);
             continue;
         }
-        VI n_in = L(isplat)(0), n_keep = n_in;
+        VI n_in = L(isplat)(0);
+#if !AMCT_PACK
+        VI n_keep = n_in;
+#endif
         int i = 0, kept = 0;
         for (; i + W <= m; i += W) {
             VF v;
