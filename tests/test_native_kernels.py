@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -504,6 +507,47 @@ def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path)
         got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     for k, v in want.state_dict().items():
         assert torch.equal(v, got.state_dict()[k]), k
+
+
+def _compilers() -> list:
+    """The compiler the kernels get, and gcc and clang where present."""
+    default = native_build.find_compiler()
+    return sorted({default, *filter(None, [shutil.which("gcc"), shutil.which("clang")])}) if default else []
+
+
+def test_every_compiler_present_gives_the_same_state(monkeypatch, tmp_path):
+    """Kernels built by each compiler give the default build's states; gcc's import
+    libgomp's parallel entry point (they run on torch's OpenMP threads). clang builds without
+    OpenMP where its runtime, libomp, is missing."""
+    found = _compilers()
+    if not found:
+        assert native.library() is None
+        return
+    want = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
+    for cc in found:
+        with monkeypatch.context() as m:
+            m.setattr(native, "_state", {})
+            m.setenv("AMCT_TORCH_CACHE", str(tmp_path / Path(cc).name))
+            m.setattr(native_build, "find_compiler", lambda: cc)
+            assert native.library() is not None, (cc, native.unavailable_reason())
+            built = list((tmp_path / Path(cc).name).glob("hist_kernels-*.so"))
+            assert len(built) == 1, cc
+            if Path(cc).name.startswith("gcc"):
+                assert b"GOMP_parallel" in built[0].read_bytes()
+            got = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
+        for k, v in want.state_dict().items():
+            assert torch.equal(v, got.state_dict()[k]), (cc, k)
+
+
+def test_source_compiles_with_openmp_on_every_compiler_present(tmp_path):
+    """Compile only (clang's OpenMP runtime may be missing at link time): no parallel region
+    may sit inside a function of the AVX2 build, whose outlined body clang compiles without
+    the target attribute (an error there once sent every clang build to the serial fallback)."""
+    for cc in _compilers():
+        flags = [f for f in native_build.FLAGS if f != "-shared"]
+        res = subprocess.run([cc, *flags, "-fopenmp", "-c", "-o", str(tmp_path / "k.o"), str(native_build.SOURCE)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (cc, res.stderr[-2000:])
 
 
 def _portable_build(cc: str):

@@ -413,21 +413,27 @@ void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const 
     if (dp) {
         for (int64_t t = 0; t < 3 * (n + 1); ++t) dp[t] = (double)pref[t];
         for (int64_t t = 0; t <= n; ++t) dp[3 * (n + 1) + t] = (double)cnt[t];
-#if AMCT_HAVE_AVX2
-        if (wide()) hfmg_losses_lanes8(dp, n, lefts, rights, m, width, flt_eps, out, nt);
-        else
-#endif
-        hfmg_losses_lanes4(dp, n, lefts, rights, m, width, flt_eps, out, nt);
-        free(dp);
-        return;
     }
+    const int w = wide();
+    (void)w;                                             /* unused where there is no AVX2 build */
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int32_t t = 0; t < nt; ++t) {                   /* contiguous candidate ranges */
+        const int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
+        if (dp) {
 #if AMCT_HAVE_AVX2
-    if (wide()) {
-        hfmg_losses8(pref, cnt, n, lefts, rights, m, width, flt_eps, out, nt);
-        return;
-    }
+            if (w) hfmg_losses_lanes8(dp, n, lefts, rights, i0, i1, width, flt_eps, out);
+            else
 #endif
-    hfmg_losses4(pref, cnt, n, lefts, rights, m, width, flt_eps, out, nt);
+            hfmg_losses_lanes4(dp, n, lefts, rights, i0, i1, width, flt_eps, out);
+        } else {
+#if AMCT_HAVE_AVX2
+            if (w) hfmg_losses8(pref, cnt, n, lefts, rights, i0, i1, width, flt_eps, out);
+            else
+#endif
+            hfmg_losses4(pref, cnt, n, lefts, rights, i0, i1, width, flt_eps, out);
+        }
+    }
+    free(dp);
 }
 
 /* HFMG: move the counts of [old_min, old_max] onto [new_min, new_max] ⊇ it (the same n bins,

@@ -421,15 +421,17 @@ static void L(hfmg_slice)(const float* x, int64_t n, float mn, float mx, float w
 
 /* The searches' loss kernels (amct_hfmg_losses, amct_ifmr_hist_losses have the contracts): scalar
  * code, compiled once per width so that the wide build may vectorise the per-bin arithmetic
- * (the sums keep their order: the same results). */
+ * (the sums keep their order: the same results). The HFMG ones take candidates [i0, i1) and
+ * no threads: the caller's parallel loop spreads the ranges (an OpenMP region inside a
+ * function of the AVX2 build does not compile with clang: its outlined body lacks the
+ * target attribute). */
 static void L(hfmg_losses)(const int64_t* pref, const int64_t* cnt, int64_t n, const int64_t* lefts,
-                           const int64_t* rights, int64_t m, double width, double flt_eps, double* out,
-                           int32_t nt) {
+                           const int64_t* rights, int64_t i0, int64_t i1, double width, double flt_eps,
+                           double* out) {
     const int64_t* p0 = pref;
     const int64_t* p1 = pref + (n + 1);
     const int64_t* p2 = pref + 2 * (n + 1);
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
+    for (int64_t i = i0; i < i1; ++i) {
         const double l = (double)lefts[i];
         const double D = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
         double y[AMCT_DST + 1], jf[AMCT_DST + 1];
@@ -484,17 +486,15 @@ typedef double L(vd) __attribute__((vector_size(32)));
 #endif
 
 static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lefts, const int64_t* rights,
-                                 int64_t m, double width, double flt_eps, double* out, int32_t nt) {
+                                 int64_t i0, int64_t i1, double width, double flt_eps, double* out) {
     const double* p0 = dp;
     const double* p1 = dp + (n + 1);
     const double* p2 = dp + 2 * (n + 1);
     const double* cn = dp + 3 * (n + 1);
-    const int64_t groups = (m + 3) / 4;
-    #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g = i0; g < i1; g += 4) {                /* four candidates from g */
         L(vd) l, D;
         for (int k = 0; k < 4; ++k) {
-            const int64_t i = g * 4 + k < m ? g * 4 + k : m - 1;   /* the last group repeats */
+            const int64_t i = g + k < i1 ? g + k : i1 - 1;   /* the last group repeats */
             l[k] = (double)lefts[i];
             D[k] = (double)(rights[i] - lefts[i] + 1) / AMCT_DST;
         }
@@ -546,8 +546,8 @@ static void L(hfmg_losses_lanes)(const double* dp, int64_t n, const int64_t* lef
             q2 = r2;
         }
         total -= D * split;
-        for (int k = 0; k < 4 && g * 4 + k < m; ++k)
-            out[g * 4 + k] = (width * D[k] < flt_eps) ? 0.0 : total[k] * (width * width);
+        for (int k = 0; k < 4 && g + k < i1; ++k)
+            out[g + k] = (width * D[k] < flt_eps) ? 0.0 : total[k] * (width * width);
     }
 }
 

@@ -6,7 +6,9 @@ a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
 when that is not writable), keyed by the source, the compiler, the flags and the platform,
 and written atomically so that concurrent processes (torchrun ranks) can race safely.
 With ``-fopenmp`` the library's ``libgomp.so.1`` resolves to the copy torch already loaded, so
-the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build.
+the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build
+(clang where its runtime, libomp, is not installed: ``-fopenmp=libgomp`` would link libgomp
+but, in clang 14, generate no parallel code).
 """
 from __future__ import annotations
 
