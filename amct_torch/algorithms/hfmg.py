@@ -322,17 +322,16 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
 
 def _factors(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
     """SPEC §5.3 step 4: the chosen bin range [left, right] → scale and offset."""
-    f32 = to_float32
-    clip_min = f32(mn + left * width)
-    clip_max = f32(mn + (right + 1) * width)
+    clip_min = to_float32(mn + left * width)
+    clip_max = to_float32(mn + (right + 1) * width)
     if asymmetric:
         clip_max, clip_min = max(clip_max, 0.0), min(clip_min, 0.0)
-        scale = f32((clip_max - clip_min) / 255)
+        scale = to_float32((clip_max - clip_min) / 255)
         scale = 1.0 if scale < FLT_EPS else scale
         offset = -128 - int(torch.round(torch.tensor(clip_min / scale, dtype=torch.float32)))
     else:
         positive = clip_max > -clip_min
-        scale = f32(clip_max / 127) if positive else f32(-clip_min / 128)
+        scale = to_float32(clip_max / 127) if positive else to_float32(-clip_min / 128)
         scale = 1.0 if scale < FLT_EPS else scale
         offset = 0
     return HfmgResult(scale=scale, offset=offset, left=left, right=right, losses=loss)
