@@ -168,6 +168,14 @@ static int wide(void) {
     return amct_isa;
 }
 
+/* The width dispatch: name##8(...) when w (the AVX2 build, where there is one), else
+ * name##4(...). */
+#if AMCT_HAVE_AVX2
+#define AMCT_BY_WIDTH(w, name, ...) ((w) ? name##8(__VA_ARGS__) : name##4(__VA_ARGS__))
+#else
+#define AMCT_BY_WIDTH(w, name, ...) ((void)(w), name##4(__VA_ARGS__))
+#endif
+
 /* One slice of a streaming-IFMR update on the current frame (the width dispatch of
  * amct_stream_update_mt's slices), fused: the packed histogram (stream_entry;
  * the caller bounds n so that no field overflows) plus the values that can enter the exact
@@ -180,17 +188,12 @@ static int wide(void) {
 static void amct_stream_update(const float* x, int64_t n, float s, float base, int64_t slots,
                                int64_t offset_bits, int64_t* acc, float thr_hi, float thr_lo,
                                float* cand, int64_t cap, int64_t* res, float* ext) {
-#if AMCT_HAVE_AVX2
-    if (wide()) {
-        stream_slice8(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
-        return;
-    }
-#endif
-    stream_slice4(x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res, ext);
+    AMCT_BY_WIDTH(wide(), stream_slice, x, n, s, base, slots, offset_bits, acc, thr_hi, thr_lo, cand, cap, res,
+                  ext);
 }
 
-/* One slice of amct_hfmg_hist_mt (the width dispatch). HFMG bins of [mn, mx] with bin width w: j = min(trunc((x − mn)/w), nbins − 1), float32
- * maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31; cnt2, as large, is the second copy
+/* One slice of amct_hfmg_hist_mt (the width dispatch). HFMG bins of [mn, mx] with bin width
+ * w: j = min(trunc((x − mn)/w), nbins − 1), float32 maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31; cnt2, as large, is the second copy
  * of scatter_count2, added into cnt at the end); res = {non-zero if a value lies outside
  * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
  * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
@@ -202,13 +205,7 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
  * thread. With mn > mx (no range yet) the call is a pure min/max pass. */
 static void amct_hfmg_hist(const float* x, int64_t n, float mn, float mx, float w, int64_t nbins,
                            int32_t* cnt, int32_t* cnt2, float* ext, int64_t* res, int* stop) {
-#if AMCT_HAVE_AVX2
-    if (wide()) {
-        hfmg_slice8(x, n, mn, mx, w, nbins, cnt, cnt2, ext, res, stop);
-        return;
-    }
-#endif
-    hfmg_slice4(x, n, mn, mx, w, nbins, cnt, cnt2, ext, res, stop);
+    AMCT_BY_WIDTH(wide(), hfmg_slice, x, n, mn, mx, w, nbins, cnt, cnt2, ext, res, stop);
 }
 
 #include "hist_select.h"      /* sorting, selection and the top/bottom merge */
@@ -229,11 +226,7 @@ void amct_chunk_bounds(int32_t nt, const float* x, int64_t n, int64_t group, int
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:nans)
     for (int32_t t = 0; t < nt; ++t) {
         const int64_t b0 = nsb * t / nt, b1 = nsb * (t + 1) / nt;
-#if AMCT_HAVE_AVX2
-        if (w) nans += group_extremes8(x, group, b0, b1, hi, lo);
-        else
-#endif
-        nans += group_extremes4(x, group, b0, b1, hi, lo);
+        nans += AMCT_BY_WIDTH(w, group_extremes, x, group, b0, b1, hi, lo);
     }
     int64_t ng = nsb * lanes;
     for (int64_t st = nsb * group * lanes; st < n; st += group, ++ng) {   /* the rest */
@@ -309,15 +302,10 @@ void amct_hfmg_hist_mt(int32_t np, int32_t nt, const float* x, const int64_t* bo
 void amct_add_packed(int32_t np, const int64_t* acc, int64_t stride, int64_t slots, int64_t offset_bits,
                      int64_t* counts, double* dsum, int32_t nt) {
     const int w = wide();
-    (void)w;                                             /* unused where there is no AVX2 build */
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t j0 = 0; j0 < slots; j0 += BLOCK) {      /* slot blocks: contiguous rows */
         const int m = (int)(slots - j0 < BLOCK ? slots - j0 : BLOCK);
-#if AMCT_HAVE_AVX2
-        if (w) add_packed_block8(np, acc + j0, stride, m, offset_bits, counts + j0, dsum + j0);
-        else
-#endif
-        add_packed_block4(np, acc + j0, stride, m, offset_bits, counts + j0, dsum + j0);
+        AMCT_BY_WIDTH(w, add_packed_block, np, acc + j0, stride, m, offset_bits, counts + j0, dsum + j0);
     }
 }
 
@@ -415,23 +403,13 @@ void amct_hfmg_losses(const int64_t* pref, const int64_t* cnt, int64_t n, const 
         for (int64_t t = 0; t <= n; ++t) dp[3 * (n + 1) + t] = (double)cnt[t];
     }
     const int w = wide();
-    (void)w;                                             /* unused where there is no AVX2 build */
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int32_t t = 0; t < nt; ++t) {                   /* contiguous candidate ranges */
         const int64_t i0 = m * t / nt, i1 = m * (t + 1) / nt;
-        if (dp) {
-#if AMCT_HAVE_AVX2
-            if (w) hfmg_losses_lanes8(dp, n, lefts, rights, i0, i1, width, flt_eps, out);
-            else
-#endif
-            hfmg_losses_lanes4(dp, n, lefts, rights, i0, i1, width, flt_eps, out);
-        } else {
-#if AMCT_HAVE_AVX2
-            if (w) hfmg_losses8(pref, cnt, n, lefts, rights, i0, i1, width, flt_eps, out);
-            else
-#endif
-            hfmg_losses4(pref, cnt, n, lefts, rights, i0, i1, width, flt_eps, out);
-        }
+        if (dp)
+            AMCT_BY_WIDTH(w, hfmg_losses_lanes, dp, n, lefts, rights, i0, i1, width, flt_eps, out);
+        else
+            AMCT_BY_WIDTH(w, hfmg_losses, pref, cnt, n, lefts, rights, i0, i1, width, flt_eps, out);
     }
     free(dp);
 }
@@ -521,12 +499,7 @@ int32_t amct_ifmr_hist_losses(const int64_t* counts, const double* dsum, int64_t
         cum_n[b + 1] = cum_n[b] + c;
         cum_s[b + 1] = cum_s[b] + (c * (start + (double)b * width) + dsum[b]);
     }
-#if AMCT_HAVE_AVX2
-    if (wide())
-        ifmr_hist_losses8(cum_n, cum_s, counts, nb, start, width, m_lo, k, s, m, out);
-    else
-#endif
-    ifmr_hist_losses4(cum_n, cum_s, counts, nb, start, width, m_lo, k, s, m, out);
+    AMCT_BY_WIDTH(wide(), ifmr_hist_losses, cum_n, cum_s, counts, nb, start, width, m_lo, k, s, m, out);
     free(cum);
     return 0;
 }
