@@ -193,8 +193,8 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
 }
 
 /* One slice of amct_hfmg_hist_mt (the width dispatch). HFMG bins of [mn, mx] with bin width
- * w: j = min(trunc((x − mn)/w), nbins − 1), float32 maths, into cnt int32 [nbins + AMCT_TRASH] (n < 2^31; cnt2, as large, is the second copy
- * of scatter_count2, added into cnt at the end); res = {non-zero if a value lies outside
+ * w: j = min(trunc((x − mn)/w), nbins − 1), float32 maths, into cnt int32 [nbins + AMCT_TRASH]
+ * (n < 2^31; cnt2, as large, is the second copy of scatter_count2, added into cnt at the end); res = {non-zero if a value lies outside
  * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
  * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
  * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
