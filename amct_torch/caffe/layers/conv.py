@@ -138,6 +138,20 @@ class DeconvolutionLayer(_ConvBase):
 
     transposed = True
 
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        if len(s) != 4:
+            self.fail(f"Deconvolution needs a 4-D input, got {list(s)}")
+        if s[1] != self.weight.shape[0]:
+            self.fail(f"input has {s[1]} channels, the weight expects {self.weight.shape[0]}")
+        out = []
+        for size, k, st, p, d in zip(s[2:], self.kernel_size, self.stride, self.padding, self.dilation):
+            o = st * (size - 1) + d * (k - 1) + 1 - 2 * p
+            if o <= 0:
+                self.fail(f"input {list(s)} gives an empty output with kernel {self.kernel_size}, pad {self.padding}")
+            out.append(o)
+        return [(s[0], self.weight.shape[1] * self.groups, out[0], out[1])]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, 0,
                                   self.groups, self.dilation)

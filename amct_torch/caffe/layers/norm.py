@@ -116,6 +116,28 @@ class _AffineBase(CaffeLayer):
         self._pshape = tuple(s[ax:end])
         return int(np.prod(s[ax:end], dtype=np.int64))
 
+    def infer_shapes(self, bottom_shapes):
+        """The output has the first input's shape; the parameter (blob, or the second bottom)
+        must span input axes [axis, axis + its axes): the checks ``_view`` makes at run time,
+        made here without running the layer (a meta-device forward costs torch a second of
+        imports on first use)."""
+        s = bottom_shapes[0]
+        params = [t for t in (getattr(self, "weight", None), self.bias) if t is not None]
+        if len(bottom_shapes) == 2:
+            nd = len(bottom_shapes[1])
+            counts = [int(np.prod(bottom_shapes[1], dtype=np.int64))] + [t.numel() for t in params]
+        else:
+            nd = len(s) - canonical_axis(self.axis, len(s), self) if self.num_axes == -1 else self.num_axes
+            counts = [t.numel() for t in params]
+        ax = canonical_axis(self.axis, len(s), self)
+        if ax + nd > len(s):
+            self.fail(f"axis {self.axis} + {nd} parameter axes exceed the {len(s)}-D input")
+        want = int(np.prod(s[ax:ax + nd], dtype=np.int64))
+        for c in counts:
+            if c != want:
+                self.fail(f"parameter of {c} elements does not match input axes {list(s[ax:ax + nd])}")
+        return [tuple(s)]
+
     def _caffe_shape(self, t: torch.Tensor) -> np.ndarray:
         a = to_numpy(t)
         shape = getattr(self, "_pshape", None)

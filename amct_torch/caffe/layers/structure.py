@@ -73,6 +73,14 @@ class ConcatLayer(CaffeLayer):
         p = self.layer_param.concat_param
         self.axis = int(p.concat_dim) if p.HasField("concat_dim") and not p.HasField("axis") else int(p.axis)
 
+    def infer_shapes(self, bottom_shapes):
+        s0 = bottom_shapes[0]
+        ax = canonical_axis(self.axis, len(s0), self)
+        for s in bottom_shapes[1:]:
+            if len(s) != len(s0) or any(a != b for i, (a, b) in enumerate(zip(s, s0)) if i != ax):
+                self.fail(f"Concat inputs differ outside axis {ax}: {[list(t) for t in bottom_shapes]}")
+        return [s0[:ax] + (sum(s[ax] for s in bottom_shapes),) + s0[ax + 1:]]
+
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         return torch.cat(xs, dim=canonical_axis(self.axis, xs[0].dim(), self))
 
@@ -93,9 +101,20 @@ class SliceLayer(CaffeLayer):
         if any(b <= a for a, b in zip(self.points, self.points[1:])):
             self.fail("slice_point values must increase")
 
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        ax, sizes = self._sizes(s)
+        return [s[:ax] + (k,) + s[ax + 1:] for k in sizes]
+
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
-        ax = canonical_axis(self.axis, x.dim(), self)
-        n = x.shape[ax]
+        ax, sizes = self._sizes(tuple(x.shape))
+        parts = torch.split(x, sizes, dim=ax)
+        return parts[0] if self.num_tops == 1 else tuple(parts)
+
+    def _sizes(self, shape: tuple[int, ...]) -> tuple[int, list[int]]:
+        """The axis and the size of each top along it, checked against the input shape."""
+        ax = canonical_axis(self.axis, len(shape), self)
+        n = shape[ax]
         if self.points:
             if self.points[-1] >= n or self.points[0] <= 0:
                 self.fail(f"slice points {self.points} do not fit axis size {n}")
@@ -105,8 +124,7 @@ class SliceLayer(CaffeLayer):
             if n % self.num_tops:
                 self.fail(f"axis size {n} is not divisible by the {self.num_tops} tops")
             sizes = [n // self.num_tops] * self.num_tops
-        parts = torch.split(x, sizes, dim=ax)
-        return parts[0] if self.num_tops == 1 else tuple(parts)
+        return ax, sizes
 
 
 @register("Split")
@@ -114,6 +132,9 @@ class SplitLayer(CaffeLayer):
     """Hand the same blob to several tops."""
 
     tops = (1, None)
+
+    def infer_shapes(self, bottom_shapes):
+        return [bottom_shapes[0]] * self.num_tops
 
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
         return x if self.num_tops == 1 else (x,) * self.num_tops
@@ -127,6 +148,14 @@ class FlattenLayer(CaffeLayer):
         super().setup(blobs, bottom_shapes)
         p = self.layer_param.flatten_param
         self.axis, self.end_axis = int(p.axis), int(p.end_axis)
+
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        a = canonical_axis(self.axis, len(s), self)
+        e = canonical_axis(self.end_axis, len(s), self, "end_axis")
+        if e < a:
+            self.fail(f"end_axis {self.end_axis} is before axis {self.axis}")
+        return [s[:a] + (int(np.prod(s[a:e + 1], dtype=np.int64)),) + s[e + 1:]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = canonical_axis(self.axis, x.dim(), self)
@@ -151,8 +180,15 @@ class ReshapeLayer(CaffeLayer):
         if self.num_axes < -1:
             self.fail("num_axes must be >= -1")
 
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        return [tuple(self._out_shape(list(s), int(np.prod(s, dtype=np.int64))))]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = list(x.shape)
+        return x.reshape(self._out_shape(list(x.shape), x.numel()))
+
+    def _out_shape(self, shape: list[int], numel: int) -> list[int]:
+        """The output shape for an input of ``shape`` (``numel`` elements), checked."""
         nd = len(shape)
         start = self.axis if self.axis >= 0 else nd + self.axis + 1
         if not 0 <= start <= nd:
@@ -171,13 +207,13 @@ class ReshapeLayer(CaffeLayer):
         out = shape[:start] + new + shape[end:]
         if -1 in out:
             known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
-            total = x.numel()
+            total = numel
             if known == 0 or total % known:
                 self.fail(f"cannot reshape {shape} to {out}")
             out[out.index(-1)] = total // known
-        if int(np.prod(out, dtype=np.int64)) != x.numel():
-            self.fail(f"cannot reshape {shape} ({x.numel()} elements) to {out}")
-        return x.reshape(out)
+        if int(np.prod(out, dtype=np.int64)) != numel:
+            self.fail(f"cannot reshape {shape} ({numel} elements) to {out}")
+        return out
 
 
 @register("Permute")
@@ -189,6 +225,12 @@ class PermuteLayer(CaffeLayer):
         self.order = [int(o) for o in self.layer_param.permute_param.order]
         if len(set(self.order)) != len(self.order):
             self.fail(f"permute order {self.order} repeats an axis")
+
+    def infer_shapes(self, bottom_shapes):
+        s = bottom_shapes[0]
+        if any(o >= len(s) for o in self.order):
+            self.fail(f"permute order {self.order} out of range for a {len(s)}-D input")
+        return [tuple(s[o] for o in self.order + [i for i in range(len(s)) if i not in self.order])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if any(o >= x.dim() for o in self.order):
