@@ -18,11 +18,11 @@ import os
 
 import torch
 
-from amct_torch.calibration.workflow import (QuantGraph, check_writable, fuse, start_calibration,
-                                             write_weights)
+from amct_torch.calibration.workflow import QuantGraph, fuse, start_calibration, write_weights
 from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
 from amct_torch.record import empty_record, read_record
+from amct_torch.transaction import OutputTransaction, check_outputs, make_folder
 
 log = logging.getLogger("amct_torch")
 
@@ -50,7 +50,9 @@ def init(config_file: str, model_file: str, weights_file: str,
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
     config_file = _need_file(config_file, "quant config", ConfigError)
-    check_writable(os.fspath(scale_offset_record_file), "record file")
+    record_out = _output_path(scale_offset_record_file, "record file")
+    check_outputs([record_out], [model_file, weights_file, config_file])
+    make_folder(os.path.dirname(os.path.abspath(record_out)))
     model = load_caffe(model_file, weights_file)
     layers = layer_infos_from_net(model.caffe_net)
     config = read_quant_config_json(config_file, layers)
@@ -60,6 +62,17 @@ def init(config_file: str, model_file: str, weights_file: str,
              len(config.enabled_layers()))
     return QuantGraph(model_file=model_file, weights_file=weights_file, config_file=config_file,
                       record_file=record_file, config=config, layers=layers, model=model)
+
+
+def _output_path(path: object, what: str) -> str:
+    """An output path or prefix given by the user, as a string (``AmctError`` otherwise)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise AmctError(f"{what} must be a path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not path or not os.path.basename(path):
+        raise AmctError(f"{what} must name a file or a prefix such as out/model, not a folder",
+                        file=path or None)
+    return path
 
 
 def _check_graph(graph: object, caller: str) -> QuantGraph:
@@ -81,8 +94,11 @@ def quantize_model(graph: QuantGraph, modified_model_file: str, modified_weights
     graph = _check_graph(graph, "quantize_model")
     if graph.session is not None:
         raise CalibrationError("quantize_model was already called on this graph; call init again")
-    for p, what in ((modified_model_file, "modified model"), (modified_weights_file, "modified weights")):
-        check_writable(os.fspath(p), what)
+    outs = [_output_path(modified_model_file, "modified model"),
+            _output_path(modified_weights_file, "modified weights")]
+    check_outputs(outs, [graph.model_file, graph.weights_file, graph.config_file, graph.record_file])
+    for p in outs:
+        make_folder(os.path.dirname(os.path.abspath(p)))
     fuse(graph)
     write_weights(graph)
     save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
@@ -109,31 +125,46 @@ def checked_records(graph: QuantGraph) -> dict:
     return records
 
 
-def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
+def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
+               _staged: bool = False) -> list[str]:
     """Write the quantized models: ``save_type`` ``Fakequant``, ``Deploy`` or ``Both`` →
     ``{save_path}_fake_quant_model.prototxt`` / ``_fake_quant_weights.caffemodel``,
     ``{save_path}_deploy_model.prototxt`` / ``_deploy_weights.caffemodel`` and
     ``{save_path}_quant.json``. Error (nothing written) if a quantized layer lacks factors.
-    Returns the paths written."""
-    from amct_torch.calibration.outputs import export_models
+    Returns the paths written. The files are committed together (``amct_torch.transaction``):
+    an error or a kill leaves the previous files as they were. (``_staged``: the caller's own
+    transaction already stages ``save_path``.)"""
+    from amct_torch.calibration.outputs import export_models, output_paths
 
     graph = _check_graph(graph, "save_model")
     if save_type not in SAVE_TYPES:
         raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)}, got {save_type!r}")
-    check_writable(os.fspath(save_path) + "_x", "output models")
+    save_path = _output_path(save_path, "save_path")
     if graph.fused is None or graph.session is None:
         raise CalibrationError("save_model needs a calibrated graph: call quantize_model and run "
                                "its model on the calibration batches first")
-    records = checked_records(graph)
-    return export_models(graph, records, save_type, os.fspath(save_path))
+    if _staged:
+        return export_models(graph, checked_records(graph), save_type, save_path)
+    inputs = [graph.model_file, graph.weights_file, graph.config_file, graph.record_file]
+    with OutputTransaction(output_paths(save_path, save_type), inputs) as tx:
+        records = checked_records(graph)
+        staged = export_models(graph, records, save_type, tx.staged_prefix(save_path))
+        return tx.commit([tx.final_of(p) for p in staged])
 
 
 def convert_model(model_file: str, weights_file: str, scale_offset_record_file: str,
                   save_path: str) -> list[str]:
     """Build the fake-quant and deploy models from a record the user supplies (no
     calibration); honours each record's ``skip_fusion``."""
-    from amct_torch.calibration.outputs import convert
-    return convert(model_file, weights_file, scale_offset_record_file, save_path)
+    from amct_torch.calibration.outputs import convert, output_paths
+    model_file = _need_file(model_file, "model file")
+    weights_file = _need_file(weights_file, "weights file")
+    record_file = _need_file(scale_offset_record_file, "record file", RecordError)
+    save_path = _output_path(save_path, "save_path")
+    with OutputTransaction(output_paths(save_path, "Both"),
+                           [model_file, weights_file, record_file]) as tx:
+        staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
+        return tx.commit([tx.final_of(p) for p in staged])
 
 
 from amct_torch.calibration.data import Preprocess  # noqa: E402  (public re-exports)

@@ -267,9 +267,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from amct_torch.config import create_quant_config
-    folder = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(folder):
-        raise AmctError(f"output folder {folder} does not exist", file=args.output)
+    from amct_torch.transaction import check_outputs, make_folder
+    check_outputs([args.output], [args.model, args.weights, args.quant_cfg])
+    make_folder(os.path.dirname(os.path.abspath(args.output)))
     create_quant_config(args.output, args.model, args.weights, skip_layers=args.skip_layers,
                         batch_num=args.batch_num, activation_offset=not args.no_activation_offset,
                         config_defination=args.quant_cfg)

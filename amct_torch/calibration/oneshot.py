@@ -3,8 +3,8 @@
 Why: most users do not want five calls and two intermediate files. This runs
 create_quant_config → init → quantize_model → the calibration loop → save_model (+ ONNX, + the
 per-layer report) with sensible defaults, and writes every output under one prefix. All work
-happens in a private temporary folder and the results are moved into place only at the end,
-so a failure leaves no partial outputs behind.
+happens in a staging folder beside the outputs and the results are committed together at the
+end (``amct_torch.transaction``): a failure or a kill leaves no partial or mixed outputs.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from amct_torch.calibration.data import Preprocess, calibration_batches
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.calibration.workflow import QuantGraph
 from amct_torch.errors import AmctError, ConfigError, ModelError
+from amct_torch.transaction import OutputTransaction, check_outputs
 
 log = logging.getLogger("amct_torch")
 
@@ -47,13 +48,13 @@ class QuantizeResult:
     rank: int = 0
 
 
-def _config_json(config: Optional[str], tmp: str, model_file: str, weights_file: str,
+def _config_json(config: Optional[str], path: str, model_file: str, weights_file: str,
                  skip_layers: Optional[Sequence[str]], batch_num: int,
                  activation_offset: bool) -> str:
-    """The JSON quant config to use: written from a quant.cfg or defaults, or the user's JSON."""
+    """The JSON quant config to use: written at ``path`` from a quant.cfg or defaults, or the
+    user's JSON file itself (read in place, so that its errors name it)."""
     from amct_torch.config import create_quant_config
 
-    path = os.path.join(tmp, "quant_config.json")
     if config is None:
         create_quant_config(path, model_file, weights_file, skip_layers=skip_layers,
                             batch_num=batch_num, activation_offset=activation_offset)
@@ -61,8 +62,7 @@ def _config_json(config: Optional[str], tmp: str, model_file: str, weights_file:
     if not os.path.isfile(config):
         raise ConfigError("quant config not found", file=config)
     if config.lower().endswith(".json"):
-        shutil.copyfile(config, path)
-        return path
+        return config
     if skip_layers:
         log.warning("skip_layers is ignored: the quant.cfg %s decides what is skipped", config)
     create_quant_config(path, model_file, weights_file, config_defination=config)
@@ -131,19 +131,32 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         ctx = init_distributed(device)
     dev = ctx.device if ctx is not None and ctx.active else resolve_device(device)
     output = os.fspath(output)
-    if not os.path.basename(output):
+    if not os.path.basename(output) or output.endswith(os.sep):
         raise AmctError("output must be a path prefix such as out/model, not a folder", file=output)
-    tmp = tempfile.mkdtemp(prefix="amct_")
+    finals = planned_outputs(output, save_type, onnx, report)
+    inputs = [model_file, weights_file, config, checkpoint]
+    if isinstance(calibration_data, (str, os.PathLike)):
+        inputs.append(calibration_data)
+    check_outputs(list(finals.values()), inputs)  # before any work
+    tx = None
+    if ctx is None or ctx.is_writer:
+        tx = OutputTransaction(list(finals.values()), inputs).begin(os.path.basename(output))
+        tmp = tx.staging
+    else:  # ranks > 0 write nothing: private work folder
+        tmp = tempfile.mkdtemp(prefix="amct_")
+    work = os.path.join(tmp, "work")
+    os.mkdir(work)
+    prefix = os.path.join(tmp, os.path.basename(output))
     try:
-        prefix = os.path.join(tmp, os.path.basename(output))
-        cfg = _config_json(config, tmp, model_file, weights_file, skip_layers,
+        staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
+        cfg = _config_json(config, staged["config"], model_file, weights_file, skip_layers,
                            batch_num or 1, activation_offset)
-        graph = init(cfg, model_file, weights_file, prefix + "_record.txt")
+        graph = init(cfg, model_file, weights_file, staged["record"])
         if batch_num is not None:
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num
-        model = quantize_model(graph, os.path.join(tmp, "modified_model.prototxt"),
-                               os.path.join(tmp, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
+        model = quantize_model(graph, os.path.join(work, "modified_model.prototxt"),
+                               os.path.join(work, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
         model.to(dev)
         count = _count(calibration_data)
         bs = batch_size if batch_size is not None else (max(1, -(-count // n)) if count else None)
@@ -156,16 +169,17 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                                            checkpoint=checkpoint)
         else:
             rest = run_calibration(model, graph.session, keeper(batches, n), dev, quiet=quiet)
-        if ctx is not None and not ctx.is_writer:  # only rank 0 writes; tmp is removed below
+        if tx is None:  # only rank 0 writes; tmp is removed below
             return QuantizeResult(files={}, records=_records(graph, save_type), float_model=model,
                                   quant_model=None, graph=graph, device=dev, rank=ctx.rank)
-        files = {"config": prefix + "_quant_config.json", "record": prefix + "_record.txt"}
-        os.replace(cfg, files["config"])
+        files = {"config": staged["config"], "record": staged["record"]}
+        if cfg != staged["config"]:  # the user's JSON config, copied as it was read
+            shutil.copyfile(cfg, staged["config"])
         records = _records(graph, save_type)
         if improve == "bias_correction":
             model = _bias_correct(graph, records, keeper.cache, dev)
         if save_type is not None:
-            written = save_model(graph, save_type, prefix)
+            written = save_model(graph, save_type, prefix, _staged=True)
             for p in written:
                 files[_kind(p, prefix)] = p
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
@@ -184,14 +198,50 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             if not held:
                 held = keeper.cache[:report_batches]
             stats = layer_report(model, quant_model, held, list(records), device=dev)
-            files["report"] = prefix + "_layer_report.json"
+            files["report"] = staged["report"]
             write_report(files["report"], stats, {"model": model_file, "held_out": held_out,
                                                   "batches": len(held)})
-        final = _move(files, tmp, output)
+        graph.record_file = finals["record"]
+        tx.commit([finals[k] for k in files])
+        final = {k: finals[k] for k in files}
         return QuantizeResult(files=final, records=records, float_model=model,
                               quant_model=quant_model, graph=graph, report=stats, device=dev)
+    except AmctError as err:
+        raise _user_paths(err, tmp, finals, config) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tx is not None:
+            tx.abort()
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:
+    """kind → final path of every file ``quantize`` may write under the prefix ``output``."""
+    from amct_torch.calibration.outputs import output_paths
+    out = {"config": output + "_quant_config.json", "record": output + "_record.txt"}
+    if save_type is not None:
+        for p in output_paths(output, save_type):
+            out[_kind(p, output)] = p
+    if onnx:
+        out["onnx_float"], out["onnx"] = output + "_float.onnx", output + "_quant.onnx"
+    if report:
+        out["report"] = output + "_layer_report.json"
+    return {k: os.path.abspath(p) for k, p in out.items()}
+
+
+def _user_paths(err: AmctError, tmp: str, finals: dict[str, str], config: Optional[str]) -> AmctError:
+    """An error that names a file of the private work folder names the user's file instead:
+    the config it was made from, or the final output path."""
+    if err.file is None or os.path.dirname(os.path.abspath(err.file)) not in (
+            os.path.abspath(tmp), os.path.join(os.path.abspath(tmp), "work")):
+        return err
+    base = os.path.basename(err.file)
+    if base == os.path.basename(finals["config"]) and config is not None:
+        return err.with_file(config)
+    for p in finals.values():
+        if os.path.basename(p) == base:
+            return err.with_file(p)
+    return err.with_file(None)
 
 
 IMPROVEMENTS = ("bias_correction",)
@@ -231,18 +281,3 @@ def _records(graph: QuantGraph, save_type: Optional[str]) -> dict:
 def _kind(path: str, prefix: str) -> str:
     tail = path[len(prefix) + 1:] if path.startswith(prefix + "_") else os.path.basename(path)
     return tail.rsplit(".", 1)[0]
-
-
-def _move(files: dict[str, str], tmp: str, output: str) -> dict[str, str]:
-    """Move every result from ``tmp`` to its place next to ``output`` (folder created)."""
-    folder = os.path.dirname(os.path.abspath(output))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        raise AmctError(f"cannot create the output folder: {err}", file=folder) from None
-    final = {}
-    for kind, p in files.items():
-        dest = os.path.join(folder, os.path.basename(p))
-        shutil.move(p, dest)
-        final[kind] = dest
-    return final

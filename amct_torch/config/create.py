@@ -73,11 +73,14 @@ def create_quant_config(config_file: str, model_file: str, weights_file: str,
     ``batch_num`` and ``activation_offset`` are ignored, as in AMCT. The file is written
     atomically.
     """
+    from amct_torch.transaction import check_outputs, make_folder
     if not os.path.isfile(weights_file):
         raise ModelError("weights file not found", file=weights_file)
+    check_outputs([config_file], [model_file, weights_file, config_defination])
     layers = model_layer_infos(model_file)
     if config_defination is not None:
         qc = resolve_quant_cfg(parse_quant_cfg(config_defination), layers, config_defination)
     else:
         qc = default_quant_config(layers, skip_layers, batch_num, activation_offset, model_file)
+    make_folder(os.path.dirname(os.path.abspath(config_file)))
     write_quant_config_json(config_file, qc)
