@@ -30,18 +30,19 @@ from __future__ import annotations
 import copy
 import operator
 import os
-from typing import Mapping, Optional
+from typing import Mapping, NoReturn, Optional, Sequence
 
 import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
 
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
 from amct_torch.export.onnx_eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
+from amct_torch.export.onnx_layers import write_layer
+from amct_torch.export.onnx_shapes import Probe, _shapes, pick_outputs, probe
 from amct_torch.export.plan import LayerQuant, plan_layers
 from amct_torch.record import LayerRecord
 
@@ -68,6 +69,13 @@ class _Builder:
         self.inits: list[onnx.TensorProto] = []
         self.names: set[str] = set()
         self.qcache: dict[tuple, str] = {}
+        self.constants: dict[str, np.ndarray] = {}  # folded values (PriorBox) by ONNX name
+        self.static_layers: list[str] = []  # layers that fixed the spatial size as constants
+        self.static_batch: list[str] = []  # layers that fixed the batch size
+
+    def static(self, mod: CaffeLayer, batch: bool = False) -> None:
+        """Record that ``mod``'s mapping wrote a spatial (or batch) size as a constant."""
+        (self.static_batch if batch else self.static_layers).append(mod.caffe_name)
 
     def uniq(self, base: str) -> str:
         out, i = base, 1
@@ -87,8 +95,9 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, outs, name=self.uniq(f"{base}_{op}"), **attrs))
         return outs
 
-    def fail(self, mod: CaffeLayer, msg: str) -> None:
-        raise ExportError(f"ONNX export: {msg}", file=self.file, layer=mod.caffe_name)
+    def fail(self, mod: CaffeLayer, msg: str) -> NoReturn:
+        raise ExportError(f"ONNX export: {msg}", file=self.file or getattr(mod, "_file", None),
+                          layer=mod.caffe_name)
 
     # -- quantization ------------------------------------------------------------------
     def quant_act(self, x: str, lq: LayerQuant) -> str:
@@ -133,7 +142,8 @@ class _Builder:
         return self.node("DequantizeLinear", [qb, s, z], f"{lq.name}_bias", axis=0)[0]
 
     # -- layers ------------------------------------------------------------------------
-    def layer(self, mod: CaffeLayer, xs: list[str], in_shapes: list, lq: Optional[LayerQuant]) -> list[str]:
+    def layer(self, mod: CaffeLayer, xs: list[str], in_shapes: list, lq: Optional[LayerQuant],
+              out_shapes: Sequence = ()) -> list[str]:
         t, name = mod.caffe_type, mod.caffe_name
         if lq is not None:
             n_q = len(xs) if lq.joint else 1
@@ -169,7 +179,10 @@ class _Builder:
         if t == "Scale" and len(xs) == 1 and mod.axis in (1, -3) and mod.weight is not None \
                 and mod.weight.dim() == 1:
             return [self._affine(mod, xs[0], in_shapes[0], mod.weight, mod.bias)]
-        self.fail(mod, f"layer type {t} (with these parameters) has no ONNX mapping here")
+        outs = write_layer(self, mod, xs, in_shapes, out_shapes)
+        if outs is None:
+            self.fail(mod, f"layer type {t} (with these parameters) has no ONNX mapping here")
+        return outs
 
     def _affine(self, mod, x: str, shape, gamma, beta) -> str:
         view = [-1] + [1] * (len(shape) - 2)
@@ -192,8 +205,19 @@ class _Builder:
                          dilations=list(mod.dilation), group=int(mod.groups))[0]
 
     def _fc(self, mod, x: str, shape, lq: Optional[LayerQuant]) -> str:
-        if mod.transpose or mod.axis % len(shape) != 1:
-            self.fail(mod, "only InnerProduct with axis 1 and transpose false is exported")
+        # the module keeps W as (N, K) whatever ``transpose`` says, so Gemm(transB=1) fits both
+        ax = mod.axis % len(shape)
+        if ax != 1:
+            if lq is not None:
+                self.fail(mod, "a quantized InnerProduct must have axis 1")
+            shp = self.init(f"{mod.caffe_name}_shape", np.array([0] * ax + [-1], np.int64))
+            x = self.node("Reshape", [x, shp], f"{mod.caffe_name}_flatten")[0]
+            w = self.init(f"{mod.caffe_name}_weight_t", mod.weight.detach().cpu().float().numpy().T.copy())
+            y = self.node("MatMul", [x, w], f"{mod.caffe_name}_matmul" if mod.bias is not None else mod.caffe_name)[0]
+            if mod.bias is None:
+                return y
+            bias = self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy())
+            return self.node("Add", [y, bias], mod.caffe_name)[0]
         if len(shape) != 2:
             x = self.node("Flatten", [x], f"{mod.caffe_name}_flatten", axis=1)[0]
             if lq is not None and self.eltwise:
@@ -222,6 +246,14 @@ class _Builder:
             return self.node("GlobalMaxPool" if mod.method == _MAX else "GlobalAveragePool", [x],
                              mod.caffe_name)[0]
         (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
+        if ph == 0 and pw == 0:
+            # without padding Caffe's ceil/floor output size and divisor are ONNX's ceil_mode
+            # with count_include_pad 0: valid at any input size
+            kw_ = dict(kernel_shape=[kh, kw], strides=[sh, sw], ceil_mode=int(mod.ceil))
+            if mod.method == _MAX:
+                return self.node("MaxPool", [x], mod.caffe_name, **kw_)[0]
+            return self.node("AveragePool", [x], mod.caffe_name, count_include_pad=0, **kw_)[0]
+        self.static(mod)
         h, w = int(shape[-2]), int(shape[-1])
         oh, ow = (caffe_pooled_size(h, kh, sh, ph, mod.ceil), caffe_pooled_size(w, kw, sw, pw, mod.ceil))
         eh, ew = max(0, (oh - 1) * sh + kh - h - ph), max(0, (ow - 1) * sw + kw - w - pw)
@@ -268,57 +300,85 @@ class _Builder:
         return y
 
 
+def _dims(shape: tuple, varying: set, batch_name: str, prefix: str) -> list:
+    return [(batch_name if i == 0 else f"{prefix}_d{i}") if i in varying else int(d)
+            for i, d in enumerate(shape)]
+
+
 def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            file: Optional[str], graph_name: str, bias: str = "float",
            out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
            eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
-           elt_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> onnx.ModelProto:
-    inputs = gm.caffe_inputs
-    example = [torch.zeros([1] + list(s[1:]) if s else [1]) for _, s in inputs]
-    cpu = copy.deepcopy(gm).to("cpu") if any(p.device.type != "cpu" for p in gm.parameters()) else gm
-    ShapeProp(cpu).propagate(*example)
+           elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+           outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
+           probed: Optional[Probe] = None) -> onnx.ModelProto:
+    """One ONNX model of ``gm`` (float when ``plan`` is empty). The batch is symbolic; the
+    spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
+    ``onnx_shapes``), otherwise the declared size is fixed."""
+    pr = probed or probe(gm, try_spatial=dynamic_spatial is not False)
+    want_spatial = pr.spatial and dynamic_spatial is not False
+    model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
+                     elt_factors, outputs, want_spatial)
+    if want_spatial and b.static_layers:
+        if dynamic_spatial:
+            raise ExportError(f"ONNX export: the net has a fixed spatial size (layer "
+                              f"'{b.static_layers[0]}' needs it as a constant)", file=file)
+        model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
+                         elt_factors, outputs, False)
+    return model
+
+
+def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
+          outputs, spatial: bool) -> tuple[onnx.ModelProto, "_Builder"]:
+    cpu = pr.gm
+    chosen, needed = pick_outputs(cpu, outputs, file)
     b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
+
     value: dict[fx.Node, str] = {}
     g_inputs = []
     for node in cpu.graph.nodes:
         if node.op == "placeholder":
             name = b.uniq(node.meta.get("caffe_blob", node.name))
             value[node] = name
-            shape = ["N"] + list(node.meta["tensor_meta"].shape[1:])
-            g_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+            shape = tuple(node.meta["tensor_meta"].shape)
+            dims = ["N"] + [("H" if i == 2 else "W") if spatial and len(shape) == 4 and i >= 2 else int(d)
+                            for i, d in enumerate(shape) if i > 0]
+            g_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+        elif node not in needed:
+            continue
         elif node.op == "call_module":
             mod = cpu.get_submodule(node.target)
             if not isinstance(mod, CaffeLayer):
                 raise ExportError(f"graph node '{node.name}' is not a Caffe layer", file=file)
             shapes = [a.meta["tensor_meta"].shape for a in node.args]
-            outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name))
-            if len(outs) == 1:
-                value[node] = outs[0]
-            else:
-                value[node] = outs  # type: ignore[assignment]
+            outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name),
+                           [s for s in _shapes(node)])
+            value[node] = outs[0] if len(outs) == 1 else outs  # type: ignore[assignment]
         elif node.op == "call_function" and node.target is operator.getitem:
             value[node] = value[node.args[0]][node.args[1]]  # type: ignore[index]
-        elif node.op == "output":
-            outs = []
-            for key, v in node.args[0].items():
-                src = value[v]
-                name = b.node("Identity", [src], key)[0] if src != key else src
-                shape = ["N"] + list(v.meta["tensor_meta"].shape[1:])
-                outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        else:
+        elif node.op != "output":
             raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
+    outs = []
+    for key, v in chosen.items():
+        src = value[v]
+        name = b.node("Identity", [src], key)[0] if src != key else src
+        shape = _shapes(v)[0]
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                  _dims(shape, pr.dims(v, 0, spatial), "N", name)))
     graph = helper.make_graph(b.nodes, graph_name, g_inputs, outs, initializer=b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="amct_torch")
     model.ir_version = min(model.ir_version, 8)
     onnx.checker.check_model(model, full_check=True)
-    return model
+    return model, b
 
 
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
                 activations: str = "int8", bias: str = "float",
                 quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
-                calibration_data=None, file: Optional[str] = None) -> tuple[str, str]:
+                calibration_data=None, file: Optional[str] = None,
+                outputs: Optional[Sequence[str]] = None,
+                dynamic_spatial: Optional[bool] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
@@ -332,7 +392,10 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     ``quantize_residual_outputs``): Q/DQ on the inputs and output of every Eltwise SUM without a
     joint-quant entry, so that ONNX Runtime runs QLinearAdd and stays in int8 between blocks
     (factors chosen by ``onnx_eltwise``: a consumer's own Quant where there is one, otherwise
-    min/max on ``calibration_data``). Opset 17; both models pass ``onnx.checker`` (full check)."""
+    min/max on ``calibration_data``). ``outputs``: blob names to cut the net at (default: the
+    net's outputs). ``dynamic_spatial``: None (symbolic H/W when the net runs at other sizes and
+    no mapping needs them as constants), True (required) or False. The batch is always
+    symbolic. Opset 17; both models pass ``onnx.checker`` (full check)."""
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     if bias not in ("float", "int32"):
@@ -352,9 +415,11 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         out_factors = {n: factors[n] for n in res}
         elt_factors = {n: factors[n] for n in extra}
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
-    models = [(_build(graph, {}, activations, file, "float"), float_path),
-              (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors),
-               quant_path)]
+    pr = probe(graph, try_spatial=dynamic_spatial is not False)
+    models = [(_build(graph, {}, activations, file, "float", outputs=outputs,
+                      dynamic_spatial=dynamic_spatial, probed=pr), float_path),
+              (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors,
+                      outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr), quant_path)]
     for model, path in models:
         tmp = f"{path}.tmp{os.getpid()}"
         onnx.save(model, tmp)

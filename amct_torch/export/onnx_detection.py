@@ -1,0 +1,163 @@
+"""SSD DetectionOutput as standard ONNX ops: box decoding, per-class top_k, NonMaxSuppression
+and keep_top_k, with weiliu89/caffe's semantics (docs/export.md lists what differs).
+
+Why this shape: ONNX's NonMaxSuppression caps the boxes it *keeps* per class, while Caffe's
+ApplyNMSFast caps the *candidates* (top_k best above the confidence threshold) before NMS. So
+the candidates are taken first with TopK per (image, class), and every (image, class) pair is
+one NMS batch with a single class: then the NMS runs on exactly Caffe's candidates, in Caffe's
+order. keep_top_k is a TopK over a dense (image, class × candidate) score matrix in which only
+the kept boxes hold their score; sorting the survivors by that flat index gives Caffe's output
+order (label ascending, score descending within a label) with or without truncation.
+
+The priors must be a constant (a folded PriorBox), as in every SSD deploy net.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from amct_torch.caffe.layers.ssd import CENTER_SIZE, CORNER, CORNER_SIZE
+
+_NEG_INF = np.float32(-np.inf)
+
+
+def write_detection_output(b, mod, xs: list[str]) -> str:
+    """Write ``mod`` (a DetectionOutputLayer) reading loc, conf, priors ``xs``; returns the name
+    of its (1, 1, D, 7) output."""
+    name = mod.caffe_name
+    if mod.eta < 1.0:
+        b.fail(mod, f"DetectionOutput with adaptive NMS (eta {mod.eta} < 1) has no ONNX equivalent; "
+                    "export the net up to the layers before it (--onnx-outputs)")
+    prior = b.constants.get(xs[2])
+    if prior is None:
+        b.fail(mod, "DetectionOutput's priors must come from a PriorBox layer (a constant) for ONNX")
+    if mod.code_type not in (CORNER, CENTER_SIZE, CORNER_SIZE):
+        b.fail(mod, f"unknown code_type {mod.code_type}")
+    num_p = prior.shape[-1] // 4
+    n_cls = mod.num_classes
+    n_loc = 1 if mod.share_location else n_cls
+    classes = [c for c in range(n_cls) if c != mod.background]
+    if not classes:
+        b.fail(mod, "DetectionOutput has no class other than the background")
+    n_keep_cls = len(classes)
+
+    def const(tag, arr, dt=np.float32):
+        return b.init(f"{name}_{tag}", np.asarray(arr, dt))
+
+    def op(kind, ins, tag, **kw):
+        return b.node(kind, ins, f"{name}_{tag}", **kw)[0]
+
+    # -- decode (N, P, L, 4) against constant priors shaped (P, 1, 1) --------------------------
+    loc = op("Reshape", [xs[0], const("loc_shape", [0, num_p, n_loc, 4], np.int64)], "loc")
+    parts = b.node("Split", [loc, const("split4", [1, 1, 1, 1], np.int64)], f"{name}_loc", n_out=4, axis=3)
+    pb = prior[0, 0].reshape(num_p, 4).astype(np.float32)
+    var = np.ones((num_p, 4), np.float32) if mod.encoded else prior[0, 1].reshape(num_p, 4).astype(np.float32)
+
+    def col(tag, v):
+        return const(tag, np.asarray(v, np.float32).reshape(num_p, 1, 1))
+
+    if mod.code_type in (CORNER, CORNER_SIZE):
+        pw, ph = pb[:, 2] - pb[:, 0], pb[:, 3] - pb[:, 1]
+        coords = []
+        for k in range(4):
+            t = op("Mul", [parts[k], col(f"var{k}", var[:, k])], f"lv{k}")
+            if mod.code_type == CORNER_SIZE:
+                t = op("Mul", [t, col(f"size{k}", pw if k % 2 == 0 else ph)], f"lvs{k}")
+            coords.append(op("Add", [t, col(f"prior{k}", pb[:, k])], f"c{k}"))
+    else:
+        pw, ph = pb[:, 2] - pb[:, 0], pb[:, 3] - pb[:, 1]
+        pcx, pcy = (pb[:, 0] + pb[:, 2]) / 2, (pb[:, 1] + pb[:, 3]) / 2
+        cx = op("Add", [op("Mul", [op("Mul", [parts[0], col("v0", var[:, 0])], "vx"), col("pw", pw)], "dx"),
+                        col("pcx", pcx)], "cx")
+        cy = op("Add", [op("Mul", [op("Mul", [parts[1], col("v1", var[:, 1])], "vy"), col("ph", ph)], "dy"),
+                        col("pcy", pcy)], "cy")
+        w = op("Mul", [op("Exp", [op("Mul", [parts[2], col("v2", var[:, 2])], "vw")], "ew"), col("pw2", pw)], "w")
+        h = op("Mul", [op("Exp", [op("Mul", [parts[3], col("v3", var[:, 3])], "vh")], "eh"), col("ph2", ph)], "h")
+        half = const("half", 0.5)
+        hw, hh = op("Mul", [w, half], "hw"), op("Mul", [h, half], "hh")
+        coords = [op("Sub", [cx, hw], "x1"), op("Sub", [cy, hh], "y1"),
+                  op("Add", [cx, hw], "x2"), op("Add", [cy, hh], "y2")]
+    boxes = op("Concat", coords, "boxes", axis=3)                       # (N, P, L, 4)
+    boxes = op("Transpose", [boxes], "boxes_t", perm=[0, 2, 1, 3])      # (N, L, P, 4)
+    cls_idx = const("classes", classes, np.int64)
+    if mod.share_location:
+        boxes = op("Expand", [boxes, const("expand_cls", [1, n_keep_cls, 1, 1], np.int64)], "boxes_c")
+    else:
+        boxes = op("Gather", [boxes, cls_idx], "boxes_c", axis=1)      # (N, C', P, 4)
+
+    # -- candidates: top_k per (image, class), then the confidence threshold -------------------
+    conf = op("Reshape", [xs[1], const("conf_shape", [0, num_p, n_cls], np.int64)], "conf")
+    conf = op("Transpose", [conf], "conf_t", perm=[0, 2, 1])
+    conf = op("Gather", [conf, cls_idx], "conf_c", axis=1)              # (N, C', P)
+    kk = min(mod.nms_top_k, num_p) if mod.nms_top_k > -1 else num_p
+    vals, idx = b.node("TopK", [conf, const("top_k", [kk], np.int64)], f"{name}_cand", n_out=2, axis=2)
+    idx4 = op("Expand", [op("Unsqueeze", [idx, const("ax3", [3], np.int64)], "idx_u"),
+                         const("expand4", [1, 1, 1, 4], np.int64)], "idx4")
+    cand = op("GatherElements", [boxes, idx4], "cand_boxes", axis=2)   # (N, C', kk, 4)
+    thr = mod.confidence_threshold
+    if np.isfinite(thr):
+        keep = op("Greater", [vals, const("conf_thr", thr)], "above")
+        vals = op("Where", [keep, vals, const("neg_inf", _NEG_INF)], "cand_scores")
+    nms_thr = float(np.float32(thr)) if np.isfinite(thr) else float(np.finfo(np.float32).min)
+
+    # -- NMS: one batch per (image, class) -----------------------------------------------------
+    nb = op("Reshape", [cand, const("nms_box_shape", [-1, kk, 4], np.int64)], "nms_boxes")
+    ns = op("Reshape", [vals, const("nms_score_shape", [-1, 1, kk], np.int64)], "nms_scores")
+    sel = op("NonMaxSuppression", [nb, ns, const("max_out", [kk], np.int64),
+                                   const("iou", [mod.nms_threshold]), const("score_thr", [nms_thr])], "nms")
+    pair = op("Gather", [sel, const("cols", [0, 2], np.int64)], "sel_pairs", axis=1)  # (K, 2)
+    s2 = op("Reshape", [vals, const("s2_shape", [-1, kk], np.int64)], "scores2d")
+    upd = op("GatherND", [s2, pair], "sel_scores")
+    base = op("Expand", [const("neg_inf_s", _NEG_INF), op("Shape", [s2], "s2_size")], "dense0")
+    dense = op("ScatterND", [base, pair, upd], "dense")
+    m = n_keep_cls * kk
+    dense = op("Reshape", [dense, const("dense_shape", [-1, m], np.int64)], "dense_nm")  # (N, M)
+
+    # -- keep_top_k per image, Caffe's order ----------------------------------------------------
+    keep_k = min(mod.keep_top_k, m) if mod.keep_top_k > -1 else m
+    kv, kf = b.node("TopK", [dense, const("keep_top_k", [keep_k], np.int64)], f"{name}_keep", n_out=2, axis=1)
+    valid = op("Greater", [kv, const("neg_inf_k", _NEG_INF)], "kept")
+    key = op("Where", [valid, kf, const("m", m, np.int64)], "key")
+    ks = b.node("TopK", [key, const("keep_k2", [keep_k], np.int64)], f"{name}_order", n_out=2,
+                axis=1, largest=0)[0]
+    nz = op("Transpose", [op("NonZero", [op("Less", [ks, const("m2", m, np.int64)], "valid")], "nz")],
+            "nz_t")                                                       # (D, 2): image, slot
+    flat = op("GatherND", [ks, nz], "flat")                               # (D,)
+    img = op("Gather", [nz, const("zero", 0, np.int64)], "img", axis=1)
+    ax1 = const("ax1", [1], np.int64)
+    ni = op("Concat", [op("Unsqueeze", [img, ax1], "img_u"), op("Unsqueeze", [flat, ax1], "flat_u")], "ni", axis=1)
+    score = op("GatherND", [dense, ni], "score")
+    label = op("Gather", [const("labels", classes), op("Div", [flat, const("kk", kk, np.int64)], "cls")], "label")
+    box = op("GatherND", [op("Reshape", [cand, const("cand_shape", [0, m, 4], np.int64)], "cand_nm"), ni], "box")
+    rows = op("Concat", [op("Unsqueeze", [op("Cast", [img], "img_f", to=TensorProto.FLOAT), ax1], "c0"),
+                         op("Unsqueeze", [label, ax1], "c1"), op("Unsqueeze", [score, ax1], "c2"), box],
+              "rows", axis=1)                                             # (D, 7)
+
+    # -- no detection in the whole batch: one row of -1 per image (with its image id) ----------
+    n_img = op("Gather", [op("Shape", [xs[1]], "in_shape"), const("zero2", 0, np.int64)], "n_img")
+    empty = op("Equal", [op("Size", [flat], "d"), const("zero3", 0, np.int64)], "empty")
+    ids = b.uniq(f"{name}_ids")
+    fill = b.uniq(f"{name}_fill")
+    none = b.uniq(f"{name}_none")
+    then_nodes = [
+        helper.make_node("Range", [const("zero4", 0, np.int64), n_img, const("one", 1, np.int64)],
+                         [ids + "_i"], name=b.uniq(f"{name}_range")),
+        helper.make_node("Cast", [ids + "_i"], [ids + "_f"], name=b.uniq(f"{name}_ids_cast"), to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", [ids + "_f", ax1], [ids], name=b.uniq(f"{name}_ids_u")),
+        helper.make_node("Concat", [op("Unsqueeze", [n_img, const("ax0", [0], np.int64)], "n_img_u"),
+                                    const("six", [6], np.int64)], [fill + "_shape"],
+                         name=b.uniq(f"{name}_fill_shape"), axis=0),
+        helper.make_node("Expand", [const("minus_one", -1.0), fill + "_shape"], [fill],
+                         name=b.uniq(f"{name}_fill")),
+        helper.make_node("Concat", [ids, fill], [none], name=b.uniq(f"{name}_none"), axis=1),
+    ]
+    out_rows = b.uniq(f"{name}_rows_final")
+    then_g = helper.make_graph(then_nodes, f"{name}_then", [],
+                               [helper.make_tensor_value_info(none, TensorProto.FLOAT, [None, 7])])
+    else_out = b.uniq(f"{name}_rows_id")
+    else_g = helper.make_graph([helper.make_node("Identity", [rows], [else_out], name=b.uniq(f"{name}_rows_id"))],
+                               f"{name}_else", [],
+                               [helper.make_tensor_value_info(else_out, TensorProto.FLOAT, [None, 7])])
+    b.nodes.append(helper.make_node("If", [empty], [out_rows], name=b.uniq(f"{name}_if"),
+                                    then_branch=then_g, else_branch=else_g))
+    return b.node("Unsqueeze", [out_rows, const("ax01", [0, 1], np.int64)], name)[0]
