@@ -4,21 +4,36 @@ The public API is what this module exports: AMCT's workflow (``create_quant_conf
 ``init``, ``quantize_model``, ``save_model``, ``convert_model``,
 ``accuracy_based_auto_calibration``), the one-call ``quantize``, the Caffe loader/writer,
 BN fusion, the exporters and the per-layer report, and the project's error types.
+
+Names are imported on first use (module ``__getattr__``): ``import amct_torch`` and the
+``amct-torch`` command's ``--help`` and argument errors do not pay for torch (~1–2 s), ONNX
+or OpenCV; each is imported by the code that needs it.
 """
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from amct_torch.errors import (AmctError, CalibrationError, ConfigError, DataError, ExportError,
                                ModelError, RecordError)
-from amct_torch.caffe.graph import load_caffe
-from amct_torch.caffe.netio import save_caffe, write_net
-from amct_torch.api import (Preprocess, QuantGraph, QuantizeResult, convert_model,
-                            create_quant_config, init, quantize, quantize_model, save_model)
-from amct_torch.auto_calibration import (AutoCalibrationEvaluatorBase,
-                                         accuracy_based_auto_calibration)
-from amct_torch.export import export_onnx, fake_quant_graph
-from amct_torch.fusion import fuse_bn
-from amct_torch.record import read_record, write_record
-from amct_torch.report import LayerStat, format_table, layer_report
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_LAZY = {
+    "load_caffe": "amct_torch.caffe.graph",
+    "save_caffe": "amct_torch.caffe.netio", "write_net": "amct_torch.caffe.netio",
+    **{n: "amct_torch.api" for n in ("Preprocess", "QuantGraph", "QuantizeResult", "convert_model",
+                                     "create_quant_config", "init", "quantize", "quantize_model",
+                                     "save_model")},
+    "AutoCalibrationEvaluatorBase": "amct_torch.auto_calibration",
+    "accuracy_based_auto_calibration": "amct_torch.auto_calibration",
+    "export_onnx": "amct_torch.export", "fake_quant_graph": "amct_torch.export",
+    "fuse_bn": "amct_torch.fusion",
+    "read_record": "amct_torch.record", "write_record": "amct_torch.record",
+    "LayerStat": "amct_torch.report", "format_table": "amct_torch.report",
+    "layer_report": "amct_torch.report",
+}
 
 __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportError",
            "ModelError", "RecordError", "__version__",
@@ -28,3 +43,29 @@ __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportE
            "quantize", "Preprocess", "QuantGraph", "QuantizeResult",
            "export_onnx", "fake_quant_graph", "fuse_bn", "read_record", "write_record",
            "LayerStat", "format_table", "layer_report"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amct_torch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.api import (Preprocess, QuantGraph, QuantizeResult, convert_model,
+                                create_quant_config, init, quantize, quantize_model, save_model)
+    from amct_torch.auto_calibration import (AutoCalibrationEvaluatorBase,
+                                             accuracy_based_auto_calibration)
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.caffe.netio import save_caffe, write_net
+    from amct_torch.export import export_onnx, fake_quant_graph
+    from amct_torch.fusion import fuse_bn
+    from amct_torch.record import read_record, write_record
+    from amct_torch.report import LayerStat, format_table, layer_report
