@@ -67,3 +67,33 @@ def test_torch_fake_quant_model_equals_the_exporters_graph(result):
         a = next(iter(result.quant_model(x).values()))
         b = next(iter(theirs(x).values()))
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_report_streams_layers_that_come_in_another_order(tmp_path):
+    """Two branches listed in opposite orders in the two models: the lockstep report keeps the
+    early output until the other model produces that layer, and the sums stay exact."""
+    from caffe_net_helpers import make_net, rand
+
+    def body(order):
+        layers = {
+            "a": 'layer { name: "a" type: "Convolution" bottom: "x" top: "a" convolution_param { num_output: 4 kernel_size: 3 } }',
+            "b": 'layer { name: "b" type: "Convolution" bottom: "x" top: "b" convolution_param { num_output: 4 kernel_size: 3 } }',
+        }
+        return "\n".join(layers[k] for k in order) + \
+            '\nlayer { name: "r" type: "ReLU" bottom: "a" top: "a" }\nlayer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }'
+
+    wa, wb = rand(4, 3, 3, 3, seed=1), rand(4, 3, 3, 3, seed=2)
+    blobs = {"a": [wa, rand(4, seed=3)], "b": [wb, rand(4, seed=4)]}
+    noisy = {"a": [wa + 0.05 * rand(4, 3, 3, 3, seed=5), blobs["a"][1]],
+             "b": [wb + 0.05 * rand(4, 3, 3, 3, seed=6), blobs["b"][1]]}
+    (tmp_path / "f").mkdir()
+    (tmp_path / "q").mkdir()
+    f = amct_torch.load_caffe(*make_net(tmp_path / "f", body("ab"), {"x": (2, 3, 8, 8)}, blobs))
+    q = amct_torch.load_caffe(*make_net(tmp_path / "q", body("ba"), {"x": (2, 3, 8, 8)}, noisy))
+    batches = [torch.from_numpy(rand(2, 3, 8, 8, seed=s)) for s in (7, 8)]
+    stats = {s.layer: s for s in layer_report(f, q, batches, ["a", "b"])}
+    fo, qo = outputs(f, ["a", "b"], batches), outputs(q, ["a", "b"], batches)
+    for n in "ab":
+        a, b = fo[n], qo[n]
+        assert stats[n].cosine == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), rel=1e-9)
+        assert stats[n].sqnr_db == pytest.approx(10 * np.log10((a @ a) / ((b - a) @ (b - a))), rel=1e-9)
