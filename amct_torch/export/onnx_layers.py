@@ -191,11 +191,13 @@ def _permute(b, mod, xs, ins, outs):
 @mapping("Slice")
 def _slice(b, mod, xs, ins, outs):
     ax = mod.axis % len(ins[0])
+    if mod.num_tops == 1:
+        return b.node("Identity", xs, mod.caffe_name)
+    if not mod.points:  # equal parts: valid at any size
+        return b.node("Split", [xs[0]], mod.caffe_name, n_out=mod.num_tops, axis=ax)
     sizes = [int(o[ax]) for o in outs]
     if ax >= 2:
         b.static(mod)
-    if mod.num_tops == 1:
-        return b.node("Identity", xs, mod.caffe_name)
     split = _const(b, f"{mod.caffe_name}_split", sizes, np.int64)
     return b.node("Split", [xs[0], split], mod.caffe_name, n_out=mod.num_tops, axis=ax)
 

@@ -176,8 +176,8 @@ class _Builder:
             return [self._affine(mod, xs[0], in_shapes[0],
                                  (1.0 / torch.sqrt(mod.var + mod.eps)),
                                  -mod.mean / torch.sqrt(mod.var + mod.eps))]
-        if t == "Scale" and len(xs) == 1 and mod.axis in (1, -3) and mod.weight is not None \
-                and mod.weight.dim() == 1:
+        if t == "Scale" and len(xs) == 1 and mod.axis % len(in_shapes[0]) == 1 and mod.num_axes == 1 \
+                and mod.weight is not None and mod.weight.dim() == 1:
             return [self._affine(mod, xs[0], in_shapes[0], mod.weight, mod.bias)]
         outs = write_layer(self, mod, xs, in_shapes, out_shapes)
         if outs is None:
@@ -325,6 +325,7 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
                               f"'{b.static_layers[0]}' needs it as a constant)", file=file)
         model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
                          elt_factors, outputs, False)
+    onnx.checker.check_model(model, full_check=True)
     return model
 
 
@@ -369,7 +370,6 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="amct_torch")
     model.ir_version = min(model.ir_version, 8)
-    onnx.checker.check_model(model, full_check=True)
     return model, b
 
 
@@ -425,3 +425,14 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         onnx.save(model, tmp)
         os.replace(tmp, path)
     return float_path, quant_path
+
+
+def export_float_onnx(graph: fx.GraphModule, path: str, *, outputs: Optional[Sequence[str]] = None,
+                      dynamic_spatial: Optional[bool] = None, file: Optional[str] = None) -> str:
+    """Write only the float model of ``graph`` to ``path`` (atomically); same options as
+    ``export_onnx``. Returns ``path``."""
+    model = _build(graph, {}, "int8", file, "float", outputs=outputs, dynamic_spatial=dynamic_spatial)
+    tmp = f"{path}.tmp{os.getpid()}"
+    onnx.save(model, tmp)
+    os.replace(tmp, path)
+    return path

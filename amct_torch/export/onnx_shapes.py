@@ -15,7 +15,6 @@ from typing import Optional, Sequence
 
 import torch
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
 
 from amct_torch.errors import ExportError
 
@@ -48,10 +47,45 @@ def _shapes(node: fx.Node) -> list[Optional[tuple]]:
     return [tuple(t.shape) if hasattr(t, "shape") else None for t in tm]
 
 
-def _run(gm: fx.GraphModule, shapes: list[list[int]]) -> dict:
+class _Recorder(fx.Interpreter):
+    """Runs the graph and keeps each node's output shapes (ShapeProp prints a traceback for
+    every failure, and a failing probe is expected here)."""
+
+    def __init__(self, gm: fx.GraphModule, keep_meta: bool) -> None:
+        super().__init__(gm)
+        self.seen: dict = {}
+        self.keep_meta = keep_meta
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor):
+            self.seen[n] = [tuple(out.shape)]
+            meta = out
+        elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+            self.seen[n] = [tuple(o.shape) for o in out]
+            meta = out
+        else:
+            self.seen[n], meta = [], None
+        if self.keep_meta:
+            if meta is None:
+                n.meta.pop("tensor_meta", None)
+            else:
+                n.meta["tensor_meta"] = _extract(meta)
+        return out
+
+
+def _extract(t):
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+    if isinstance(t, torch.Tensor):
+        return _extract_tensor_metadata(t)
+    return tuple(_extract_tensor_metadata(o) for o in t)
+
+
+def _run(gm: fx.GraphModule, shapes: list[list[int]], keep_meta: bool = False) -> dict:
+    rec = _Recorder(gm, keep_meta)
     with torch.no_grad():
-        ShapeProp(gm).propagate(*[torch.zeros(s) for s in shapes])
-    return {n: _shapes(n) for n in gm.graph.nodes}
+        rec.run(*[torch.zeros(s) for s in shapes])
+    return rec.seen
 
 
 def _diff(base: dict, other: dict, into: dict) -> None:
@@ -85,7 +119,7 @@ def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
         if spatial:
             base = _run(cpu, decl)
             _diff(base, other, varying)
-    _run(cpu, decl)
+    _run(cpu, decl, keep_meta=True)
     return Probe(cpu, batch, varying, spatial)
 
 
