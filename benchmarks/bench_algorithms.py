@@ -287,7 +287,7 @@ def main() -> None:
         emit(**streaming_vs_exact_run(a.device, mode, int(nb), int(size)))
         return
     size = 1 << 20 if a.quick else 1 << 22
-    from amct_torch.algorithms import native
+    from amct_torch.kernels import native
     # build/load the CPU histogram kernels before any timing (first use compiles them once)
     emit(bench="histogram_kernels", device=a.device,
          kernels="native" if native.library() is not None else f"torch ({native.unavailable_reason()})")

@@ -152,7 +152,7 @@ def main() -> None:
     if args.rss_child:
         print(json.dumps(rss(args.rss_child[0], args.batch, "streaming")), flush=True)
         return
-    from amct_torch.algorithms import native
+    from amct_torch.kernels import native
     kernels = "native" if native.library() is not None else f"torch ({native.unavailable_reason()})"
     # the asked configuration, then the same 32 images as 4 batches of 8 (a usual
     # calibration), then 64 images as 4 batches of 16

@@ -39,7 +39,7 @@ run)
 import platform, torch, google.protobuf
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-", "protobuf", google.protobuf.__version__)
-from amct_torch.algorithms import native
+from amct_torch.kernels import native
 print("cpu kernels:", "native" if native.library() is not None else native.unavailable_reason())
 EOF
   echo "== tests on $dev"

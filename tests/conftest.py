@@ -57,3 +57,24 @@ def natural_images_bgr(size: int = 224, count: int = 4, seed: int = 0) -> np.nda
 @pytest.fixture(scope="session")
 def nsfw_images() -> np.ndarray:
     return natural_images_bgr()
+
+
+def _kernels_available() -> bool:
+    from amct_torch import kernels
+    return kernels.backend(None) is not None
+
+
+#: the CPU implementations of the observers' operations: the torch formulas always, the
+#: compiled kernels where a C compiler is present (their own tests say so when it is not)
+CPU_BACKENDS = ["torch"] + (["kernels"] if _kernels_available() else [])
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def cpu_backend(request, monkeypatch) -> str:
+    """Run the test with each CPU backend of the observers chosen (calibration.backends)."""
+    from amct_torch import kernels
+    from amct_torch.calibration import backends
+    torch_backend = backends.TorchBackend()
+    chosen = torch_backend if request.param == "torch" else kernels.backend(torch_backend)
+    monkeypatch.setitem(backends._chosen, "cpu", chosen)
+    return request.param

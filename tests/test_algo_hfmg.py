@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms import hfmg, native
+from amct_torch.algorithms import hfmg
 from amct_torch.calibration.observers import HfmgObserver
 
 F = np.float32
@@ -133,20 +133,8 @@ def _batches(rng, kind, nb):
     return out
 
 
-#: the CPU search has two implementations: the compiled walk and loss (native.py, when a C
-#: compiler exists) and the tensor formulation that accelerators run; both are checked
-SEARCH = ["tensor"] + (["compiled"] if native.library() is not None else [])
-
-
-@pytest.fixture(params=SEARCH)
-def search(request, monkeypatch):
-    if request.param == "tensor":
-        monkeypatch.setattr(native, "library", lambda: None)
-    return request.param
-
-
 @pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "bimodal", "constant"])
-def test_observer_matches_reference(kind, device, search):
+def test_observer_matches_reference(kind, device, cpu_backend):
     rng = np.random.default_rng(len(kind))
     for trial in range(2):
         nbins = [1024, 2048][trial]
@@ -196,19 +184,29 @@ def _sparse_counts(rng, kind, n):
     return c
 
 
-def test_walk_and_losses_on_sparse_histograms(device, search):
-    """The tensor walk (chains, merge, end game) and the prefix-sum loss against the plain
-    loops on histograms where the two walks meet early."""
+def _search(counts: torch.Tensor, width: float):
+    """The device backend's HFMG walk and losses (the compiled ones on a CPU backend that has
+    them, else the tensor formulas)."""
+    from amct_torch.calibration.backends import backend_for
+    accel = backend_for(counts.device).hfmg_search
+    if accel is not None:
+        return accel(counts, width)
+    lefts, rights = hfmg.candidates(counts)
+    return lefts, rights, hfmg.losses(counts, width, lefts, rights)
+
+
+def test_walk_and_losses_on_sparse_histograms(device, cpu_backend):
+    """The walk (tensor: chains, merge, end game; or compiled) and the prefix-sum loss
+    against the plain loops on histograms where the two walks meet early."""
     rng = np.random.default_rng(11)
     for t in range(250):
         n = int(rng.choice([8, 13, 64, 1024]))
         c = _sparse_counts(rng, t % 5, n)
-        lefts, rights = hfmg.candidates(torch.from_numpy(c).to(device))
+        lefts, rights, got = _search(torch.from_numpy(c).to(device), 0.37)
         cands = ref_walk(c)
         assert list(zip(lefts.tolist(), rights.tolist())) == cands, (t, n)
         if t % 10 == 0:
-            got = hfmg.losses(torch.from_numpy(c).to(device), 0.37, lefts, rights).cpu().numpy()
-            np.testing.assert_allclose(got, [ref_loss(c, 0.37, a, b) for a, b in cands], rtol=1e-9)
+            np.testing.assert_allclose(got.cpu().numpy(), [ref_loss(c, 0.37, a, b) for a, b in cands], rtol=1e-9)
 
 
 def test_float32_rounding_matches_torch():

@@ -1,4 +1,4 @@
-"""The compiled CPU histogram kernels (amct_torch/algorithms/native.py, hist_kernels.c).
+"""The compiled CPU histogram kernels (amct_torch/kernels: native.py, ops.py, hist_kernels.c).
 
 They must compute the same integers as the torch formulas — checked here against plain
 numpy float32 references — and an observer's state must not depend on whether the kernels
@@ -18,8 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms import hfmg, histogram, native, native_build
-from amct_torch.calibration import observers
+from amct_torch import kernels
+from amct_torch.algorithms import hfmg, histogram, streaming
+from amct_torch.calibration import backends
+from amct_torch.kernels import build as native_build
+from amct_torch.kernels import native
 from amct_torch.calibration.observers import HfmgObserver, IfmrStreamingObserver
 from amct_torch.errors import CalibrationError
 
@@ -29,10 +32,26 @@ BACKENDS = ["torch"] + (["native"] if native.library() is not None else []) \
     + (["native_4_lanes"] if native.library() is not None and native.set_isa(-1) else [])
 
 
+def use_backend(m, kernels_on: bool) -> None:
+    """Choose the observers' CPU backend for the rest of the monkeypatch context ``m``."""
+    torch_backend = backends.TorchBackend()
+    m.setitem(backends._chosen, "cpu", (kernels.backend(torch_backend) if kernels_on else None) or torch_backend)
+
+
+def accumulate(backend: str, x, e, base, counts, dsum, threads: int = 2) -> None:
+    """histogram.accumulate through the kernels (``native`` backends) or the torch formula."""
+    if backend == "torch":
+        histogram.accumulate(x, e, base, counts, dsum)
+        return
+    r = native.stream_update(x, math.ldexp(1.0, -e), float(base), counts.numel(), histogram.OFFSET_BITS,
+                             math.inf, -math.inf, 0, histogram.MAX_SLICE, threads)
+    assert not r.outside
+    native.add_packed(r.acc, counts, dsum, histogram.OFFSET_BITS)
+
+
 @pytest.fixture
 def backend(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setattr(native, "usable", lambda *a, **k: False)
+    use_backend(monkeypatch, request.param != "torch")
     if request.param == "native_4_lanes":
         native.set_isa(0)
         yield request.param
@@ -84,7 +103,7 @@ def test_full_slices_of_the_largest_offsets_do_not_overflow(backend):
     x[1::2] = 0.5 - 2.0 ** -14                        # a quarter bin below 0.5's edge
     counts = torch.zeros(4097, dtype=torch.int64)
     dsum = torch.zeros(4097, dtype=torch.float64)
-    histogram.accumulate(x, e, base, counts, dsum, threads=1)
+    accumulate(backend, x, e, base, counts, dsum, threads=1)
     want_c, want_q = numpy_packed(x.numpy(), e, base, 4097)
     assert want_q.max() >= 65536 * (n // 2)           # the largest offset, n/2 times
     assert counts.tolist() == want_c.tolist()
@@ -99,7 +118,7 @@ def test_packed_histogram_matches_numpy_reference(backend, kind, monkeypatch):
     e, base = histogram.frame_for(float(x.min()), float(x.max()), 4096)
     counts = torch.zeros(4097, dtype=torch.int64)
     dsum = torch.zeros(4097, dtype=torch.float64)
-    histogram.accumulate(x, e, base, counts, dsum, threads=2)
+    accumulate(backend, x, e, base, counts, dsum)
     want_c, want_q = numpy_packed(x.numpy(), e, base, 4097)
     assert counts.tolist() == want_c.tolist()
     assert torch.equal(dsum, torch.from_numpy(want_q) * 2.0 ** -16)
@@ -119,7 +138,9 @@ def test_hfmg_histogram_matches_numpy_reference(backend, kind, n):
     w = np.float32(hfmg.bin_width(mn, mx, 1024))
     t = ((x.numpy() - np.float32(mn)).astype(np.float32) / w).astype(np.float32)
     want = np.bincount(np.minimum(np.trunc(t).astype(np.int64), 1023), minlength=1024)
-    assert hfmg.histogram(x, mn, mx, 1024, threads=2).tolist() == want.tolist()
+    got = hfmg.histogram(x, mn, mx, 1024) if backend == "torch" else \
+        native.hfmg_pass(x, mn, mx, hfmg.bin_width(mn, mx, 1024), 1024, threads=2).counts
+    assert got.tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -160,8 +181,9 @@ def _widening_case(backend, threads):
     if backend != "torch":
         r = native.hfmg_pass(x, -1.0, 1.0, hfmg.bin_width(-1.0, 1.0, 256), 256, threads)
         assert r.outside and (r.lo, r.hi) == (-7.0, 9.0) and r.nans == 1
+    obs.update(x)
     with pytest.raises(CalibrationError, match="conv7"):
-        obs.update(x)
+        obs.compute()
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -212,8 +234,7 @@ def batches(seed: int):
 
 def states(obs_factory, backend_usable: bool, seed: int, monkeypatch, threads: int = 2):
     with monkeypatch.context() as m:
-        if not backend_usable:
-            m.setattr(native, "usable", lambda *a, **k: False)
+        use_backend(m, backend_usable)
         m.setattr(native, "MIN_PER_THREAD", 20_000)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
@@ -251,9 +272,9 @@ def test_observer_state_is_the_same_with_or_without_the_kernels(factory, seed, m
 
 def test_steady_batches_take_the_fused_path(monkeypatch):
     calls = {"fused": 0, "general": 0}
-    real_update, real_acc = native.stream_update, histogram.accumulate
+    real_update, real_acc = native.stream_update, streaming.update
     monkeypatch.setattr(native, "stream_update", lambda *a: calls.__setitem__("fused", calls["fused"] + 1) or real_update(*a))
-    monkeypatch.setattr(histogram, "accumulate", lambda *a, **k: calls.__setitem__("general", calls["general"] + 1) or real_acc(*a, **k))
+    monkeypatch.setattr(streaming, "update", lambda *a, **k: calls.__setitem__("general", calls["general"] + 1) or real_acc(*a, **k))
     g = torch.Generator().manual_seed(5)
     obs = IfmrStreamingObserver("l")
     for _ in range(6):
@@ -341,8 +362,9 @@ def test_hfmg_infinite_value_names_the_layer(backend, value):
     obs.update(torch.randn(100_000))
     bad = torch.randn(100_000)
     bad[12_345] = value
+    obs.update(bad)
     with pytest.raises(CalibrationError, match="conv4"):
-        obs.update(bad)
+        obs.compute()
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
@@ -353,8 +375,9 @@ def test_nan_after_the_first_batch_names_the_layer(backend, factory):
     obs.update(torch.randn(100_000))
     bad = torch.randn(100_000)
     bad[77_777] = float("nan")
+    obs.update(bad)
     with pytest.raises(CalibrationError, match="conv3"):
-        obs.update(bad)
+        obs.compute()
 
 
 def test_kernels_build_where_a_compiler_exists():
@@ -368,12 +391,14 @@ def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path, ca
     x = data("relu", 50_000, seed=9)
     want = HfmgObserver("l", 512)
     with monkeypatch.context() as m:
-        m.setattr(native, "usable", lambda *a, **k: False)
+        use_backend(m, False)
         want.update(x)
     for env, reason in ((("CC", str(tmp_path / "no-such-cc")), "was not found"),
                         (("AMCT_TORCH_NATIVE", "0"), "turned off")):
         with monkeypatch.context() as m:
             m.setattr(native, "_state", {})
+            m.setattr(backends, "_chosen", {})
+            m.setattr(backends, "_fallback", {"used": False, "warned": False})
             m.setenv("AMCT_TORCH_CACHE", str(tmp_path / "cache"))
             m.setenv(*env)
             assert native.library() is None
@@ -382,8 +407,8 @@ def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path, ca
             with caplog.at_level(logging.WARNING, logger="amct_torch"):
                 got.update(x)
                 got.update(x)
-                native.warn_if_slow()       # what a finished calibration calls
-                native.warn_if_slow()
+                backends.warn_if_slow()       # what a finished calibration calls
+                backends.warn_if_slow()
             assert torch.equal(got.counts, want.counts * 2)
             warnings = [r for r in caplog.records if "without the compiled histogram kernels" in r.message]
             # once per process, and not when the user turned the kernels off
@@ -430,10 +455,9 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
     counts = (torch.rand(nbins, generator=g) ** 4 * 1000).to(torch.int64)
     counts[: nbins // 5] = 0                                # empty stretches and a ragged edge
     lefts, rights = hfmg.candidates(counts)
-    kernel = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
-    with monkeypatch.context() as m:
-        m.setattr(native, "library", lambda: None)
-        tensor = hfmg.losses(counts, 0.37, lefts, rights)
+    accel = kernels.backend(backends.TorchBackend())
+    kernel = accel.hfmg_search(counts, 0.37)[2] if accel is not None else hfmg.losses(counts, 0.37, lefts, rights)
+    tensor = hfmg.losses(counts, 0.37, lefts, rights)
     if "native" in BACKENDS:
         torch.testing.assert_close(kernel, tensor, rtol=1e-12, atol=0)
         assert int(torch.argmin(kernel)) == int(torch.argmin(tensor))
@@ -442,7 +466,7 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
     if "native_4_lanes" in BACKENDS:                       # both builds: the very same sums
         native.set_isa(0)
         try:
-            assert torch.equal(hfmg.losses(counts, 0.37, lefts, rights, threads=2), kernel)
+            assert torch.equal(accel.hfmg_search(counts, 0.37)[2], kernel)
         finally:
             native.set_isa(-1)
 
@@ -582,9 +606,9 @@ def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
         return
     g = torch.Generator().manual_seed(3)
     counts = (torch.rand(2048, generator=g) ** 4 * 900).to(torch.int64)
-    lefts, rights = hfmg.candidates(counts)
+    search = kernels.backend(backends.TorchBackend()).hfmg_search
     want = states(factory, True, 1, monkeypatch)
-    want_loss = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
+    want_loss = search(counts, 0.37)[2]
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
@@ -593,7 +617,7 @@ def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
         assert native.set_isa(-1) == 0
         got = states(factory, True, 1, monkeypatch)
         got_factors = got.compute()
-        got_loss = hfmg.losses(counts, 0.37, lefts, rights, threads=2)
+        got_loss = search(counts, 0.37)[2]
     for k, v in want.state_dict().items():
         assert torch.equal(v, got.state_dict()[k]), k
     assert got_factors == want.compute()
@@ -631,10 +655,11 @@ def test_ifmr_histogram_losses_kernel_agrees_with_the_tensor_formula(kind, monke
     mx, mn = obs.top[0], obs.bottom[0]
     ratios = ifmr.candidate_ratios(0.7, 1.3, 0.01, "cpu")
     lo, hi, s = ifmr.candidate_grid(mx, mn, ratios, True)
-    kernel = ifmr.histogram_losses(*args, lo, hi, s)
+    accel = kernels.backend(backends.TorchBackend())
+    kernel = accel.ifmr_hist_losses(*args, lo, hi, s) if accel is not None else ifmr.histogram_losses(*args, lo, hi, s)
+    tensor = ifmr.histogram_losses(*args, lo, hi, s)
     with monkeypatch.context() as m:
-        m.setattr(native, "library", lambda: None)
-        tensor = ifmr.histogram_losses(*args, lo, hi, s)
+        use_backend(m, False)
         without = obs.compute()
     if "native" in BACKENDS:
         torch.testing.assert_close(kernel, tensor, rtol=1e-12, atol=1e-9 * float(tensor.abs().max()))
@@ -644,7 +669,7 @@ def test_ifmr_histogram_losses_kernel_agrees_with_the_tensor_formula(kind, monke
     if "native_4_lanes" in BACKENDS:                       # both builds: the very same sums
         native.set_isa(0)
         try:
-            assert torch.equal(ifmr.histogram_losses(*args, lo, hi, s), kernel)
+            assert torch.equal(accel.ifmr_hist_losses(*args, lo, hi, s), kernel)
         finally:
             native.set_isa(-1)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from amct_torch.algorithms.ifmr import candidate_grid, candidate_ratios, histogram_losses
-from amct_torch.calibration import observers
+from amct_torch.calibration import backends
 from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver
 
 
@@ -75,7 +75,7 @@ def test_results_do_not_depend_on_thread_count(cls, monkeypatch):
     data = [torch.relu(torch.randn(300_000, generator=g) + 0.2) * 3 for _ in range(3)]
     results = []
     for threads in (None, 1):
-        monkeypatch.setattr(observers, "CPU_THREADS", threads)
+        monkeypatch.setattr(backends, "CPU_THREADS", threads)
         before = torch.get_num_threads()
         o = cls("l")
         for x in data:

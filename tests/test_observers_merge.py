@@ -82,12 +82,26 @@ def test_state_round_trip(cls, device):
 
 @pytest.mark.parametrize("cls", [IfmrExactObserver, IfmrStreamingObserver, HfmgObserver])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_nonfinite_names_layer(cls, bad, device):
+def test_nonfinite_names_layer_and_first_bad_batch(cls, bad, device):
+    """NaN/Inf is flagged on the device during update (no host read) and raised when the
+    factors (or the state) are asked for, naming the layer and the first bad batch."""
     x = torch.randn(5000, device=device)
-    x[1234] = bad
+    y = x.clone()
+    y[1234] = bad
     o = cls("conv3_1")
+    for batch in (x, y, x, y):
+        o.update(batch)
+    with pytest.raises(CalibrationError, match=r"conv3_1.*batch 2|batch 2.*conv3_1"):
+        o.compute()
     with pytest.raises(CalibrationError, match="conv3_1"):
-        o.update(x)
+        o.state_dict()
+    # a merged observer carries the flag and the earliest bad batch
+    a, b = cls("conv3_1"), cls("conv3_1")
+    a.update(x); a.update(x); a.update(y)
+    b.update(x); b.update(y)
+    a.merge(b)
+    with pytest.raises(CalibrationError, match="batch 2"):
+        a.compute()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

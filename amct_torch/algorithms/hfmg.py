@@ -8,11 +8,10 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
-from amct_torch.algorithms import native
 from amct_torch.algorithms.histogram import count_bins
 from amct_torch.algorithms.quant import FLT_EPS, to_float32
 
@@ -24,45 +23,47 @@ def bin_width(mn: float, mx: float, nbins: int) -> float:
     return to_float32((mx - mn) / nbins)
 
 
-def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int = 1) -> torch.Tensor:
+def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
     """int64 counts of flat float32 ``x`` over [mn, mx]: bin = min(floor((x − mn)/w), nbins−1)
     with w = float32((mx − mn)/nbins), all computed in float32; mn == mx → the middle bin.
-    On the CPU the compiled kernel (native.py) counts on ``threads`` threads; it gives the
-    same integers as ``histogram_torch``."""
-    if mx == mn:
-        out = torch.zeros(nbins, dtype=torch.int64, device=x.device)
-        out[nbins // 2] = x.numel()
-        return out
-    if native.usable(x):
-        return _compiled_pass(x, mn, mx, nbins, threads).counts
-    return histogram_torch(x, mn, mx, nbins)
+    (Host-side range; the observers' sync-free form is ``histogram_in_range``.)"""
+    dev = x.device
+    return histogram_in_range(x, torch.tensor(mn, dtype=torch.float64, device=dev),
+                              torch.tensor(mx, dtype=torch.float64, device=dev), nbins)
 
 
-def add_histogram(counts: torch.Tensor, x: torch.Tensor, mn: float, mx: float, threads: int = 1) -> None:
-    """counts += histogram(x, mn, mx, counts.numel()): on the CPU the kernel adds into the
-    state itself (no per-batch counts tensor); x inside [mn, mx]."""
-    nbins = counts.numel()
-    if mx > mn and native.usable(x) and native.usable(counts, dtype=torch.int64) and counts.is_contiguous():
-        _compiled_pass(x, mn, mx, nbins, threads, into=counts)
-        return
-    counts += histogram(x, mn, mx, nbins, threads)
-
-
-def _compiled_pass(x: torch.Tensor, mn: float, mx: float, nbins: int, threads: int,
-                   into: Optional[torch.Tensor] = None) -> native.HfmgPass:
-    """The kernel's pass over a batch the caller knows to lie inside [mn, mx] (mx > mn)."""
-    r = native.hfmg_pass(x, mn, mx, bin_width(mn, mx, nbins), nbins, threads, into=into)
-    if r.outside:
-        raise ValueError(f"the HFMG histogram of [{mn}, {mx}] got values outside that range, or NaN")
-    return r
-
-
+#: the torch formula under the name the kernel tests compare against
 def histogram_torch(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
-    """``histogram`` in torch ops (any device; the reference of the compiled kernel); mx > mn."""
-    w = bin_width(mn, mx, nbins)
-    t = torch.sub(x, torch.tensor(mn, dtype=torch.float32, device=x.device))
-    t.div_(torch.tensor(w, dtype=torch.float32, device=x.device))
-    return count_bins(t.to(torch.int32).clamp_(max=nbins - 1), nbins)
+    """``histogram`` (the reference of the compiled kernel)."""
+    return histogram(x, mn, mx, nbins)
+
+
+def histogram_in_range(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, nbins: int) -> torch.Tensor:
+    """``histogram`` with the range as 0-d float64 device tensors: no host read. Bins are
+    clamped to [0, nbins) so that NaN/Inf (flagged by the caller) cannot index outside."""
+    w = ((mx - mn) / nbins).float()
+    t = torch.sub(x, mn.float())
+    t.div_(w)
+    idx = t.to(torch.int32).clamp_(0, nbins - 1)
+    idx = torch.where(w > 0, idx, torch.full_like(idx, nbins // 2))
+    return count_bins(idx, nbins)
+
+
+def update(counts: torch.Tensor, rng: torch.Tensor, seen: torch.Tensor,
+           x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch of the sequential rule of SPEC §5.3 in tensor ops, no host read: the
+    histogram (int64 [nbins]) of [mn, mx] (``rng`` float64 [2]) grows to the union with the
+    batch's range (old counts redistributed, ``redistribute``), then the batch is added.
+    ``seen``: 0-d bool, false before the first batch (the range is then the batch's).
+    Returns the new (counts, rng) and a 0-d bool: the batch held NaN or Inf (every index
+    stays in bounds; the caller raises when factors are asked)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = lo.double(), hi.double()
+    nmn = torch.where(seen, torch.minimum(rng[0], lo), lo)
+    nmx = torch.where(seen, torch.maximum(rng[1], hi), hi)
+    moved = redistribute_in_range(counts, torch.where(seen, rng[0], nmn), torch.where(seen, rng[1], nmx), nmn, nmx)
+    bad = ~(torch.isfinite(lo) & torch.isfinite(hi))
+    return moved + histogram_in_range(x, nmn, nmx, counts.numel()), torch.stack([nmn, nmx]), bad
 
 
 def redistribute(counts: torch.Tensor, old_min: float, old_max: float,
@@ -70,42 +71,45 @@ def redistribute(counts: torch.Tensor, old_min: float, old_max: float,
     """Move a histogram of [old_min, old_max] onto [new_min, new_max] ⊇ it (same bin count):
     each old bin [lo, hi) goes to the new bin holding lo, or is split between the two new bins
     it straddles with the lower share floor(frac·count), frac = the part of [lo, hi) below the
-    boundary (float64 geometry). A constant histogram (old_min == old_max) moves whole.
-    On the CPU the compiled kernel does the same operations (``redistribute_torch`` is the
-    reference)."""
-    nbins = counts.numel()
+    boundary (float64 geometry). A constant histogram (old_min == old_max) moves whole."""
     if (old_min, old_max) == (new_min, new_max):
         return counts
-    if old_max == old_min:
-        out = torch.zeros_like(counts)
-        nw = (new_max - new_min) / nbins
-        a = min(nbins - 1, max(0, math.floor((old_min - new_min) / nw)))
-        out[a] = counts.sum()
-        return out
-    if native.usable(counts, dtype=torch.int64):
-        return native.hfmg_redistribute(counts, old_min, old_max, new_min, new_max)
-    return redistribute_torch(counts, old_min, old_max, new_min, new_max)
+    dev = counts.device
+    t = [torch.tensor(v, dtype=torch.float64, device=dev) for v in (old_min, old_max, new_min, new_max)]
+    return redistribute_in_range(counts, *t)
 
 
 def redistribute_torch(counts: torch.Tensor, old_min: float, old_max: float,
                        new_min: float, new_max: float) -> torch.Tensor:
-    """``redistribute`` in torch ops (any device) for old_max > old_min."""
+    """``redistribute`` (the reference of the compiled kernel)."""
+    return redistribute(counts, old_min, old_max, new_min, new_max)
+
+
+def redistribute_in_range(counts: torch.Tensor, old_min: torch.Tensor, old_max: torch.Tensor,
+                          new_min: torch.Tensor, new_max: torch.Tensor) -> torch.Tensor:
+    """``redistribute`` with 0-d float64 device tensors, no host read: the unchanged range,
+    the constant histogram and the general split are all computed and the right one chosen
+    with ``torch.where`` (indices are sanitised, so degenerate geometry cannot index out)."""
     nbins = counts.numel()
-    out = torch.zeros_like(counts)
+    dev = counts.device
     nw = (new_max - new_min) / nbins
     ow = (old_max - old_min) / nbins
-    j = torch.arange(nbins, dtype=torch.float64, device=counts.device)
+    j = torch.arange(nbins, dtype=torch.float64, device=dev)
     lo = old_min + j * ow
     hi = lo + ow
-    a = torch.floor((lo - new_min) / nw).clamp_(0, nbins - 1)
+    a = torch.nan_to_num(torch.floor((lo - new_min) / nw), nan=0.0).clamp_(0, nbins - 1)
     edge = new_min + (a + 1) * nw
-    frac = ((edge - lo) / ow).clamp_(0, 1)
+    frac = torch.nan_to_num((edge - lo) / ow, nan=0.0).clamp_(0, 1)
     split = (hi > edge) & (a < nbins - 1)
     low = torch.where(split, torch.floor(frac * counts.double()).to(torch.int64), counts)
     ai = a.to(torch.int64)
-    out.index_add_(0, ai, low)
-    out.index_add_(0, (ai + 1).clamp_(max=nbins - 1), counts - low)
-    return out
+    general = torch.zeros_like(counts).index_add_(0, ai, low)
+    general.index_add_(0, (ai + 1).clamp_(max=nbins - 1), counts - low)
+    # a constant histogram (all mass at old_min) moves whole to the new bin holding it
+    at = torch.nan_to_num(torch.floor((old_min - new_min) / nw), nan=0.0).clamp_(0, nbins - 1).to(torch.int64)
+    const = torch.zeros_like(counts).index_add_(0, at.reshape(1), counts.sum().reshape(1))
+    same = (old_min == new_min) & (old_max == new_max)
+    return torch.where(same, counts, torch.where(old_max == old_min, const, general))
 
 
 def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -113,8 +117,6 @@ def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     order (one recorded after each trim, as SPEC says). Compact tensors on counts' device;
     this public form reads the valid count back (the search itself does not: see
     ``hfmg_factors``)."""
-    if native.usable(counts, dtype=None):
-        return native.hfmg_walk(counts)
     lefts, rights, valid, unfinished = _walk_table(counts)
     if bool(unfinished):
         return _host_walk(counts)
@@ -221,8 +223,18 @@ def _chain(nxt: torch.Tensor, start: int, ascending: bool, fill: int) -> torch.T
     return out[:size]
 
 
+def prefix_moments(counts: torch.Tensor) -> torch.Tensor:
+    """int64 [3, n + 1] exact prefix sums of c_j, c_j·j and c_j·j² (the loss formula's input)."""
+    n = counts.numel()
+    j = torch.arange(n, dtype=torch.int64, device=counts.device)
+    c = counts.to(torch.int64)
+    pref = torch.zeros(3, n + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(torch.stack([c, c * j, c * j * j]), 1, out=pref[:, 1:])
+    return pref
+
+
 def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torch.Tensor,
-           block: int = 1 << 20, threads: int = 1) -> torch.Tensor:
+           block: int = 1 << 20) -> torch.Tensor:
     """Analytic L2 loss (SPEC §5.3 step 3) of every candidate, float64, O(256) per candidate.
 
     In units of one source bin (loss = width² · that), destination bin d of candidate (l, r)
@@ -236,21 +248,15 @@ def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torc
     the two corrections sum to −D·c_J·ρ² with ρ = y_k − J (the outer edges give 0), so
     loss = Σ_d full_d − D·Σ_k c_J·ρ_k² — the same quantity in a third of the operations.
     Exact integer moments need Σcounts·nbins² < 2⁶³ (≈ 1.3e11 elements at 8192
-    bins). Chunked over candidates (``block`` elements per work array). On the CPU the
-    compiled kernel evaluates the same formula per candidate on ``threads`` threads
-    (native.hfmg_losses, ~10× faster)."""
+    bins). Chunked over candidates (``block`` elements per work array). (The compiled CPU
+    kernels evaluate the same formula per candidate, ~10× faster: amct_torch/kernels.)"""
     n = counts.numel()
     dev = counts.device
     out = torch.zeros(lefts.numel(), dtype=torch.float64, device=dev)
     if width <= 0 or lefts.numel() == 0:
         return out
-    j = torch.arange(n, dtype=torch.int64, device=dev)
     c = counts.to(torch.int64)
-    pref = torch.zeros(3, n + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(torch.stack([c, c * j, c * j * j]), 1, out=pref[:, 1:])
-    if native.usable(counts, dtype=None):
-        return native.hfmg_losses(pref, torch.cat([c, c.new_zeros(1)]), lefts.cpu(), rights.cpu(),
-                                  width, FLT_EPS, threads)
+    pref = prefix_moments(c)
     cnt = torch.cat([c, c.new_zeros(1)]).double()
     k = torch.arange(DST_BINS + 1, dtype=torch.float64, device=dev)
     half = torch.arange(DST_BINS, dtype=torch.float64, device=dev) + 0.5
@@ -293,19 +299,20 @@ class HfmgResult:
 
 
 def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = True,
-                 threads: int = 1) -> HfmgResult:
-    """Search the histogram of [mn, mx] and return the factors (SPEC §5.3 steps 2–4);
-    ``threads`` for the CPU loss kernel."""
+                 search: Optional[Callable] = None) -> HfmgResult:
+    """Search the histogram of [mn, mx] and return the factors (SPEC §5.3 steps 2–4).
+    ``search(counts, width) -> (lefts, rights, losses)``: an accelerator's walk and losses
+    (the same candidates and formula; amct_torch/kernels); without it, or when it finds no
+    candidate, the tensor walk and losses."""
     nbins = counts.numel()
     width = bin_width(mn, mx, nbins)
-    if native.usable(counts, dtype=None):
-        lefts, rights = candidates(counts)              # the literal walk, microseconds in C
+    if search is not None:
+        lefts, rights, loss = search(counts, width)
         if lefts.numel():
-            loss = losses(counts, width, lefts, rights, threads=threads)
             i = int(torch.argmin(loss))
-            return _factors(mn, width, int(lefts[i]), int(rights[i]), loss, asymmetric)
+            return factors_of_range(mn, width, int(lefts[i]), int(rights[i]), loss, asymmetric)
     lefts, rights, valid, unfinished = _walk_table(counts)
-    loss = losses(counts, width, lefts, rights, threads=threads)
+    loss = losses(counts, width, lefts, rights)
     masked = torch.where(valid, loss, torch.full_like(loss, math.inf))
     i = torch.argmin(masked)
     # the one host read of the search: chosen range, number of candidates, fallback flag
@@ -317,10 +324,10 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
         left, right = int(lefts[i]), int(rights[i])
     else:
         loss = loss[valid]
-    return _factors(mn, width, left, right, loss, asymmetric)
+    return factors_of_range(mn, width, left, right, loss, asymmetric)
 
 
-def _factors(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
+def factors_of_range(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
     """SPEC §5.3 step 4: the chosen bin range [left, right] → scale and offset."""
     clip_min = to_float32(mn + left * width)
     clip_max = to_float32(mn + (right + 1) * width)

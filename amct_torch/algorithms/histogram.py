@@ -14,8 +14,6 @@ from typing import Tuple
 
 import torch
 
-from amct_torch.algorithms import native
-
 #: finest bin relative to the data's magnitude (keeps |x/w| < 2**22: exact in float32)
 REL_BITS = 21
 MIN_EXP = -100
@@ -42,38 +40,40 @@ MAX_SLICE = (1 << (63 - OFFSET_BITS)) - 1
 OFFSET_UNIT = 2.0 ** -16
 
 
-def packed_slice(x: torch.Tensor, s: float, base: float, slots: int) -> torch.Tensor:
-    """The torch formula of one packed accumulator (``hist_kernels.c`` computes the same
+def packed_slice(x: torch.Tensor, s, base, slots: int) -> torch.Tensor:
+    """The torch formula of one packed accumulator (``amct_torch/kernels`` computes the same
     integers): u = x·s − base in float32, bin j = trunc(u), offset q = trunc((u − j)·65536 + ½)
     in float32, and entry j sums q + 2^OFFSET_BITS over its elements. ``x`` flat float32
-    inside the frame, at most ``MAX_SLICE`` elements; returns int64 [slots]."""
+    inside the frame, at most ``MAX_SLICE`` elements; ``s``/``base`` Python floats or 0-d
+    float32 tensors (the same float32 arithmetic); returns int64 [slots]. Bins are clamped
+    to [0, slots) so that data outside the frame (NaN/Inf, flagged by the caller) can never
+    write out of bounds."""
     u = torch.mul(x, s)
-    if base:
-        u.sub_(base)
-    idx = u.to(torch.int32)
+    u.sub_(base)
+    idx = u.to(torch.int32).clamp_(0, slots - 1)
     u.frac_().mul_(65536.0).add_(0.5)   # u − trunc(u) = offset inside the bin (u ≥ 0)
     packed = u.to(torch.int32).to(torch.int64).add_(1 << OFFSET_BITS)
     return torch.zeros(slots, dtype=torch.int64, device=x.device).index_add_(0, idx, packed)
 
 
-def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor,
-               threads: int = 1) -> None:
+def accumulate(x: torch.Tensor, e: int, base: int, counts: torch.Tensor, dsum: torch.Tensor) -> None:
     """Add flat float32 ``x`` (all inside the frame) into ``counts`` (int64) and ``dsum``
     (float64 offsets in bin units), both of nbins + 1 entries: the extra slot takes elements
     whose x/w − base rounded up to nbins (``fold_overflow`` moves them to the last bin).
+    Host-side frame (Python ints): the form the tests and the compiled kernels' checks use;
+    the observers' sync-free path is ``accumulate_in_frame``."""
+    s = torch.tensor(math.ldexp(1.0, -e), dtype=torch.float32, device=x.device)
+    accumulate_in_frame(x, s, torch.tensor(float(base), dtype=torch.float32, device=x.device), counts, dsum)
 
-    Counts and offsets (in 2^-16 bin units) are packed into one int64 per bin, so each
-    element costs one scatter; slices of ≤ ``MAX_SLICE`` elements are decoded separately.
-    On the CPU the compiled kernel does it on ``threads`` threads (native.py), elsewhere the
-    torch formula; both give the same integers, so the state does not depend on either."""
-    s, b, slots = math.ldexp(1.0, -e), float(base), counts.numel()
-    if native.usable(x):                 # the fused kernel with no candidates: a plain histogram
-        r = native.stream_update(x, s, b, slots, OFFSET_BITS, math.inf, -math.inf, 0, MAX_SLICE, threads)
-        if r.outside:
-            raise ValueError(f"{r.outside} values lie outside the histogram's frame")
-        native.add_packed(r.acc, counts, dsum, OFFSET_BITS)
-        return
-    acc = torch.stack([packed_slice(x[st:st + MAX_SLICE], s, b, slots) for st in range(0, x.numel(), MAX_SLICE)])
+
+def accumulate_in_frame(x: torch.Tensor, s: torch.Tensor, base: torch.Tensor, counts: torch.Tensor,
+                        dsum: torch.Tensor) -> None:
+    """``accumulate`` with the frame as 0-d float32 device tensors (s = 2^−e, base): no host
+    read. Counts and offsets (in 2^-16 bin units) are packed into one int64 per bin, so each
+    element costs one scatter; slices of ≤ ``MAX_SLICE`` elements are decoded separately."""
+    slots = counts.numel()
+    acc = torch.stack([packed_slice(x[st:st + MAX_SLICE], s, base, slots)
+                       for st in range(0, x.numel(), MAX_SLICE)])
     add_packed(acc, counts, dsum)
 
 
@@ -119,20 +119,48 @@ def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:
     return out.index_add_(0, idx, _one(idx.device).expand(idx.numel()))
 
 
-def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old: int, base_old: int,
-            e_new: int, base_new: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Move a histogram to a coarser (or shifted) frame; counts move exactly."""
+def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new, base_new) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Move a histogram of nbins bins to a coarser (or shifted) frame; counts move exactly.
+    Frames as Python ints or 0-d int64 device tensors (then no host read: an unchanged frame
+    goes through the same ops and comes out bit for bit the same)."""
     nbins = counts.numel()
-    if (e_old, base_old) == (e_new, base_new):
-        return counts, dsum
-    d = e_new - e_old
-    g = torch.arange(nbins, dtype=torch.int64, device=counts.device) + base_old
-    big = g // (1 << d)
-    rem = (g - big * (1 << d)).double()
+    if all(isinstance(v, int) for v in (e_old, base_old, e_new, base_new)):
+        if (e_old, base_old) == (e_new, base_new):
+            return counts, dsum
+    dev = counts.device
+    d = torch.as_tensor(e_new, device=dev) - torch.as_tensor(e_old, device=dev)
+    p = torch.bitwise_left_shift(torch.ones((), dtype=torch.int64, device=dev), d.clamp(0, 62))
+    g = torch.arange(nbins, dtype=torch.int64, device=dev) + base_old
+    big = torch.div(g, p, rounding_mode="floor")
+    rem = (g - big * p).double()
     j = (big - base_new).clamp_(0, nbins - 1)  # only empty bins can fall outside
     new_c = torch.zeros_like(counts).index_add_(0, j, counts)
-    new_d = torch.zeros_like(dsum).index_add_(0, j, (dsum + counts.double() * rem) / (1 << d))
+    new_d = torch.zeros_like(dsum).index_add_(0, j, (dsum + counts.double() * rem) / p.double())
     return new_c, new_d
+
+
+def frame_of(gmin: torch.Tensor, gmax: torch.Tensor, nbins: int, e_floor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``frame_for`` in tensor ops (0-d float64 range, 0-d int64 floor; no host read): the
+    smallest e ≥ ``e_floor`` whose grid holds [gmin, gmax] in nbins bins, and its base.
+    frame_for's loop adds at most two steps to its first guess (with 2^e ≤ span/nbins the
+    two floors differ by < 2·nbins at e + 1 and ≤ nbins at e + 2), so four candidates are
+    tried side by side. A non-finite range (NaN/Inf data, flagged by the caller) gives some
+    bounded frame."""
+    dev = gmin.device
+    maxabs = torch.maximum(gmin.abs(), gmax.abs())
+    e = torch.frexp(maxabs).exponent.to(torch.int64) - 1 - REL_BITS
+    e = torch.where(maxabs == 0, torch.full_like(e, MIN_EXP), e).clamp_(min=MIN_EXP)
+    span = gmax - gmin
+    e_span = torch.frexp(span / nbins).exponent.to(torch.int64) - 1
+    e = torch.where(span > 0, torch.maximum(e, e_span), e)
+    e = torch.maximum(e, e_floor).clamp_(MIN_EXP, 1100)
+    ks = e + torch.arange(4, dtype=torch.int64, device=dev)
+    lo = torch.floor(torch.ldexp(gmin.expand(4).contiguous(), -ks))
+    hi = torch.floor(torch.ldexp(gmax.expand(4).contiguous(), -ks))
+    fits = (hi - lo) <= nbins - 1
+    k = torch.where(fits.any(), torch.argmax(fits.to(torch.uint8)), torch.full_like(e, 3))
+    base = torch.nan_to_num(lo[k], nan=0.0, posinf=0.0, neginf=0.0).clamp_(-2.0 ** 60, 2.0 ** 60)
+    return ks[k], base.to(torch.int64)
 
 
 def bin_starts(e: int, base: int, nbins: int, device) -> torch.Tensor:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from amct_torch.algorithms import native
 from amct_torch.algorithms.quant import FLT_EPS
+from amct_torch.algorithms.select import extreme_values
 
 #: elements of one [candidates, chunk] block of the exact search (bounds its memory)
 EXACT_BLOCK = 1 << 20
@@ -62,38 +62,18 @@ def percentile_k(length: int, p: float) -> int:
     return max(1, length - math.floor(p * length))
 
 
-#: elements per chunk of the small-k selection (chunk extremes first, then a top-k of those)
-SELECT_CHUNK = 256
-
-
-def _topk_few(x: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
-    """k-th largest (smallest) value for small k: the k chunks with the most extreme chunk
-    extremes hold it — if one of the k most extreme elements sits in another chunk, those k
-    chunks' extremes are k distinct elements at least as extreme — so the top-k runs on
-    k·SELECT_CHUNK values (plus the tail) instead of all of x; one cheap reduction pass."""
-    n = x.numel()
-    m = n // SELECT_CHUNK
-    if m < 4 * k:
-        return torch.topk(x, k, largest=largest, sorted=True).values[k - 1]
-    body = x[:m * SELECT_CHUNK].view(m, SELECT_CHUNK)
-    ext = body.amax(dim=1) if largest else body.amin(dim=1)
-    rows = torch.topk(ext, k, largest=largest, sorted=False).indices
-    cand = torch.cat([body[rows].reshape(-1), x[m * SELECT_CHUNK:]])
-    return torch.topk(cand, k, largest=largest, sorted=True).values[k - 1]
-
-
 def kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
     """k-th largest element of the flat tensor ``x`` as a 0-d tensor (no host sync)."""
     n = x.numel()
     if k <= 4096:
-        return _topk_few(x, k, True)
+        return extreme_values(x, k, largest=True)[k - 1]
     return torch.kthvalue(x.cpu() if x.device.type == "mps" else x, n - k + 1).values.to(x.device)
 
 
 def kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
     """k-th smallest element of the flat tensor ``x`` as a 0-d tensor."""
     if k <= 4096:
-        return _topk_few(x, k, False)
+        return extreme_values(x, k, largest=False)[k - 1]
     return torch.kthvalue(x, k).values
 
 
@@ -314,12 +294,7 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     ``block`` is unused (kept for callers of the former per-bin evaluation).
     """
     dev = bin_lo.device
-    s64 = s.double()[:, None]
-    m_lo = torch.round(lo.double()[:, None] / s64)            # lowest and highest level index
-    m_hi = torch.round(hi.double()[:, None] / s64)
-    k = (m_hi - m_lo).clamp_(min=0)                          # boundaries per candidate
-    if native.usable(counts, dtype=None):                    # the same formula per candidate
-        return native.ifmr_hist_losses(counts, dsum, float(bin_lo[0]), width, m_lo[:, 0], k[:, 0], s64[:, 0])
+    s64, m_lo, k = (t[:, None] for t in level_ranges(lo, hi, s))
     n_b = counts.double()
     first = n_b * bin_lo.double() + dsum.double()           # Σx per bin
     zero = torch.zeros(1, dtype=torch.float64, device=dev)
@@ -341,6 +316,14 @@ def histogram_losses(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, d
     s_lvl = torch.diff(sum_at, dim=1, prepend=torch.zeros_like(s64))
     q = (m_lo + j) * s64
     return (q * (q * n_lvl - 2.0 * s_lvl)).sum(dim=1)
+
+
+def level_ranges(lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor):
+    """(step, lowest level, boundaries) of every candidate, float64 [n] each: the levels run
+    from round(lo/s) to round(hi/s), with one rounding boundary between neighbours."""
+    s64 = s.double()
+    m_lo = torch.round(lo.double() / s64)
+    return s64, m_lo, (torch.round(hi.double() / s64) - m_lo).clamp_(min=0)
 
 
 def histogram_quantile_top(bin_lo: torch.Tensor, width: float, counts: torch.Tensor, k: int) -> torch.Tensor:
@@ -366,17 +349,19 @@ def ifmr_from_histogram(length: int, top: torch.Tensor, bottom: torch.Tensor, bi
                         width: float, counts: torch.Tensor, dsum: torch.Tensor,
                         max_percentile: float = 0.999999, min_percentile: float = 0.999999,
                         search_range: Sequence[float] = (0.7, 1.3), search_step: float = 0.01,
-                        asymmetric: bool = True) -> IfmrResult:
+                        asymmetric: bool = True, losses_fn: Callable = None) -> IfmrResult:
     """IFMR from streaming statistics: ``length`` elements seen, ``top`` the largest values
     sorted descending (exact, −inf padded), ``bottom`` the smallest ascending, and the
-    histogram (``bin_lo`` float64 bin starts, common ``width``, ``counts``, ``dsum``)."""
+    histogram (``bin_lo`` float64 bin starts, common ``width``, ``counts``, ``dsum``).
+    ``losses_fn``: a faster twin of ``histogram_losses`` with its signature (an accelerator's;
+    default the torch formula)."""
     k_max = percentile_k(length, max_percentile)
     k_min = percentile_k(length, min_percentile)
     mx = top[k_max - 1] if k_max <= top.numel() else histogram_quantile_top(bin_lo, width, counts, k_max)
     mn = bottom[k_min - 1] if k_min <= bottom.numel() else histogram_quantile_bottom(bin_lo, width, counts, k_min)
     ratios = candidate_ratios(search_range[0], search_range[1], search_step, top.device)
     lo, hi, s = candidate_grid(mx, mn, ratios, asymmetric)
-    losses = histogram_losses(bin_lo, width, counts, dsum, lo, hi, s)
+    losses = (losses_fn or histogram_losses)(bin_lo, width, counts, dsum, lo, hi, s)
     # the histogram losses are estimates: candidates within a hair of the best (relative to
     # the size of one quantization error, n·s²/12) are ties, and the first of them wins
     tol = 1e-6 * float(length) * (s.double().min() ** 2) / 12

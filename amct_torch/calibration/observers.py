@@ -2,61 +2,36 @@
 mergeable values).
 
 Each observer has ``update(x)``, ``merge(other)``, ``compute() -> (scale, offset)``,
-``state_dict()`` (tensors only) / ``load_state_dict(d)`` and ``reset()``. The state lives on
-the data's device; float16/bfloat16 data is computed in float32; NaN/Inf raises
-``CalibrationError`` naming the layer. The maths is in ``amct_torch.algorithms``.
+``state_dict()`` (tensors only) / ``load_state_dict(d)`` (checked: a wrong shape, dtype or
+impossible value is a ``CalibrationError``) and ``reset()``.
+
+Why no host read in ``update``: calibration runs on the GPU, where every Python-side look at
+the data stalls the stream (with ~55 quantized layers, hundreds of stalls a batch). The whole
+state is tensors on the data's device, every per-batch decision is a fixed-shape tensor op,
+and NaN/Inf only sets a device flag (with the first bad batch) that ``compute()`` — which
+reads back once — turns into an error naming the layer. The heavy operations go through the
+device's backend (``backends.py``): the torch formulas of ``amct_torch.algorithms`` anywhere,
+the compiled kernels on a CPU that has them; both give the same state.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from amct_torch.algorithms import hfmg, histogram, native
+from amct_torch.algorithms import hfmg, histogram
 from amct_torch.algorithms.ifmr import ifmr_exact, ifmr_from_histogram
+from amct_torch.algorithms.streaming import StreamState
+from amct_torch.calibration.backends import backend_for, cpu_threads
 from amct_torch.errors import CalibrationError
 
 #: exact top-k/bottom-k buffer size of streaming IFMR (covers k ≤ 1024, i.e. L ≤ ~1e9 at p = 0.999999)
 TOPK = 1024
 #: bins of the streaming IFMR histogram
 STREAM_BINS = 16384
-_CHUNK = 256
-#: group size of the first-batch bound on the compiled path (native.chunk_bounds): the bound
-#: of ``_fold_bounds`` lets fewer than topk groups through, i.e. at most topk·32 candidates
-_FINE_CHUNK = 32
-#: group size of the second pruning step of the top-k candidates
-_GROUP = 16
-#: a compiled update with up to this many candidates per side merges them into the top/bottom
-#: buffers in C (cut to the K best, sorted, merged); more leave it to the general path
-_INSERT_MAX = 1 << 15
-
-
-#: intra-op threads for the observers' CPU torch work (None: leave torch's setting). The
-#: torch part of an update is a few memory-bound passes of ~0.1–0.3 ns per element; with two
-#: or more OpenMP threads each pass also pays a fork/join, which on a busy machine (other
-#: processes on every core) waits for a descheduled worker — measured ~7.5 ms per pass on
-#: this project's 2-core machine, 20–70× the pass itself. The compiled kernels (native.py)
-#: run one parallel region per update with torch's thread count as it was outside this
-#: setting (the slices' work dwarfs one fork/join). docs/algorithms.md has the measurements.
-CPU_THREADS: Optional[int] = 1
-
-
-@contextlib.contextmanager
-def cpu_threads(device: torch.device) -> Iterator[None]:
-    """Run the enclosed CPU tensor work with ``CPU_THREADS`` intra-op threads, restoring the
-    previous count after (no effect on other devices; results do not depend on it: every
-    reduction used here is exact or serial)."""
-    before = torch.get_num_threads()
-    if device.type != "cpu" or CPU_THREADS is None or before <= CPU_THREADS:
-        yield
-        return
-    torch.set_num_threads(CPU_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+#: most elements a state may claim (beyond it int64 sums could overflow)
+MAX_COUNT = 1 << 56
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -64,30 +39,46 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def _check(layer: str, lo: float, hi: float) -> None:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise CalibrationError("activation data contains NaN or Inf", layer=layer)
-
-
 class Observer:
     """Common interface; ``layer`` names the layer in errors."""
 
     def __init__(self, layer: str) -> None:
         self.layer = layer
-        self._threads = 1    # threads for the histogram kernels: torch's count at update()
+        self._batch = 0                              # host-side count of updates (no device read)
+        self._bad: Optional[torch.Tensor] = None     # 0-d bool on the device: NaN/Inf seen
+        self._first_bad: Optional[torch.Tensor] = None
 
-    def update(self, x: torch.Tensor) -> None:
+    def update(self, x: torch.Tensor, batch: Optional[int] = None) -> None:
         """Feed one batch of the layer's input (any shape and float dtype; computed in float32
-        on its device, with the observers' CPU thread setting)."""
+        on its device) without reading anything back. ``batch``: the calibration batch's
+        number (0-based) for the NaN/Inf message; default the count of updates."""
         xf = _flat(x)
+        index = self._batch if batch is None else batch
+        self._batch += 1
         if xf.numel() == 0:
             return
-        self._threads = torch.get_num_threads()
-        with cpu_threads(xf.device):
-            self._update(xf)
+        self._flag(self._update(xf), index)
 
-    def _update(self, xf: torch.Tensor) -> None:
-        """Accumulate a non-empty flat float32 batch (subclasses)."""
+    def _flag(self, bad: torch.Tensor, index: int) -> None:
+        """Remember (on the device) whether this batch held NaN/Inf, and the first such batch."""
+        if self._bad is None:
+            self._bad = torch.zeros((), dtype=torch.bool, device=bad.device)
+            self._first_bad = torch.full((), -1, dtype=torch.int64, device=bad.device)
+        bad = bad.to(self._bad.device)
+        self._first_bad = torch.where(bad & ~self._bad, torch.full_like(self._first_bad, index), self._first_bad)
+        self._bad = self._bad | bad
+
+    def _raise_if_bad(self) -> None:
+        """The one read-back of the flag: raise naming the layer and the first bad batch."""
+        if self._bad is None:
+            return
+        bad, first = torch.stack([self._bad.to(torch.int64), self._first_bad]).tolist()
+        if bad:
+            raise CalibrationError(f"activation data contains NaN or Inf (first in calibration batch {first + 1})",
+                                   layer=self.layer)
+
+    def _update(self, xf: torch.Tensor) -> torch.Tensor:
+        """Accumulate a non-empty flat float32 batch; return a 0-d bool NaN/Inf flag."""
         raise NotImplementedError
 
     def merge(self, other: "Observer") -> None:
@@ -108,6 +99,24 @@ class Observer:
     def _empty(self) -> None:
         raise CalibrationError("no activation data was observed", layer=self.layer)
 
+    def _merge_flags(self, other: "Observer") -> None:
+        """Fold another observer's NaN/Inf flag and first bad batch into ours."""
+        if other._bad is None:
+            return
+        if self._bad is None:
+            self._bad, self._first_bad = other._bad.clone(), other._first_bad.clone()
+            return
+        ob, of = other._bad.to(self._bad.device), other._first_bad.to(self._bad.device)
+        first = torch.where(self._bad & ob, torch.minimum(self._first_bad, of), torch.where(ob, of, self._first_bad))
+        self._bad, self._first_bad = self._bad | ob, first
+
+    def _poisoned(self) -> bool:
+        """NaN/Inf was seen (a read-back: for merge and compute, never per batch)."""
+        return self._bad is not None and bool(self._bad)
+
+    def _invalid(self, what: str) -> CalibrationError:
+        return CalibrationError(f"invalid {type(self).__name__} state: {what}", layer=self.layer)
+
 
 class _IfmrParams:
     def __init__(self, max_percentile: float, min_percentile: float, search_range, search_step: float,
@@ -124,6 +133,20 @@ class _IfmrParams:
                     asymmetric=self.asymmetric)
 
 
+def _tensor(d: Dict[str, torch.Tensor], key: str, obs: Observer, dims: int, numel: Optional[int] = None,
+            floating: Optional[bool] = None) -> torch.Tensor:
+    """``d[key]`` checked: a tensor of ``dims`` dimensions (``numel`` elements), floating
+    point or integer as asked."""
+    t = d.get(key)
+    if not isinstance(t, torch.Tensor):
+        raise obs._invalid(f"missing tensor {key!r}")
+    if t.dim() != dims or (numel is not None and t.numel() != numel):
+        raise obs._invalid(f"{key!r} has shape {tuple(t.shape)}")
+    if floating is not None and t.is_floating_point() != floating:
+        raise obs._invalid(f"{key!r} has dtype {t.dtype}")
+    return t
+
+
 class IfmrExactObserver(Observer):
     """AMCT's store-everything IFMR: keeps every element (float32) and searches on all of it.
     Memory grows with batch_num; merge = concatenation (A then B)."""
@@ -136,13 +159,15 @@ class IfmrExactObserver(Observer):
 
     def reset(self) -> None:
         self.chunks: List[torch.Tensor] = []
+        self._bad = self._first_bad = None
 
-    def _update(self, xf: torch.Tensor) -> None:
+    def _update(self, xf: torch.Tensor) -> torch.Tensor:
         lo, hi = torch.aminmax(xf)
-        _check(self.layer, *torch.stack([lo, hi]).tolist())
         self.chunks.append(xf.clone())
+        return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
     def merge(self, other: "IfmrExactObserver") -> None:
+        self._merge_flags(other)
         self.chunks.extend(other.chunks)
 
     def data(self) -> torch.Tensor:
@@ -153,23 +178,26 @@ class IfmrExactObserver(Observer):
         return self.chunks[0]
 
     def compute(self) -> Tuple[float, int]:
+        self._raise_if_bad()
         r = ifmr_exact(self.data(), **self.params.kwargs())
         return r.scale, r.offset
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
+        self._raise_if_bad()
         return {"data": self.data() if self.chunks else torch.zeros(0)}
 
     def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
-        self.chunks = [d["data"].float().reshape(-1)] if d["data"].numel() else []
+        self.reset()
+        data = _tensor(d, "data", self, 1, floating=True)
+        if data.numel() and not bool(torch.isfinite(data).all()):
+            raise self._invalid("'data' holds NaN or Inf")
+        self.chunks = [data.float().clone()] if data.numel() else []
 
 
 class IfmrStreamingObserver(Observer):
     """Memory-bounded IFMR: exact count, extremes and top/bottom-``TOPK`` values, plus a
-    power-of-two-grid histogram with per-bin offset sums (see algorithms/histogram.py).
-    Fixed size whatever batch_num is.
-
-    Internally the histogram has one extra overflow slot (see ``histogram.accumulate``);
-    ``counts``/``dsum`` fold it and return the ``nbins`` bins."""
+    power-of-two-grid histogram with per-bin offset sums (algorithms/histogram.py,
+    algorithms/streaming.py). Fixed size whatever batch_num is."""
 
     def __init__(self, layer: str, max_percentile: float = 0.999999, min_percentile: float = 0.999999,
                  search_range=(0.7, 1.3), search_step: float = 0.01, asymmetric: bool = True,
@@ -181,222 +209,132 @@ class IfmrStreamingObserver(Observer):
         self.reset()
 
     def reset(self) -> None:
-        self.count = 0
-        self.top: Optional[torch.Tensor] = None      # descending, −inf padded
-        self.bottom: Optional[torch.Tensor] = None   # ascending, +inf padded
-        self._cnt: Optional[torch.Tensor] = None     # nbins + 1 (overflow slot)
-        self._ds: Optional[torch.Tensor] = None      # float64
-        self._thr = (-math.inf, math.inf)            # current K-th largest / smallest value
-        self.frame = (0, 0)
-        self.gmin = math.inf
-        self.gmax = -math.inf
+        self.state: Optional[StreamState] = None
+        self._bad = self._first_bad = None
 
-    def _settle(self) -> None:
-        """Fold the overflow slot into the last bin."""
-        histogram.fold_overflow(self._cnt, self._ds)
+    def _update(self, xf: torch.Tensor) -> torch.Tensor:
+        if self.state is None:
+            self.state = StreamState.empty(self.nbins, self.topk, xf.device)
+        return backend_for(xf.device).stream_update(self.state, xf)
+
+    # read-only views for reports and tests (these read back)
+    @property
+    def count(self) -> int:
+        return 0 if self.state is None else int(self.state.count)
+
+    @property
+    def top(self) -> Optional[torch.Tensor]:
+        return None if self.state is None else self.state.top
+
+    @property
+    def bottom(self) -> Optional[torch.Tensor]:
+        return None if self.state is None else self.state.bottom
 
     @property
     def counts(self) -> Optional[torch.Tensor]:
         """Per-bin counts (int64, nbins), overflow folded."""
-        if self._cnt is None:
+        if self.state is None:
             return None
-        self._settle()
-        return self._cnt[:self.nbins]
+        histogram.fold_overflow(self.state.counts, self.state.dsum)
+        return self.state.counts[:self.nbins]
 
     @property
     def dsum(self) -> Optional[torch.Tensor]:
         """Per-bin sums of offsets in bin units (float64, nbins), overflow folded."""
-        if self._cnt is None:
+        if self.state is None:
             return None
-        self._settle()
-        return self._ds[:self.nbins]
+        histogram.fold_overflow(self.state.counts, self.state.dsum)
+        return self.state.dsum[:self.nbins]
 
-    def _set_hist(self, counts: torch.Tensor, dsum: torch.Tensor) -> None:
-        dev = counts.device
-        self._cnt = torch.cat([counts.to(torch.int64), torch.zeros(1, dtype=torch.int64, device=dev)])
-        self._ds = torch.cat([dsum.double().to(dev), torch.zeros(1, dtype=torch.float64, device=dev)])
-
-    def _candidates(self, rows: torch.Tensor, ext: torch.Tensor, tail: torch.Tensor,
-                    largest: bool) -> torch.Tensor:
-        """Values that can enter the top (or bottom) K, plus the ragged tail: the elements
-        passing the current K-th value inside the chunks (rows) whose maxima (minima, ``ext``)
-        pass it. When those chunks hold more than 16·K values, their 16-element groups are
-        screened the same way first — and if more than K groups pass (the first batches), only
-        the K with the largest maxima are kept: they provably hold the batch's part of the new
-        top K (a value outside them has K larger group maxima above it)."""
-        thr = self._thr[0] if largest else self._thr[1]
-        sel = rows[ext > thr] if largest else rows[ext < thr]
-        if sel.numel() > _GROUP * self.topk:
-            groups = sel.view(-1, _GROUP)
-            gext = groups.amax(dim=1) if largest else groups.amin(dim=1)
-            passing = gext > thr if largest else gext < thr
-            if int(passing.sum()) > self.topk:
-                sel = groups[torch.topk(gext, self.topk, largest=largest, sorted=False).indices]
-            else:
-                sel = groups[passing]
-        sel = sel.reshape(-1)
-        sel = sel[sel > thr] if largest else sel[sel < thr]
-        return torch.cat([sel, tail]) if tail.numel() else sel
-
-    def _ensure(self, device: torch.device) -> None:
-        if self.top is None:
-            self.top = torch.full((self.topk,), -math.inf, device=device)
-            self.bottom = torch.full((self.topk,), math.inf, device=device)
-            self._cnt = torch.zeros(self.nbins + 1, dtype=torch.int64, device=device)   # + overflow slot
-            self._ds = torch.zeros(self.nbins + 1, dtype=torch.float64, device=device)
-
-    def _frame_for(self, gmin: float, gmax: float) -> Tuple[int, int]:
-        """The frame after the global range becomes [gmin, gmax] (never finer than now)."""
-        e, base = histogram.frame_for(gmin, gmax, self.nbins)
-        if e < self.frame[0] and self.count:
-            e = self.frame[0]
-            base = math.floor(math.ldexp(gmin, -e))
-        return e, base
-
-    def _move_to(self, gmin: float, gmax: float) -> None:
-        e, base = self._frame_for(gmin, gmax)
-        if self.count and (e, base) != self.frame:
-            self._set_hist(*histogram.reframe(self.counts, self.dsum, *self.frame, e, base))
-        self.frame = (e, base)
-        self.gmin, self.gmax = gmin, gmax
-
-    def _fused_update(self, xf: torch.Tensor) -> bool:
-        """An update in one compiled call (native.stream_update with the state to commit to):
-        it bins the batch, merges the values passing the state's K-th values into the
-        top/bottom buffers and adds the histogram — when the batch lies inside the current
-        frame, the range it grows keeps the frame and its candidates fit (room for
-        topk·_FINE_CHUNK a slice, _INSERT_MAX a side). Returns whether it committed, with
-        exactly the state the torch path gives; False leaves the state untouched."""
-        e, base = self.frame
-        commit = native.Commit(self.gmin, self.gmax, e, self.nbins, histogram.REL_BITS, histogram.MIN_EXP,
-                               self.top, self.bottom, self._cnt, self._ds, _INSERT_MAX)
-        r = native.stream_update(xf, math.ldexp(1.0, -e), float(base), self.nbins + 1, histogram.OFFSET_BITS,
-                                 self._thr[0], self._thr[1], self.topk * _FINE_CHUNK, histogram.MAX_SLICE,
-                                 self._threads, commit)
-        if not r.committed:
-            return False
-        self._thr = r.committed[:2]
-        self.gmin, self.gmax = r.committed[2:]
-        self.count += xf.numel()
-        return True
-
-    def _merge_extremes(self, above: torch.Tensor, below: torch.Tensor) -> None:
-        """Fold a batch's candidate values into the exact top/bottom buffers (the general
-        path; compiled updates merge theirs in the same call)."""
-        if above.numel():
-            self.top = torch.topk(torch.cat([self.top, above]), self.topk).values
-        if below.numel():
-            self.bottom = torch.topk(torch.cat([self.bottom, below]), self.topk, largest=False).values
-        if above.numel() or below.numel():
-            self._thr = (float(self.top[-1]), float(self.bottom[-1]))
-
-    def _fold_bounds(self, m_hi: float, m_lo: float) -> None:
-        """Fold a batch's bounds into the top/bottom buffers before its pass: ``m_hi`` is the
-        K-th largest maximum and ``m_lo`` the K-th smallest minimum of its groups of values
-        (∓inf with fewer than K groups; native.chunk_bounds).
-
-        K groups each hold a value ≥ m_hi, so the top K of the state and the batch is the top
-        K of the state, K copies of m_hi and the batch's values > m_hi, whatever the ties
-        (post-ReLU data has thousands of groups whose minimum is 0). With the copies in, the
-        state's K-th value is at least m_hi, so the pass collects only values > m_hi: fewer
-        than K groups hold one, at most K·32 values, which the pass has room for. Likewise
-        for the bottom. The copies stand for batch values, so the buffers stay right whatever
-        path the batch then takes."""
-        for buf, m, largest in ((self.top, m_hi, True), (self.bottom, m_lo, False)):
-            if not (m > self._thr[0] if largest else m < self._thr[1]):
-                continue
-            if self.count == 0:
-                buf.fill_(m)                      # the buffer held only its ∓inf padding
-            else:
-                native.insert_extremes(buf, torch.full((self.topk,), m), largest)
-        self._thr = (float(self.top[-1]), float(self.bottom[-1]))
-
-    def _widen(self, lo: float, hi: float) -> None:
-        """Take a batch with extremes lo/hi (NaN/Inf checked): grow the range and frame."""
-        _check(self.layer, lo, hi)
-        if lo < self.gmin or hi > self.gmax:
-            self._move_to(min(lo, self.gmin), max(hi, self.gmax))
-
-    def _update(self, xf: torch.Tensor) -> None:
-        self._ensure(xf.device)
-        if native.usable(xf):
-            # steady state: one compiled pass; the first batch (or one that leaves the frame)
-            # first gets its extremes and the group bounds of its top/bottom K in another
-            if self.count and self._fused_update(xf):
-                return
-            b = native.chunk_bounds(xf, _FINE_CHUNK, self.topk, self._threads)
-            self._widen(b.lo, math.nan if b.nans else b.hi)
-            self._fold_bounds(b.kth_hi, b.kth_lo)
-            if self._fused_update(xf):
-                return
-        n = xf.numel()
-        full = n // _CHUNK * _CHUNK
-        rows = xf[:full].view(-1, _CHUNK) if full < n else xf.view(-1, _CHUNK)
-        tail = xf[full:]
-        # chunk extremes (amax and amin: two vectorised passes, ~8× faster than one
-        # aminmax(dim=1)) give the batch's range in one host read; only when it passes the
-        # current K-th values are the chunks that can enter the top/bottom K gathered
-        if full:
-            ext_hi, ext_lo = rows.amax(dim=1), rows.amin(dim=1)
-            hi_src = torch.cat([ext_hi, tail]) if tail.numel() else ext_hi
-            lo_src = torch.cat([ext_lo, tail]) if tail.numel() else ext_lo
-        else:
-            ext_hi = ext_lo = xf.new_zeros(0)
-            hi_src = lo_src = tail
-        hi_f, lo_f = torch.stack([hi_src.max(), lo_src.min()]).tolist()
-        self._widen(lo_f, hi_f)
-        self._merge_extremes(self._candidates(rows, ext_hi, tail, True) if hi_f > self._thr[0] else xf[:0],
-                             self._candidates(rows, ext_lo, tail, False) if lo_f < self._thr[1] else xf[:0])
-        histogram.accumulate(xf, *self.frame, self._cnt, self._ds, self._threads)
-        self.count += n
+    @property
+    def frame(self) -> Tuple[int, int]:
+        return (0, 0) if self.state is None else tuple(int(v) for v in self.state.frame.tolist())
 
     def merge(self, other: "IfmrStreamingObserver") -> None:
-        if other.count == 0:
+        self._merge_flags(other)
+        if other.count == 0 or self._poisoned():
             return
         if self.count == 0:
             self.load_state_dict(other.state_dict())
             return
-        with cpu_threads(self.top.device):
-            self.top = torch.topk(torch.cat([self.top, other.top.to(self.top.device)]), self.topk).values
-            self.bottom = torch.topk(torch.cat([self.bottom, other.bottom.to(self.top.device)]), self.topk,
-                                     largest=False).values
-            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
-            self._move_to(min(self.gmin, other.gmin), max(self.gmax, other.gmax))
-            dev = self._cnt.device
-            oc, od = histogram.reframe(other.counts.to(dev), other.dsum.to(dev), *other.frame, *self.frame)
-            self._cnt[:self.nbins] += oc
-            self._ds[:self.nbins] += od
-            self.count += other.count
+        st, dev = self.state, self.state.top.device
+        with cpu_threads(dev):
+            st.top = torch.topk(torch.cat([st.top, other.state.top.to(dev)]), self.topk).values
+            st.bottom = torch.topk(torch.cat([st.bottom, other.state.bottom.to(dev)]), self.topk,
+                                   largest=False).values
+            (gmin, gmax), (ogmin, ogmax) = st.range.tolist(), other.state.range.tolist()
+            gmin, gmax = min(gmin, ogmin), max(gmax, ogmax)
+            e_old, base_old = self.frame
+            e, base = histogram.frame_for(gmin, gmax, self.nbins)
+            if e < e_old:
+                e, base = e_old, math.floor(math.ldexp(gmin, -e_old))
+            mc, md = histogram.reframe(self.counts, self.dsum, e_old, base_old, e, base)
+            oc, od = histogram.reframe(other.counts.to(dev), other.dsum.to(dev), *other.frame, e, base)
+            zero = torch.zeros(1, dtype=torch.int64, device=dev)
+            st.counts = torch.cat([mc + oc, zero])
+            st.dsum = torch.cat([md + od, zero.double()])
+            st.frame = torch.tensor([e, base], dtype=torch.int64, device=dev)
+            st.range = torch.tensor([gmin, gmax], dtype=torch.float64, device=dev)
+            st.count = st.count + other.count
 
     def compute(self) -> Tuple[float, int]:
+        self._raise_if_bad()
         if self.count == 0:
             self._empty()
         e, base = self.frame
-        with cpu_threads(self._cnt.device):
-            r = ifmr_from_histogram(self.count, self.top, self.bottom,
-                                    histogram.bin_starts(e, base, self.nbins, self._cnt.device),
+        dev = self.state.counts.device
+        ops = backend_for(dev)
+        with cpu_threads(dev):
+            r = ifmr_from_histogram(self.count, self.state.top, self.state.bottom,
+                                    histogram.bin_starts(e, base, self.nbins, dev),
                                     math.ldexp(1.0, e), self.counts, self.dsum * math.ldexp(1.0, e),
-                                    **self.params.kwargs())
+                                    **self.params.kwargs(), losses_fn=ops.ifmr_hist_losses)
         return r.scale, r.offset
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
+        self._raise_if_bad()
         if self.count == 0:
             return {"count": torch.zeros((), dtype=torch.int64)}
-        return {"count": torch.tensor(self.count, dtype=torch.int64), "top": self.top, "bottom": self.bottom,
-                "counts": self.counts, "dsum": self.dsum,
-                "frame": torch.tensor(self.frame, dtype=torch.int64),
-                "range": torch.tensor([self.gmin, self.gmax], dtype=torch.float64)}
+        return {"count": self.state.count.clone(), "top": self.state.top, "bottom": self.state.bottom,
+                "counts": self.counts, "dsum": self.dsum, "frame": self.state.frame,
+                "range": self.state.range}
 
     def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        """Restore a state, checking every tensor against this observer's sizes and the
+        invariants an honest state has (a checkpoint is untrusted input)."""
         self.reset()
-        self.count = int(d["count"])
-        if self.count:
-            self.top, self.bottom = d["top"].float().clone(), d["bottom"].float().clone()
-            self._thr = tuple(torch.stack([self.top[-1], self.bottom[-1]]).tolist())
-            self._set_hist(d["counts"], d["dsum"].to(d["counts"].device))
-            self.topk, self.nbins = self.top.numel(), d["counts"].numel()
-            self.frame = tuple(int(v) for v in d["frame"].tolist())
-            self.gmin, self.gmax = (float(v) for v in d["range"].tolist())
+        count = int(_tensor(d, "count", self, 0, floating=False))
+        if not 0 <= count <= MAX_COUNT:
+            raise self._invalid(f"count {count} out of range")
+        if count == 0:
+            return
+        top = _tensor(d, "top", self, 1, self.topk, floating=True).float()
+        bottom = _tensor(d, "bottom", self, 1, self.topk, floating=True).float()
+        counts = _tensor(d, "counts", self, 1, self.nbins, floating=False).to(torch.int64)
+        dsum = _tensor(d, "dsum", self, 1, self.nbins, floating=True).double()
+        frame = _tensor(d, "frame", self, 1, 2, floating=False).to(torch.int64)
+        rng = _tensor(d, "range", self, 1, 2, floating=True).double()
+        dev = counts.device
+        e, base = (int(v) for v in frame.tolist())
+        gmin, gmax = rng.tolist()
+        problems = [
+            (not (math.isfinite(gmin) and math.isfinite(gmax) and gmin <= gmax), "range"),
+            (not histogram.MIN_EXP <= e <= 1100 or abs(base) > 1 << 60, "frame"),
+            (bool((counts < 0).any()) or int(counts.sum()) != count, "counts (negative, or not summing to count)"),
+            (not bool(torch.isfinite(dsum).all()) or bool((dsum < 0).any())
+             or bool((dsum > counts.double()).any()), "dsum (offsets must lie in [0, count] per bin)"),
+            (bool(torch.isnan(top).any()) or bool((top[:-1] < top[1:]).any()), "top (not sorted descending)"),
+            (bool(torch.isnan(bottom).any()) or bool((bottom[:-1] > bottom[1:]).any()),
+             "bottom (not sorted ascending)"),
+        ]
+        for bad, what in problems:
+            if bad:
+                raise self._invalid(what)
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.state = StreamState(count=torch.tensor(count, dtype=torch.int64, device=dev),
+                                 top=top.clone().to(dev).contiguous(), bottom=bottom.clone().to(dev).contiguous(),
+                                 counts=torch.cat([counts, zero]), dsum=torch.cat([dsum, zero.double()]),
+                                 frame=frame.clone().to(dev), range=rng.clone().to(dev))
 
 
 class HfmgObserver(Observer):
@@ -413,64 +351,80 @@ class HfmgObserver(Observer):
         self.reset()
 
     def reset(self) -> None:
-        self.counts: Optional[torch.Tensor] = None
-        self.mn = math.inf
-        self.mx = -math.inf
+        self._counts: Optional[torch.Tensor] = None
+        self._range: Optional[torch.Tensor] = None     # float64 [2]
+        self._seen: Optional[torch.Tensor] = None      # 0-d bool
+        self._bad = self._first_bad = None
 
-    def _update(self, xf: torch.Tensor) -> None:
-        if native.usable(xf):
-            # one compiled pass bins a batch that lies inside the current range; one that
-            # widens it (or the first) comes back with its extremes and is binned again below
-            mn, mx = (self.mn, self.mx) if self.counts is not None and self.mx > self.mn else (math.inf, -math.inf)
-            r = native.hfmg_pass(xf, mn, mx, hfmg.bin_width(mn, mx, self.nbins) if mx > mn else 0.0,
-                                 self.nbins, self._threads, into=self.counts if mx > mn else None)
-            if not r.outside:
-                return
-            lo, hi = min(r.lo, mn), max(r.hi, mx)     # the batch's extremes, or beyond them
-            _check(self.layer, lo, math.nan if r.nans else hi)
-        else:
-            lo, hi = torch.stack(list(torch.aminmax(xf))).tolist()
-            _check(self.layer, lo, hi)
-        if self.counts is None:
-            self.mn, self.mx = lo, hi
-            self.counts = hfmg.histogram(xf, lo, hi, self.nbins, self._threads)
-            return
-        nmn, nmx = min(self.mn, lo), max(self.mx, hi)
-        self.counts = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
-        self.mn, self.mx = nmn, nmx
-        hfmg.add_histogram(self.counts, xf, nmn, nmx, self._threads)
+    def _update(self, xf: torch.Tensor) -> torch.Tensor:
+        dev = xf.device
+        if self._counts is None:
+            self._counts = torch.zeros(self.nbins, dtype=torch.int64, device=dev)
+            self._range = torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=dev)
+            self._seen = torch.zeros((), dtype=torch.bool, device=dev)
+        self._counts, self._range, bad = backend_for(dev).hfmg_update(self._counts, self._range, self._seen, xf)
+        self._seen = torch.ones_like(self._seen)
+        return bad
+
+    @property
+    def counts(self) -> Optional[torch.Tensor]:
+        return self._counts
+
+    @property
+    def mn(self) -> float:
+        return math.inf if self._range is None else float(self._range[0])
+
+    @property
+    def mx(self) -> float:
+        return -math.inf if self._range is None else float(self._range[1])
 
     def merge(self, other: "HfmgObserver") -> None:
-        if other.counts is None:
+        self._merge_flags(other)
+        if other._counts is None or self._poisoned():
             return
-        if self.counts is None:
+        if self._counts is None:
             self.load_state_dict(other.state_dict())
             return
-        nmn, nmx = min(self.mn, other.mn), max(self.mx, other.mx)
-        mine = hfmg.redistribute(self.counts, self.mn, self.mx, nmn, nmx)
-        theirs = hfmg.redistribute(other.counts.to(self.counts.device), other.mn, other.mx, nmn, nmx)
-        self.counts = mine + theirs
-        self.mn, self.mx = nmn, nmx
+        mn, mx, omn, omx = self.mn, self.mx, other.mn, other.mx
+        nmn, nmx = min(mn, omn), max(mx, omx)
+        mine = hfmg.redistribute(self._counts, mn, mx, nmn, nmx)
+        theirs = hfmg.redistribute(other._counts.to(self._counts.device), omn, omx, nmn, nmx)
+        self._counts = mine + theirs
+        self._range = torch.tensor([nmn, nmx], dtype=torch.float64, device=self._counts.device)
 
     def compute(self) -> Tuple[float, int]:
-        if self.counts is None:
+        self._raise_if_bad()
+        if self._counts is None:
             self._empty()
-        threads = torch.get_num_threads()
-        with cpu_threads(self.counts.device):
-            r = hfmg.hfmg_factors(self.counts, self.mn, self.mx, self.asymmetric, threads)
+        dev = self._counts.device
+        with cpu_threads(dev):
+            r = hfmg.hfmg_factors(self._counts, self.mn, self.mx, self.asymmetric,
+                                  search=backend_for(dev).hfmg_search)
         return r.scale, r.offset
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
-        if self.counts is None:
+        self._raise_if_bad()
+        if self._counts is None:
             return {"counts": torch.zeros(0, dtype=torch.int64)}
-        return {"counts": self.counts, "range": torch.tensor([self.mn, self.mx], dtype=torch.float64)}
+        return {"counts": self._counts, "range": self._range}
 
     def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        """Restore a state, checking its sizes and values (a checkpoint is untrusted input)."""
         self.reset()
-        if d["counts"].numel():
-            self.counts = d["counts"].to(torch.int64).clone()
-            self.nbins = self.counts.numel()
-            self.mn, self.mx = (float(v) for v in d["range"].tolist())
+        counts = _tensor(d, "counts", self, 1, floating=False)
+        if counts.numel() == 0:
+            return
+        if counts.numel() != self.nbins:
+            raise self._invalid(f"'counts' has {counts.numel()} bins, the config says {self.nbins}")
+        rng = _tensor(d, "range", self, 1, 2, floating=True).double()
+        mn, mx = rng.tolist()
+        if not (math.isfinite(mn) and math.isfinite(mx) and mn <= mx):
+            raise self._invalid("range")
+        if bool((counts < 0).any()) or int(counts.sum()) > MAX_COUNT:
+            raise self._invalid("counts (negative or too large)")
+        self._counts = counts.to(torch.int64).clone()
+        self._range = rng.clone()
+        self._seen = torch.ones((), dtype=torch.bool, device=counts.device)
 
 
 def make_observer(layer_name: str, cfg, ifmr_mode: str = "streaming") -> Observer:

@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from amct_torch.algorithms import native
+from amct_torch.calibration import backends
 from amct_torch.calibration.plan import CalibGroup
 from amct_torch.errors import AmctError, CalibrationError
 
@@ -54,6 +54,9 @@ class CalibrationSession:
         self.batch_num = int(batch_num)
         self.on_finish = on_finish
         self.observers = [_make_observer(g.layers[0], g.config, ifmr_mode) for g in self.groups]
+        # choose (on a CPU: build and verify) the observers' backend now, never inside a hook
+        for dev in {t.device for t in list(model.parameters())[:1] + list(model.buffers())[:1]} or {torch.device("cpu")}:
+            backends.prepare(dev)
         self.batches_seen = 0
         self.factors: Optional[Factors] = None
         self._handles: list = []
@@ -73,7 +76,7 @@ class CalibrationSession:
                     x = args[i]
                     if group.shape is None and not group.joint:
                         group.shape = input_chw(x)
-                    obs.update(x)
+                    obs.update(x, batch=self.batches_seen)
         return hook
 
     def _count_batch(self, _module: nn.Module, _args: tuple, _out) -> None:
@@ -121,7 +124,7 @@ class CalibrationSession:
             self.on_finish(factors)
         log.info("calibrated %d activation group(s) for %d record entries on %d batch(es)",
                  len(self.groups), len(factors), self.batches_seen)
-        native.warn_if_slow()
+        backends.warn_if_slow()
         return factors
 
 

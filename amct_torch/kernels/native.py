@@ -9,10 +9,12 @@ same integers as the torch formulas in ``histogram.py`` / ``hfmg.py`` (the tests
 bit for bit), so whether they are present changes speed only; the search losses sum in
 another order (they agree to 1e-12 and choose alike; tested).
 
-The library is built on first use (``native_build.py``). No compiler, a failed build or a
-failed self-check → the torch ops are used, one INFO line says why at load and one warning
-at the end of a calibration that ran slower for it. ``AMCT_TORCH_NATIVE=0`` turns the
-kernels off (no warning).
+The library is built once per machine (``build.py``), before calibration starts
+(``calibration.backends.prepare``) or with ``amct-torch build-kernels``. No compiler, a failed
+build or a failed self-check → the torch ops are used, one INFO line says why at load and one
+warning at the end of a calibration that ran slower for it. ``AMCT_TORCH_NATIVE=0`` turns
+the kernels off (no warning). Every wrapper here checks the tensors it hands to C (device,
+dtype, contiguity, length) so that no caller can make a kernel read or write out of bounds.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from amct_torch.algorithms import native_build
+from amct_torch.kernels import build as native_build
 
 log = logging.getLogger("amct_torch")
 
@@ -78,29 +80,6 @@ def library() -> Optional[ctypes.CDLL]:
 def unavailable_reason() -> Optional[str]:
     """Why ``library()`` is None (None when it is loaded or not tried yet)."""
     return None if _state.get("lib") is not None else _state.get("why")
-
-
-def usable(t: torch.Tensor, dtype: Optional[torch.dtype] = torch.float32) -> bool:
-    """True when ``t`` can go through the kernels: a CPU tensor (of ``dtype``; None: any) and
-    the library loaded. A CPU tensor that cannot (kernels unavailable) is remembered for
-    ``warn_if_slow``."""
-    if t.device.type != "cpu":
-        return False
-    if library() is None:
-        _state["fallback_used"] = True
-        return False
-    return dtype is None or t.dtype == dtype
-
-
-def warn_if_slow() -> None:
-    """Log one warning per process when CPU data went through the torch fallback (kernels
-    unavailable, not turned off): calibration was then several times slower, and the fix —
-    a C compiler — is the user's to make. Called when a calibration finishes, so that the
-    warning neither interrupts the progress bar nor precedes a one-line error."""
-    if _state.get("fallback_used") and not _state.get("warned") and not native_build.turned_off():
-        _state["warned"] = True
-        log.warning("calibrated on the CPU without the compiled histogram kernels (%s): same results, "
-                    "several times slower; install a C compiler (gcc/clang) to speed it up", unavailable_reason())
 
 
 def slice_bounds(n: int, max_slice: int, threads: int, slots: int = 0) -> torch.Tensor:

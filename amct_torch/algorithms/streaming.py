@@ -1,0 +1,85 @@
+"""The state of streaming IFMR and its update in tensor ops, with no host read.
+
+Why a state of tensors: on a GPU every Python-side decision about the data (has the range
+grown? which values can enter the top-K?) waits for the device. Here every quantity that
+depends on the data — element count, range, histogram frame, top/bottom buffers — is a
+tensor on the data's device, and each batch goes through the same fixed-shape operations
+whatever its values: the range grows by ``minimum``/``maximum``, the frame follows from the
+range (``histogram.frame_of``), the histogram is re-framed unconditionally (an unchanged
+frame comes out bit for bit the same), and the buffers take the batch's exact top-K
+(``select.extreme_values``). The result is the state the sequential definition gives,
+identical to the compiled CPU path (which may read its CPU scalars freely).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from amct_torch.algorithms import histogram
+from amct_torch.algorithms.select import extreme_values
+
+
+@dataclass
+class StreamState:
+    """Streaming-IFMR statistics. ``count`` int64 0-d (elements seen); ``top`` float32 [K]
+    the largest values, descending, −inf padded; ``bottom`` the smallest, ascending, +inf
+    padded; ``counts`` int64 / ``dsum`` float64 [nbins + 1] the histogram on the power-of-two
+    grid (``histogram.py``; last slot: overflow); ``frame`` int64 [2] (e, base); ``range``
+    float64 [2] (min, max seen; +inf/−inf before any data)."""
+
+    count: torch.Tensor
+    top: torch.Tensor
+    bottom: torch.Tensor
+    counts: torch.Tensor
+    dsum: torch.Tensor
+    frame: torch.Tensor
+    range: torch.Tensor
+
+    @classmethod
+    def empty(cls, nbins: int, topk: int, device) -> "StreamState":
+        return cls(count=torch.zeros((), dtype=torch.int64, device=device),
+                   top=torch.full((topk,), -math.inf, device=device),
+                   bottom=torch.full((topk,), math.inf, device=device),
+                   counts=torch.zeros(nbins + 1, dtype=torch.int64, device=device),
+                   dsum=torch.zeros(nbins + 1, dtype=torch.float64, device=device),
+                   frame=torch.tensor([histogram.MIN_EXP, 0], dtype=torch.int64, device=device),
+                   range=torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=device))
+
+    def clone(self) -> "StreamState":
+        return StreamState(**{f.name: getattr(self, f.name).clone() for f in fields(self)})
+
+    @property
+    def nbins(self) -> int:
+        return self.counts.numel() - 1
+
+
+def fold_overflow(st: StreamState) -> None:
+    """Move the overflow slot into the last bin (``histogram.fold_overflow``)."""
+    histogram.fold_overflow(st.counts, st.dsum)
+
+
+def update(st: StreamState, x: torch.Tensor) -> torch.Tensor:
+    """Add the non-empty flat float32 batch ``x`` to ``st`` in place, in fixed-shape tensor
+    ops only. Returns a 0-d bool tensor: the batch held NaN or Inf (the state is then
+    meaningless, but every index stays in bounds; the caller raises when factors are asked)."""
+    nbins, k = st.nbins, st.top.numel()
+    lo, hi = torch.aminmax(x)
+    gmin = torch.minimum(st.range[0], lo.double())
+    gmax = torch.maximum(st.range[1], hi.double())
+    floor = torch.where(st.count > 0, st.frame[0], torch.full_like(st.frame[0], histogram.MIN_EXP))
+    e, base = histogram.frame_of(gmin, gmax, nbins, floor)
+    fold_overflow(st)
+    c, d = histogram.reframe(st.counts[:nbins], st.dsum[:nbins], st.frame[0], st.frame[1], e, base)
+    st.counts = torch.cat([c, st.counts[nbins:]])
+    st.dsum = torch.cat([d, st.dsum[nbins:]])
+    scale = torch.ldexp(torch.ones((), dtype=torch.float32, device=x.device), -e)
+    histogram.accumulate_in_frame(x, scale, base.float(), st.counts, st.dsum)
+    n = min(k, x.numel())
+    st.top = torch.topk(torch.cat([st.top, extreme_values(x, n, largest=True)]), k).values
+    st.bottom = torch.topk(torch.cat([st.bottom, extreme_values(x, n, largest=False)]), k, largest=False).values
+    st.frame = torch.stack([e, base])
+    st.range = torch.stack([gmin, gmax])
+    st.count = st.count + x.numel()
+    return ~(torch.isfinite(lo) & torch.isfinite(hi))
