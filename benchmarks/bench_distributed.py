@@ -69,14 +69,9 @@ def worker(args) -> None:
         cfg = os.path.join(tmp, "c.json")
         create_quant_config(cfg, model, weights, batch_num=args.batches)
         if mode == "hfmg":
-            with open(cfg) as f:
-                c = json.load(f)
-            for v in c.values():
-                if isinstance(v, dict) and "activation_quant_params" in v:
-                    v["activation_quant_params"] = {"num_bits": 8, "act_algo": "hfmg", "num_of_bins": 4096,
-                                                    "asymmetric": True}
-            with open(cfg, "w") as f:
-                json.dump(c, f)
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+            from config_helpers import use_hfmg
+            use_hfmg(cfg, num_of_bins=4096)
         graph = init(cfg, model, weights, os.path.join(tmp, f"r{ctx.rank}.txt"))
         m = quantize_model(graph, os.path.join(tmp, f"m{ctx.rank}.prototxt"),
                            os.path.join(tmp, f"m{ctx.rank}.caffemodel"),

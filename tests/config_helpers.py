@@ -25,3 +25,16 @@ def write(tmp_path, name: str, text: str) -> str:
     p = tmp_path / name
     p.write_text(text, encoding="utf-8")
     return str(p)
+
+
+def use_hfmg(path: str, num_of_bins: int = 4096, asymmetric: bool = True) -> None:
+    """Rewrite the JSON quant config at ``path`` so that every layer calibrates with HFMG."""
+    import json
+    with open(path) as f:
+        cfg = json.load(f)
+    for v in cfg.values():
+        if isinstance(v, dict) and "activation_quant_params" in v:
+            v["activation_quant_params"] = {"num_bits": 8, "act_algo": "hfmg", "num_of_bins": num_of_bins,
+                                            "asymmetric": asymmetric}
+    with open(path, "w") as f:
+        json.dump(cfg, f)

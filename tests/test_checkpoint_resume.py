@@ -6,7 +6,6 @@ Run as a script, this file is the process that gets killed.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from config_helpers import use_hfmg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH_NUM = 6
@@ -39,14 +39,7 @@ def setup(tmp: str, mode: str, tag: str):
     cfg = os.path.join(tmp, f"{mode}.json")
     create_quant_config(cfg, model, weights, batch_num=BATCH_NUM)
     if mode == "hfmg":
-        with open(cfg) as f:
-            c = json.load(f)
-        for v in c.values():
-            if isinstance(v, dict) and "activation_quant_params" in v:
-                v["activation_quant_params"] = {"num_bits": 8, "act_algo": "hfmg", "num_of_bins": 2048,
-                                                "asymmetric": True}
-        with open(cfg, "w") as f:
-            json.dump(c, f)
+        use_hfmg(cfg, num_of_bins=2048)
     rec = os.path.join(tmp, f"{mode}_{tag}_record.txt")
     graph = init(cfg, model, weights, rec)
     m = quantize_model(graph, os.path.join(tmp, f"{tag}.prototxt"), os.path.join(tmp, f"{tag}.caffemodel"),

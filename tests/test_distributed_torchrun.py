@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from config_helpers import use_hfmg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("exact", "streaming", "hfmg")
@@ -38,14 +39,7 @@ def write_config(path: str, mode: str, n: int = BATCH_NUM) -> None:
     model, weights = example_model()
     create_quant_config(path, model, weights, batch_num=n)
     if mode == "hfmg":
-        with open(path) as f:
-            cfg = json.load(f)
-        for v in cfg.values():
-            if isinstance(v, dict) and "activation_quant_params" in v:
-                v["activation_quant_params"] = {"num_bits": 8, "act_algo": "hfmg",
-                                                "num_of_bins": 4096, "asymmetric": True}
-        with open(path, "w") as f:
-            json.dump(cfg, f)
+        use_hfmg(path, num_of_bins=4096)
 
 
 def ifmr_mode(mode: str) -> str:

@@ -158,9 +158,9 @@ def frame_of(gmin: torch.Tensor, gmax: torch.Tensor, nbins: int, e_floor: torch.
     lo = torch.floor(torch.ldexp(gmin.expand(4).contiguous(), -ks))
     hi = torch.floor(torch.ldexp(gmax.expand(4).contiguous(), -ks))
     fits = (hi - lo) <= nbins - 1
-    k = torch.where(fits.any(), torch.argmax(fits.to(torch.uint8)), torch.full_like(e, 3))
-    base = torch.nan_to_num(lo[k], nan=0.0, posinf=0.0, neginf=0.0).clamp_(-2.0 ** 60, 2.0 ** 60)
-    return ks[k], base.to(torch.int64)
+    k = torch.where(fits.any(), torch.argmax(fits.to(torch.uint8)), torch.full_like(e, 3)).reshape(1)
+    base = torch.nan_to_num(lo.index_select(0, k), nan=0.0, posinf=0.0, neginf=0.0).clamp_(-2.0 ** 60, 2.0 ** 60)
+    return ks.index_select(0, k)[0], base.to(torch.int64)[0]
 
 
 def bin_starts(e: int, base: int, nbins: int, device) -> torch.Tensor:
