@@ -21,12 +21,27 @@ from amct_torch.errors import AmctError
 M = TypeVar("M", bound=Message)
 
 
-_LITERAL = re.compile(r"""#[^\n]*|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""", re.S)
+_STOP = {'"': re.compile(r'["\\]'), "'": re.compile(r"['\\]")}
+_START = re.compile(r"""[#"']""")
 
 
-def _join(m: "re.Match[str]") -> str:
-    lit = m.group(0)
-    if lit[0] == "#" or "\n" not in lit:
+def _literal_end(text: str, start: int) -> int:
+    """Index after the quoted string opening at ``start``, or -1 when it never closes.
+    One forward pass, no backtracking: linear in the length of the string."""
+    stop = _STOP[text[start]]
+    i = start + 1
+    while True:
+        m = stop.search(text, i)
+        if m is None:
+            return -1
+        if m.group() == "\\":
+            i = m.end() + 1
+        else:
+            return m.end()
+
+
+def _join(lit: str) -> str:
+    if "\n" not in lit:
         return lit
     body = lit[1:-1]
     if "\n" in body.strip():
@@ -39,11 +54,34 @@ def join_multiline_strings(text: str) -> str:
 
     Comments (``#`` to end of line, outside strings) are kept verbatim. A string whose content
     still contains a line break after stripping (a break *inside* a name) is left alone, so the
-    protobuf parser reports it at its line.
+    protobuf parser reports it at its line. A string that never closes ends the scan (the
+    parser reports it). The scan is one linear pass (a regular expression backtracked
+    quadratically on a quote followed by many escaped quotes).
     """
     if "\n" not in text or ('"' not in text and "'" not in text):
         return text
-    return _LITERAL.sub(_join, text)
+    out = []
+    i = 0
+    n = len(text)
+    while i < n:
+        m = _START.search(text, i)
+        if m is None:
+            out.append(text[i:])
+            break
+        j = m.start()
+        out.append(text[i:j])
+        if text[j] == "#":
+            end = text.find("\n", j)
+            end = n if end < 0 else end
+            out.append(text[j:end])
+        else:
+            end = _literal_end(text, j)
+            if end < 0:
+                out.append(text[j:])
+                break
+            out.append(_join(text[j:end]))
+        i = end
+    return "".join(out)
 
 
 def _field_names(message_type) -> list[str]:
