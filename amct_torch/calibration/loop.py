@@ -16,11 +16,7 @@ from torch import nn
 
 from amct_torch.calibration.session import CalibrationSession
 from amct_torch.errors import AmctError, DataError
-
-
-def progress_enabled(quiet: bool = False) -> bool:
-    """Progress bars only on an interactive stderr and when not asked to be quiet."""
-    return not quiet and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+from amct_torch.progress import progress_enabled  # noqa: F401  (re-exported: distributed uses it)
 
 
 def _to(batch: Any, device: torch.device) -> Any:

@@ -147,7 +147,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     work = os.path.join(tmp, "work")
     os.mkdir(work)
     prefix = os.path.join(tmp, os.path.basename(output))
+    from amct_torch.progress import JobProgress, progress_enabled
+    prog = JobProgress(5 + bool(improve) + bool(onnx) + bool(report) + (save_type is not None),
+                       progress_enabled(quiet))
     try:
+        prog.start("reading the model")
         staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
         cfg = _config_json(config, staged["config"], model_file, weights_file, skip_layers,
                            batch_num or 1, activation_offset)
@@ -155,9 +159,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         if batch_num is not None:
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num
+        prog.start("BN fusion + ARQ")
         model = quantize_model(graph, os.path.join(work, "modified_model.prototxt"),
                                os.path.join(work, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
         model.to(dev)
+        prog.start("calibrating")
         count = _count(calibration_data)
         bs = batch_size if batch_size is not None else (max(1, -(-count // n)) if count else None)
         batches = calibration_batches(calibration_data, graph.model.caffe_inputs, bs, preprocess)
@@ -177,13 +183,17 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             shutil.copyfile(cfg, staged["config"])
         records = _records(graph, save_type)
         if improve == "bias_correction":
+            prog.start("bias correction")
             model = _bias_correct(graph, records, keeper.cache, dev)
         if save_type is not None:
+            prog.start("writing the Caffe models")
             written = save_model(graph, save_type, prefix, _staged=True)
             for p in written:
                 files[_kind(p, prefix)] = p
+        prog.start("building the fake-quant model")
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
         if onnx:
+            prog.start("writing the ONNX models")
             activations = onnx if isinstance(onnx, str) else "int8"
             calib = [b[0] if isinstance(b, tuple) else b for b in keeper.cache]
             files["onnx_float"], files["onnx"] = export_onnx_model(
@@ -191,6 +201,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                 calibration_data=[b.cpu().numpy() for b in calib])
         stats = None
         if report:
+            prog.start("per-layer report")
             from amct_torch.report import layer_report, write_report
             held = take(rest, report_batches) if report_data is None else list(
                 calibration_batches(report_data, graph.model.caffe_inputs, bs, preprocess))
@@ -202,6 +213,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             write_report(files["report"], stats, {"model": model_file, "held_out": held_out,
                                                   "batches": len(held)})
         graph.record_file = finals["record"]
+        prog.start("committing the outputs")
         tx.commit([finals[k] for k in files])
         final = {k: finals[k] for k in files}
         return QuantizeResult(files=final, records=records, float_model=model,
@@ -209,6 +221,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     except AmctError as err:
         raise _user_paths(err, tmp, finals, config) from None
     finally:
+        prog.close()
         if tx is not None:
             tx.abort()
         else:
