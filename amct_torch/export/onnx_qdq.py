@@ -73,6 +73,15 @@ class _Builder:
         self.static_layers: list[str] = []  # layers that fixed the spatial size as constants
         self.static_batch: list[str] = []  # layers that fixed the batch size
 
+    def fold(self, mod: CaffeLayer, xs: list[str]) -> str:
+        """A layer whose inputs are all constants, computed here and written as a constant."""
+        with torch.no_grad():
+            y = mod(*[torch.from_numpy(self.constants[x]) for x in xs])
+        arr = y.detach().cpu().float().numpy()
+        name = self.init(f"{mod.caffe_name}_folded", arr)
+        self.constants[name] = arr
+        return name
+
     def static(self, mod: CaffeLayer, batch: bool = False) -> None:
         """Record that ``mod``'s mapping wrote a spatial (or batch) size as a constant."""
         (self.static_batch if batch else self.static_layers).append(mod.caffe_name)
@@ -352,6 +361,10 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
             if not isinstance(mod, CaffeLayer):
                 raise ExportError(f"graph node '{node.name}' is not a Caffe layer", file=file)
             shapes = [a.meta["tensor_meta"].shape for a in node.args]
+            ins = [value[a] for a in node.args]
+            if ins and all(isinstance(x, str) and x in b.constants for x in ins):
+                value[node] = b.fold(mod, ins)  # e.g. the Concat of folded priors
+                continue
             outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name),
                            [s for s in _shapes(node)])
             value[node] = outs[0] if len(outs) == 1 else outs  # type: ignore[assignment]
