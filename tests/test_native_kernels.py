@@ -8,7 +8,9 @@ took.
 from __future__ import annotations
 
 import logging
+import hashlib
 import math
+import stat
 import os
 import shutil
 import subprocess
@@ -424,12 +426,15 @@ def test_build_is_cached_and_reused(monkeypatch, tmp_path):
             assert native.library() is None and not list(tmp_path.iterdir())
             return
         assert native.library() is not None
-        built = sorted(tmp_path.iterdir())
-        assert len(built) == 1 and built[0].suffix == ".so"
+        built = sorted(tmp_path.glob("*.so"))
+        assert len(built) == 1
+        digest = built[0].with_suffix(".sha256")
+        assert digest.read_text().strip() == hashlib.sha256(built[0].read_bytes()).hexdigest()
+        assert stat.S_IMODE(built[0].stat().st_mode) & 0o077 == 0
         stamp = built[0].stat().st_mtime_ns
         m.setattr(native, "_state", {})
         assert native.library() is not None
-        assert sorted(tmp_path.iterdir()) == built and built[0].stat().st_mtime_ns == stamp
+        assert sorted(tmp_path.glob("*.so")) == built and built[0].stat().st_mtime_ns == stamp
 
 
 def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):

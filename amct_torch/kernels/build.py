@@ -1,23 +1,32 @@
-"""Building and loading ``hist_kernels.c`` (used by ``native.py``).
+"""Building, verifying and loading ``hist_kernels.c`` (used by ``native.py``).
 
-Built on first use with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``; about
-a second) into a per-user cache (``$AMCT_TORCH_CACHE``, else
-``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``; a private per-user temp folder
-when that is not writable), keyed by the source, the compiler, the flags and the platform,
-and written atomically so that concurrent processes (torchrun ranks) can race safely.
+Built once per machine with the system C compiler (``$CC`` — a command line such as
+``ccache gcc`` works — else ``cc``/``gcc``/``clang``; about a second) into a per-user cache
+(``$AMCT_TORCH_CACHE``, else ``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``),
+keyed by the sources, the compiler's identity and version, the flags and the platform.
+
+Why so careful: loading a shared library runs its code in the user's process, and the cache
+is a folder on disk — untrusted input. So:
+- the cache folder is created 0700; a folder not owned by the user or writable by group or
+  others is never used (one warning; the build goes to a private temp folder instead);
+- a library is loaded only if it is a regular file owned by the user, not writable by others,
+  and its SHA-256 equals the digest recorded beside it when it was built;
+- concurrent builds (every torchrun rank at once) take a file lock in the folder;
+- a library that fails the self-check is deleted (``discard``), never reused.
 With ``-fopenmp`` the library's ``libgomp.so.1`` resolves to the copy torch already loaded, so
-the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build
-(clang where its runtime, libomp, is not installed: ``-fopenmp=libgomp`` would link libgomp
-but, in clang 14, generate no parallel code).
+the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +40,7 @@ SOURCE = Path(__file__).with_name("hist_kernels.c")
 #: every file of the one compilation unit (SOURCE includes the others): the cache key hashes them all
 SOURCES = [SOURCE, SOURCE.with_name("hist_select.h"), SOURCE.with_name("hist_lanes.h")]
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
+_warned: set = set()
 
 
 def turned_off() -> bool:
@@ -47,41 +57,76 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "amct_torch"
 
 
+def _uid() -> Optional[int]:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def is_private(path: Path, folder: bool) -> bool:
+    """``path`` is ours alone: not a link, owned by this user, not writable by group or others
+    (and a folder or a regular file as asked)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    kind_ok = stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)
+    uid = _uid()
+    return kind_ok and (uid is None or st.st_uid == uid) and not st.st_mode & 0o022
+
+
+def _make_private(folder: Path) -> Optional[Path]:
+    """``folder`` created 0700 if missing; itself if it is private and writable, else None."""
+    try:
+        if not folder.exists():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700)
+    except OSError:
+        return None
+    return folder if is_private(folder, folder=True) and os.access(folder, os.W_OK) else None
+
+
 def writable_folder(folder: Path) -> Path:
-    """``folder`` (created) if this process can write there, else a private per-user temp
-    folder (containers often run with a read-only or missing home). The temp folder must be
-    ours and closed to others — a library loaded from a folder others can write to would
-    run their code."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if os.access(folder, os.W_OK):
-            return folder
-    except OSError:
-        pass
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    tmp = Path(tempfile.gettempdir()) / f"amct_torch-{uid if uid is not None else 'user'}"
-    try:
-        tmp.mkdir(mode=0o700, exist_ok=True)
-        st = tmp.stat()
-        private = uid is None or (st.st_uid == uid and not st.st_mode & 0o022)
-        if private and os.access(tmp, os.W_OK):
-            return tmp
-    except OSError:
-        pass
+    """``folder`` if it is (or can be created as) a private folder this process can write;
+    else a private per-user temp folder, with one warning when ``folder`` exists but is not
+    private (a shared or foreign cache: a library planted there must never run)."""
+    got = _make_private(folder)
+    if got is not None:
+        return got
+    if folder.exists() and str(folder) not in _warned:
+        _warned.add(str(folder))
+        log.warning("kernel cache %s is not private to this user (owner or permissions); "
+                    "building the CPU kernels in a private folder instead", folder)
+    tmp = Path(tempfile.gettempdir()) / f"amct_torch-{_uid() if _uid() is not None else 'user'}"
+    got = _make_private(tmp)
+    if got is not None:
+        return got
     raise RuntimeError(f"no writable private folder for the build ({folder}, {tmp})")
 
 
 def find_compiler() -> Optional[str]:
-    """The C compiler to build with: ``$CC`` if set (None if it does not resolve), else the
-    first of cc, gcc, clang on the PATH."""
+    """The C compiler command line to build with: ``$CC`` if set (None if its program does not
+    resolve), else the first of cc, gcc, clang on the PATH."""
     cc = os.environ.get("CC")
     if cc:
-        return shutil.which(cc.split()[0]) if cc.split() else None
+        words = shlex.split(cc)
+        if not words or shutil.which(words[0]) is None:
+            return None
+        return shlex.join([shutil.which(words[0])] + words[1:])
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
             return found
     return None
+
+
+def compiler_identity(cc: str) -> str:
+    """The compiler's own description of itself (``--version``'s first line), for the cache key:
+    another compiler or version never reuses a library built by this one."""
+    try:
+        res = subprocess.run([*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30)
+        first = (res.stdout or res.stderr).strip().splitlines()
+        return first[0] if first else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def build(cc: str) -> Path:
@@ -97,27 +142,83 @@ def build(cc: str) -> Path:
     raise RuntimeError("; ".join(errors))
 
 
-def build_with(cc: str, flags: List[str]) -> Path:
-    """Compile with ``flags`` into the cache (or find it there); the built file's path."""
+def library_name(cc: str, flags: List[str]) -> str:
+    """File name of the library for this compiler and flags (the cache key)."""
     src = b"\0".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(flags).encode(),
+    key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc).encode(), " ".join(flags).encode(),
                                      platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
-    target = writable_folder(cache_dir()) / f"hist_kernels-{key}.so"
-    if target.exists():
-        return target
+    return f"hist_kernels-{key}.so"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verified(target: Path) -> bool:
+    """The cached library may be loaded: private regular file whose SHA-256 is the digest
+    recorded (privately) when it was built."""
+    record = target.with_suffix(".sha256")
+    if not (is_private(target, folder=False) and is_private(record, folder=False)):
+        return False
+    try:
+        return record.read_text().strip() == _digest(target)
+    except OSError:
+        return False
+
+
+def discard(target: Path) -> None:
+    """Delete a library (and its digest) that must not be used again (failed self-check)."""
+    for p in (target, target.with_suffix(".sha256")):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def build_with(cc: str, flags: List[str]) -> Path:
+    """Compile with ``flags`` into the cache (or find a verified build there); its path.
+    The check and the build hold a lock on the folder, so concurrent processes build once."""
+    folder = writable_folder(cache_dir())
+    target = folder / library_name(cc, flags)
+    with open(folder / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if verified(target):
+                return target
+            if os.path.lexists(target):
+                log.warning("ignoring the cached CPU kernels %s (not private, or checksum mismatch); rebuilding", target)
+                discard(target)
+            _compile(cc, flags, target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def _compile(cc: str, flags: List[str], target: Path) -> None:
+    """Compile into a temp file in the folder, record its digest, rename both into place."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         t0 = time.perf_counter()
-        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([*shlex.split(cc), *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
+                             text=True, timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-300:]}")
+        os.chmod(tmp, 0o700)
+        digest = _digest(Path(tmp))
+        fd, tmp_digest = tempfile.mkstemp(suffix=".sha256", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(digest + "\n")
+        os.replace(tmp_digest, target.with_suffix(".sha256"))
         os.replace(tmp, target)
         log.info("built the native histogram kernels in %.1f s (%s)", time.perf_counter() - t0, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 _P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
@@ -142,8 +243,13 @@ _SIGNATURES = {
 
 
 def load_library(cc: str) -> ctypes.CDLL:
-    """Build (or find) the kernels with ``cc``, load them and declare their signatures."""
-    lib = ctypes.CDLL(str(build(cc)))
+    """Build (or find) the kernels with ``cc``, check them again, load them and declare their
+    signatures. The loaded file's path is ``lib._amct_path`` (for ``discard``)."""
+    path = build(cc)
+    if not verified(path):            # e.g. replaced between the build and here
+        raise RuntimeError(f"the built library {path} failed its checksum or ownership check")
+    lib = ctypes.CDLL(str(path))
+    lib._amct_path = path
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -66,6 +66,7 @@ def library() -> Optional[ctypes.CDLL]:
                         _state["lib"] = lib       # the self-check calls the kernels through library()
                         problem = self_check()
                         if problem:
+                            native_build.discard(lib._amct_path)     # never reused
                             lib = None
                             _state["why"] = f"self-check failed: {problem}"
                 except Exception as exc:  # a build problem must never stop a calibration
@@ -150,10 +151,10 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, offs
                threads: int = 1) -> None:
     """``histogram.add_packed`` in one kernel call (same arithmetic) for CPU state tensors
     (int64 ``counts``, float64 ``dsum``, contiguous), slot blocks on ``threads`` threads."""
-    if not (acc.dtype == torch.int64 and acc.stride(1) == 1 and counts.dtype == torch.int64
-            and dsum.dtype == torch.float64 and counts.is_contiguous() and dsum.is_contiguous()
-            and counts.device.type == dsum.device.type == "cpu"):
-        raise ValueError("add_packed takes CPU int64 counts and float64 offset sums")
+    if not (acc.dim() == 2 and acc.dtype == torch.int64 and acc.stride(1) == 1 and acc.device.type == "cpu"):
+        raise ValueError("add_packed takes int64 CPU rows of packed entries")
+    _check(counts, torch.int64, acc.shape[1], "add_packed counts")
+    _check(dsum, torch.float64, acc.shape[1], "add_packed offset sums")
     library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], offset_bits,
                               counts.data_ptr(), dsum.data_ptr(), _decode_threads(threads, acc.shape[1]))
 
@@ -168,8 +169,8 @@ def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> Non
     descending (``largest``), or the k smallest ascending — the values of
     ``torch.topk(torch.cat([buf, cand]), k, largest)`` (ties are equal values). Both contiguous
     float32 CPU, NaN-free."""
-    if not (buf.is_contiguous() and cand.is_contiguous() and buf.dtype == cand.dtype == torch.float32):
-        raise ValueError("insert_extremes takes contiguous float32 CPU tensors")
+    _check(buf, torch.float32, None, "insert_extremes buffer")
+    _check(cand, torch.float32, None, "insert_extremes candidates")
     cand = cand.clone()                                   # the kernel reorders it
     if library().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest)):
         raise MemoryError("no memory to merge the streaming IFMR candidates")
@@ -187,6 +188,17 @@ def frame_for(gmin: float, gmax: float, nbins: int, rel_bits: int, min_exp: int,
 def _check_input(x: torch.Tensor) -> None:
     if not (x.is_contiguous() and x.dtype == torch.float32 and x.device.type == "cpu"):
         raise ValueError("the histogram kernels take contiguous float32 CPU tensors")
+
+
+def _check(t: torch.Tensor, dtype: torch.dtype, numel: Optional[int], what: str) -> None:
+    """The boundary check of every tensor handed to C: CPU, ``dtype``, contiguous and (when
+    given) exactly ``numel`` elements — a wrong length from an untrusted state must be an
+    error here, never a read or write past a buffer in C."""
+    if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous()
+            and (numel is None or t.numel() == numel)):
+        got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{what}: expected a contiguous CPU {dtype} tensor"
+                         + (f" of {numel} elements" if numel is not None else "") + f", got {got}")
 
 
 class UpdateResult(NamedTuple):
@@ -240,9 +252,12 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, offset_bit
     lib = library()
     if commit is not None:
         c = commit
-        if not (c.counts.is_contiguous() and c.dsum.is_contiguous() and c.top.is_contiguous()
-                and c.bottom.is_contiguous() and c.counts.numel() >= slots):
-            raise ValueError("stream_update commits into contiguous state tensors")
+        if slots != c.nbins + 1 or c.top.numel() < 1:
+            raise ValueError(f"stream_update: {slots} slots for a state of {c.nbins} bins")
+        _check(c.top, torch.float32, c.top.numel(), "stream_update top buffer")
+        _check(c.bottom, torch.float32, c.top.numel(), "stream_update bottom buffer")
+        _check(c.counts, torch.int64, slots, "stream_update counts")
+        _check(c.dsum, torch.float64, slots, "stream_update offset sums")
         done = lib.amct_stream_step(pieces, nt, x.data_ptr(), bounds.data_ptr(), s, base, slots, offset_bits,
                                     acc.data_ptr(), stride, thr_hi, thr_lo, cand.data_ptr(), cap,
                                     res.data_ptr(), ext.data_ptr(), c.gmin, c.gmax, c.e, c.nbins, c.rel_bits,
@@ -343,6 +358,12 @@ def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, righ
     pref, cnt = pref.contiguous(), cnt.contiguous()
     lefts = lefts.to(torch.int64).contiguous()
     rights = rights.to(torch.int64).contiguous()
+    n = cnt.numel() - 1
+    _check(cnt, torch.int64, None, "hfmg_losses counts")
+    _check(pref, torch.int64, 3 * (n + 1), "hfmg_losses prefix moments")
+    _check(rights, torch.int64, lefts.numel(), "hfmg_losses right bounds")
+    if lefts.device.type != "cpu" or (lefts.numel() and not bool(((lefts >= 0) & (lefts <= rights) & (rights < n)).all())):
+        raise ValueError("hfmg_losses: candidate ranges must satisfy 0 <= left <= right < bins")
     out = torch.empty(lefts.numel(), dtype=torch.float64)
     library().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),
                                rights.data_ptr(), lefts.numel(), width, flt_eps, out.data_ptr(),
@@ -360,6 +381,10 @@ def ifmr_hist_losses(counts: torch.Tensor, dsum: torch.Tensor, start: float, wid
     counts = counts.to(torch.int64).contiguous()
     dsum = dsum.double().contiguous()
     m_lo, k, s = (t.double().contiguous() for t in (m_lo, k, s))
+    _check(counts, torch.int64, None, "ifmr_hist_losses counts")
+    _check(dsum, torch.float64, counts.numel(), "ifmr_hist_losses offset sums")
+    _check(k, torch.float64, m_lo.numel(), "ifmr_hist_losses level counts")
+    _check(s, torch.float64, m_lo.numel(), "ifmr_hist_losses steps")
     out = torch.empty(m_lo.numel(), dtype=torch.float64)
     if library().amct_ifmr_hist_losses(counts.data_ptr(), dsum.data_ptr(), counts.numel(), start, width,
                                        m_lo.data_ptr(), k.data_ptr(), s.data_ptr(), m_lo.numel(), out.data_ptr()):
@@ -384,6 +409,7 @@ def hfmg_redistribute(counts: torch.Tensor, old_min: float, old_max: float, new_
     """``hfmg.redistribute`` for an int64 CPU histogram with old_max > old_min
     (``amct_hfmg_redistribute``: the same float64 operations, so the same integers)."""
     counts = counts.contiguous()
+    _check(counts, torch.int64, None, "hfmg_redistribute counts")
     out = torch.empty_like(counts)
     library().amct_hfmg_redistribute(counts.data_ptr(), counts.numel(), old_min, old_max, new_min, new_max,
                                      out.data_ptr())
