@@ -113,6 +113,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
     from amct_torch.api import SAVE_TYPES, init, quantize_model, save_model
     from amct_torch.calibration.outputs import export_onnx_model
+    from amct_torch.export.preflight import onnx_preflight, raise_if
 
     for p, what in ((model_file, "model file"), (weights_file, "weights file")):
         if not isinstance(p, (str, os.PathLike)) or not os.path.isfile(p):
@@ -156,6 +157,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         cfg = _config_json(config, staged["config"], model_file, weights_file, skip_layers,
                            batch_num or 1, activation_offset)
         graph = init(cfg, model_file, weights_file, staged["record"])
+        onnx_problem = onnx_preflight(graph.model, model_file) if onnx else None  # before calibrating
         if batch_num is not None:
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num
@@ -192,7 +194,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                 files[_kind(p, prefix)] = p
         prog.start("building the fake-quant model")
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
-        if onnx:
+        if onnx and onnx_problem is None:
             prog.start("writing the ONNX models")
             activations = onnx if isinstance(onnx, str) else "int8"
             calib = [b[0] if isinstance(b, tuple) else b for b in keeper.cache]
@@ -216,6 +218,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         prog.start("committing the outputs")
         tx.commit([finals[k] for k in files])
         final = {k: finals[k] for k in files}
+        raise_if(onnx_problem)  # the other outputs are written: now the ONNX problem (exit 2)
         return QuantizeResult(files=final, records=records, float_model=model,
                               quant_model=quant_model, graph=graph, report=stats, device=dev)
     except AmctError as err:
