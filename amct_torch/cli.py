@@ -188,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-num", type=_positive, default=4, help="calibration batches (default: %(default)s)")
     d.add_argument("--device", default="auto", help="cpu or cuda (default: cuda if available)")
     _common(d)
+
+    k = sub.add_parser("build-kernels", help="build and verify the compiled CPU kernels now",
+                       description="Compile (or find in the private cache) the CPU calibration kernels, "
+                                   "check them against the torch formulas, and say where they are. "
+                                   "Calibration does this itself before its first batch; run it once in a "
+                                   "Docker build step or before many parallel jobs.")
+    _common(k)
     return parser
 
 
@@ -283,7 +290,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     quiet=args.quiet)
 
 
-COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo}
+def cmd_build_kernels(args: argparse.Namespace) -> int:
+    from amct_torch import kernels
+    from amct_torch.kernels import native
+    lib = native.library()
+    if lib is None:
+        print(f"CPU kernels unavailable: {kernels.unavailable_reason()}; calibration uses the torch formulas")
+        return 0 if kernels.turned_off() else 1
+    print(f"CPU kernels ready: {lib._amct_path}")
+    return 0
+
+
+COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo,
+            "build-kernels": cmd_build_kernels}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
