@@ -46,6 +46,8 @@ EOF
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider -k "$dev" tests 2>&1 | tee "$out/pytest_$dev.log" | tail -15
   echo "== benchmarks/bench_algorithms.py --device $dev"
   timeout 180 python3 benchmarks/bench_algorithms.py --device "$dev" 2>&1 | tee "$out/bench_algorithms_$dev.jsonl"
+  echo "== benchmarks/bench_sync.py --device $dev (host reads per batch; on CUDA calibration/forward and graph capture)"
+  timeout 180 python3 benchmarks/bench_sync.py --device "$dev" 2>&1 | tee "$out/bench_sync_$dev.jsonl"
   ;;
 *)
   sed -n '2,14p' "$0"
