@@ -18,7 +18,8 @@ import os
 
 import torch
 
-from amct_torch.calibration.workflow import QuantGraph, fuse, start_calibration, write_weights
+from amct_torch.calibration.workflow import (QuantGraph, check_finite_weights, fuse,
+                                             start_calibration, write_weights)
 from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
 from amct_torch.record import empty_record, read_record
@@ -54,6 +55,7 @@ def init(config_file: str, model_file: str, weights_file: str,
     check_outputs([record_out], [model_file, weights_file, config_file])
     make_folder(os.path.dirname(os.path.abspath(record_out)))
     model = load_caffe(model_file, weights_file)
+    check_finite_weights(model, weights_file)
     layers = layer_infos_from_net(model.caffe_net)
     config = read_quant_config_json(config_file, layers)
     record_file = os.fspath(scale_offset_record_file)

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from amct_torch.errors import AmctError
+from amct_torch.errors import AmctError, excerpt
 
 log = logging.getLogger("amct_torch")
 
@@ -219,8 +219,13 @@ def _summary(result, out=None) -> None:
     head = ("layer", "act algo", "scale_d", "offset_d", "weights")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    print(f"\nquantized {len(rows)} layer(s), {qc.batch_num} calibration batch(es) on {result.device}",
-          file=out)
+    used = ""
+    if getattr(result, "samples_used", None) is not None:
+        total = result.samples_total
+        used = (f", {result.samples_used} sample(s)" if total is None else
+                f", {result.samples_used} of {total} sample(s)")
+    print(f"\nquantized {len(rows)} layer(s), {qc.batch_num} calibration batch(es){used} on "
+          f"{result.device}", file=out)
     print(fmt.format(*head), file=out)
     for r in rows:
         print(fmt.format(*r), file=out)
@@ -240,6 +245,8 @@ def _print_files(files: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from amct_torch.malloc_tuning import keep_freed_memory
+    keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
     from amct_torch.calibration.data import Preprocess
     from amct_torch.calibration.oneshot import quantize
 
@@ -305,6 +312,14 @@ COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_co
             "build-kernels": cmd_build_kernels}
 
 
+def _inputs_of(args: argparse.Namespace) -> str:
+    """The input files of a command line, for an error that cannot name the one at fault."""
+    names = [getattr(args, k, None) for k in ("model", "weights", "data", "record", "config",
+                                               "quant_cfg")]
+    names = [n for n in names if n]
+    return f"{', '.join(names)}: " if names else ""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     parser = build_parser()
@@ -318,10 +333,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except AmctError as err:
         msg = " ".join(str(err).split())
         print(f"amct-torch {args.command}: error: {msg}", file=sys.stderr)
-    except (OSError, MemoryError) as err:
-        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+    except (OSError, MemoryError, RecursionError) as err:
+        # resource exhaustion reached from a user's file: one line naming the command's inputs
+        where = f"{err.filename}: " if getattr(err, "filename", None) else _inputs_of(args)
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
-        print(f"amct-torch {args.command}: error: {where}{why}", file=sys.stderr)
+        if isinstance(err, (MemoryError, RecursionError)):
+            why = f"{type(err).__name__}: {why}" if str(err) else type(err).__name__
+        print(f"amct-torch {args.command}: error: {where}{excerpt(why)}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"amct-torch {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -8,6 +8,19 @@ from __future__ import annotations
 
 from typing import Optional
 
+#: longest message body kept whole; longer ones (a parser echoing an 80 KB line) are cut to a
+#: head and a tail around a note of how much was left out
+MAX_MESSAGE = 400
+
+
+def excerpt(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` on one line, cut in the middle to at most about ``limit`` characters."""
+    text = " ".join(str(text).split()) if "\n" in str(text) else str(text)
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]} [... {len(text) - 2 * keep} characters cut ...] {text[-keep:]}"
+
 
 class AmctError(Exception):
     """Base class of every error caused by the user's input.
@@ -18,7 +31,7 @@ class AmctError(Exception):
 
     def __init__(self, message: str, *, file: Optional[str] = None, layer: Optional[str] = None,
                  line: Optional[int] = None) -> None:
-        self.message = message
+        self.message = excerpt(message)
         self.file = None if file is None else str(file)
         self.layer = layer
         self.line = line

@@ -74,6 +74,8 @@ def parse_prototxt(path: str) -> pb.NetParameter:
     try:
         text_format.Parse(stripped, net)
         _ptx.attach_unknown(net, entries)
+    except RecursionError:
+        raise ModelError("prototxt blocks are nested too deeply", file=path) from None
     except text_format.ParseError as err:
         # The tolerant pass gave up (broken structure): parse again skipping unknown fields,
         # so that the error reported is the real syntax error, not the first unknown field.
@@ -84,6 +86,8 @@ def parse_prototxt(path: str) -> pb.NetParameter:
                 text_format.Parse(text, net, allow_unknown_field=True)
             except text_format.ParseError as err2:
                 raise _syntax_error(err2, path) from err2
+            except RecursionError:
+                raise ModelError("prototxt blocks are nested too deeply", file=path) from None
         warnings.warn(f"{path}: unknown fields could not be kept and were dropped ({err})")
     if net.ByteSize() == 0:
         raise ModelError("empty prototxt (no net definition)", file=path)
@@ -205,6 +209,10 @@ def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) ->
         for i, top in enumerate(layer.top):
             shape = [] if not shapes else list(shapes[i if len(shapes) > 1 else 0].dim)
             out.append((top, shape))
+    for name, shape in out:  # declared sizes: positive, each below 2^31 (issue 16)
+        if any(d < 1 or d >= 2 ** 31 for d in shape) or int(np.prod(shape, dtype=object)) >= 2 ** 31:
+            raise ModelError(f"input '{name}' declares shape {shape}: every dimension must be "
+                             ">= 1 and the input below 2^31 elements", file=file)
     return out
 
 

@@ -67,13 +67,74 @@ def _hw(v: Union[int, Sequence[int]]) -> tuple[int, int]:
     return (vals[0], vals[0]) if len(vals) == 1 else (vals[0], vals[1])
 
 
+#: largest image read, and largest image a resize may produce (documented in docs/workflow.md):
+#: 50 megapixels (150 MB as 8-bit BGR, 600 MB as float32)
+MAX_IMAGE_PIXELS = 50_000_000
+
+
+def image_size(path: str) -> Optional[tuple[int, int]]:
+    """(width, height) from a PNG, JPEG, BMP or GIF header without decoding; None when the
+    format is not one of those or the header is unreadable (OpenCV then decides)."""
+    import struct
+    try:
+        with open(path, "rb") as f:
+            head = f.read(32)
+            if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+                return struct.unpack(">II", head[16:24])
+            if head[:2] == b"BM" and len(head) >= 26:
+                w, h = struct.unpack("<ii", head[18:26])
+                return abs(w), abs(h)
+            if head[:6] in (b"GIF87a", b"GIF89a"):
+                return struct.unpack("<HH", head[6:10])
+            if head[:2] == b"\xff\xd8":
+                f.seek(2)
+                for _ in range(10000):
+                    marker = f.read(2)
+                    if len(marker) < 2 or marker[0] != 0xFF:
+                        return None
+                    if marker[1] in (0xD8, 0x01) or 0xD0 <= marker[1] <= 0xD7:
+                        continue
+                    length = struct.unpack(">H", f.read(2))[0]
+                    if 0xC0 <= marker[1] <= 0xCF and marker[1] not in (0xC4, 0xC8, 0xCC):
+                        h, w = struct.unpack(">xHH", f.read(5))
+                        return w, h
+                    f.seek(length - 2, 1)
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def check_resize(hw: Optional[tuple[int, int]], pre: "Preprocess", file: Optional[str]) -> None:
+    """Refuse, before any image is read, a resize target above ``MAX_IMAGE_PIXELS`` (e.g. a
+    prototxt declaring a 100000x100000 input): ``DataError`` naming ``file`` (the model)."""
+    target = pre.resize if pre.resize is not None else (None if pre.crop is not None else hw)
+    if target is None:
+        return
+    h, w = _hw(target)
+    if isinstance(target, int) or len(list(target)) == 1:
+        w = h  # the shorter side: at least that square
+    if h * w > MAX_IMAGE_PIXELS:
+        src = "--resize" if pre.resize is not None else "the net's declared input size"
+        raise DataError(f"images would be resized to {h}x{w} ({src}); at most "
+                        f"{MAX_IMAGE_PIXELS} pixels per image are allowed", file=file)
+
+
 def load_image(path: str, pre: Preprocess, channels: int,
                target_hw: Optional[tuple[int, int]]) -> np.ndarray:
     """One image file as a float32 C×H×W array, preprocessed by ``pre``."""
+    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
     import cv2
 
+    size = image_size(path)
+    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise DataError(f"the image is {size[1]}x{size[0]} pixels; at most {MAX_IMAGE_PIXELS} "
+                        "pixels are read (a small file can declare a huge image)", file=path)
     flag = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
-    img = cv2.imread(path, flag)
+    try:
+        img = cv2.imread(path, flag)
+    except cv2.error as err:
+        msg = str(err).strip().splitlines()[-1] if str(err).strip() else "OpenCV error"
+        raise DataError(f"cannot read this image: {msg}", file=path) from None
     if img is None:
         raise DataError("cannot read this file as an image (not an image, or corrupt)", file=path)
     if img.ndim == 2:
@@ -90,6 +151,9 @@ def load_image(path: str, pre: Preprocess, channels: int,
         else:
             rh, rw = _hw(resize)
             size = (rw, rh)
+        if size[0] * size[1] > MAX_IMAGE_PIXELS:
+            raise DataError(f"resizing this image gives {size[0]}x{size[1]} pixels; at most "
+                            f"{MAX_IMAGE_PIXELS} are allowed", file=path)
         img = cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
         if img.ndim == 2:
             img = img[:, :, None]
@@ -112,20 +176,165 @@ def load_image(path: str, pre: Preprocess, channels: int,
     return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
-def _load_arrays(path: str) -> list[np.ndarray]:
-    """The arrays of a .npy file, or of a .npz file (every array it holds, in key order)."""
+#: numpy dtype kinds that are numbers a net can take (bool, ints, uints, floats)
+_NUMERIC_KINDS = "biuf"
+
+
+class ArrayFile:
+    """One array of a ``.npy`` file or a ``.npz`` member, read lazily, rows on demand.
+
+    Why: a 2 MB ``.npz`` of zeros can hold gigabytes; reading every member up front made the
+    tool allocate all of it even for ``--batch-size 8 --batch-num 1``. ``.npy`` files are
+    memory-mapped; ``.npz`` members are decompressed as a stream, row by row, and their
+    declared size is checked against the member's real size before anything is read."""
+
+    def __init__(self, path: str, member: Optional[str] = None) -> None:
+        self.path = path
+        self.member = member
+        self._stream = None
+        self._next_row = 0
+        if member is None:
+            try:
+                self._mm = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError, EOFError) as err:
+                raise DataError(f"cannot read the array file: {err}", file=path) from None
+            if not isinstance(self._mm, np.ndarray):
+                raise DataError("not a .npy array file", file=path)
+            self.shape, self.dtype = tuple(self._mm.shape), self._mm.dtype
+        else:
+            self._mm = None
+            self.shape, self.dtype, self._fortran, self._offset = self._npz_header()
+        if self.dtype.kind not in _NUMERIC_KINDS:
+            raise DataError(f"the array holds {self.dtype} values; calibration data must be "
+                            "numbers (float or integer)", file=path)
+
+    def _open_member(self):
+        import zipfile
+        try:
+            z = zipfile.ZipFile(self.path)
+            return z, z.open(self.member)
+        except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as err:
+            raise DataError(f"cannot read the .npz file: {err}", file=self.path) from None
+
+    def _npz_header(self):
+        import zipfile
+        z, f = self._open_member()
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell() if hasattr(f, "tell") else None
+            size = z.getinfo(self.member).file_size
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise DataError(f"cannot read array '{self.member}' of the .npz file: {err}",
+                            file=self.path) from None
+        finally:
+            f.close()
+            z.close()
+        if dtype.kind in _NUMERIC_KINDS:
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if offset is not None and size - offset != need:
+                raise DataError(f"array '{self.member}' declares shape {list(shape)} "
+                                f"({need} bytes) but holds {size - offset} bytes", file=self.path)
+        return tuple(shape), dtype, fortran, offset
+
+    @property
+    def rows_total(self) -> int:
+        return int(self.shape[0]) if self.shape else 1
+
+    def rows(self, start: int, count: int) -> np.ndarray:
+        """Rows ``start``..``start+count`` (sequential for ``.npz`` members) as a new array."""
+        if self._mm is not None:
+            if not self.shape:
+                return np.array(self._mm)
+            return np.array(self._mm[start:start + count])
+        if self._fortran or not self.shape:
+            z, f = self._open_member()
+            with z, f:
+                arr = np.lib.format.read_array(f, allow_pickle=False)
+            return np.array(arr[start:start + count]) if self.shape else arr
+        if self._stream is None or start != self._next_row:
+            if self._stream is not None:
+                self._stream[1].close()
+                self._stream[0].close()
+            z, f = self._open_member()
+            f.read(self._offset)
+            row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+            f.read(row_bytes * start)
+            self._stream = (z, f)
+        count = max(0, min(count, self.rows_total - start))
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        data = self._stream[1].read(row_bytes * count)
+        if len(data) != row_bytes * count:
+            raise DataError(f"array '{self.member}' is truncated", file=self.path)
+        self._next_row = start + count
+        return np.frombuffer(data, dtype=self.dtype).reshape((count,) + tuple(self.shape[1:])).copy()
+
+
+def array_files(path: str) -> list[ArrayFile]:
+    """The arrays of a .npy file, or of a .npz file (``inputs``, else ``data``, else every
+    array in key order), opened lazily."""
+    if path.lower().endswith(".npy"):
+        return [ArrayFile(path)]
+    import zipfile
     try:
-        if path.endswith(".npy"):
-            return [np.load(path, allow_pickle=False)]
-        with np.load(path, allow_pickle=False) as z:
-            if not z.files:
-                raise DataError("the .npz file holds no array", file=path)
-            keys = ["inputs"] if "inputs" in z.files else (["data"] if "data" in z.files else z.files)
-            return [z[k] for k in keys]
-    except DataError:
-        raise
-    except (OSError, ValueError) as err:
-        raise DataError(f"cannot read the array file: {err}", file=path) from None
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
+        raise DataError(f"cannot read the .npz file: {err}", file=path) from None
+    if not names:
+        raise DataError("the .npz file holds no array", file=path)
+    keys = [n[:-4] for n in names]
+    wanted = ["inputs"] if "inputs" in keys else (["data"] if "data" in keys else sorted(keys))
+    return [ArrayFile(path, k + ".npy") for k in wanted]
+
+
+def _load_arrays(path: str) -> list[np.ndarray]:
+    """The arrays of a .npy/.npz file, read whole (small files, tests)."""
+    return [a.rows(0, a.rows_total) if a.shape else a.rows(0, 1) for a in array_files(path)]
+
+
+def _array_chunks(arrays: Sequence[ArrayFile], spec: "InputSpec", chunk: int
+                  ) -> Iterator[tuple[np.ndarray, str]]:
+    """Samples of lazily read arrays, ``chunk`` rows at a time (one sample when an array is
+    one sample, i.e. has one dimension fewer than the declared input)."""
+    for a in arrays:
+        if spec.shape is not None and len(a.shape) == len(spec.shape) - 1:
+            yield a.rows(0, 1), a.path
+            continue
+        spec.check_shape(list(a.shape), a.path)  # the whole array's shape, before reading
+        for start in range(0, a.rows_total, max(1, chunk)):
+            yield a.rows(start, chunk), a.path
+
+
+def count_samples(data: Any, inputs: Sequence[tuple[str, Optional[Sequence[int]]]]) -> Optional[int]:
+    """Samples in ``data`` without reading it (headers only): an array's first dimension, the
+    rows of a .npy/.npz file, the files of an image folder; None for iterables."""
+    shape = list(inputs[0][1]) if inputs and inputs[0][1] else None
+    if hasattr(data, "shape") and len(getattr(data, "shape")) >= 1:
+        return int(data.shape[0]) if shape is None or len(data.shape) == len(shape) else 1
+    if not isinstance(data, (str, os.PathLike)):
+        return None
+    path = os.fspath(data)
+    if os.path.isdir(path):
+        total = 0
+        for p in _files(path):
+            if os.path.splitext(p)[1].lower() in ARRAY_EXTS:
+                total += sum(_rows(a, shape) for a in array_files(p))
+            else:
+                total += 1
+        return total
+    if os.path.isfile(path) and os.path.splitext(path)[1].lower() in ARRAY_EXTS:
+        return sum(_rows(a, shape) for a in array_files(path))
+    return 1 if os.path.isfile(path) else None
+
+
+def _rows(a: ArrayFile, shape: Optional[list]) -> int:
+    if shape is not None and len(a.shape) == len(shape) - 1:
+        return 1
+    return a.rows_total
 
 
 class InputSpec:
@@ -143,24 +352,33 @@ class InputSpec:
     def hw(self) -> Optional[tuple[int, int]]:
         return (self.shape[2], self.shape[3]) if self.shape and len(self.shape) == 4 else None
 
+    def check_shape(self, shape: Sequence[int], source: str) -> None:
+        """DataError naming ``source`` when a batch shape's rank or channels do not fit."""
+        if self.shape is None:
+            return
+        want = "(" + ", ".join(["N"] + [str(d) for d in self.shape[1:]]) + ")"
+        if len(shape) != len(self.shape) or (len(self.shape) >= 2 and shape[1] != self.shape[1]):
+            raise DataError(f"input '{self.name}' expects batches shaped {want}, got "
+                            f"{list(shape)}", file=source)
+
     def check(self, arr: Union[np.ndarray, torch.Tensor], source: str) -> torch.Tensor:
         """``arr`` as a float32 batch tensor of this input; DataError naming ``source`` when its
         rank or channel count does not fit the declared shape. H×W is not enforced: Caffe
         reshapes to the data and fully convolutional nets take any size (a net that cannot
         fails with a ModelError naming the layer)."""
-        t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(np.asarray(arr))
+        if not isinstance(arr, torch.Tensor):
+            arr = np.asarray(arr)
+            if arr.dtype.kind not in _NUMERIC_KINDS:
+                raise DataError(f"input '{self.name}' data holds {arr.dtype} values; expected "
+                                "numbers", file=source)
+        t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(arr)
         if not (t.is_floating_point() or t.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
                                                         torch.int64)):
             raise DataError(f"input '{self.name}' data has dtype {t.dtype}; expected numbers",
                             file=source)
         if self.shape is not None and t.dim() == len(self.shape) - 1:
             t = t.unsqueeze(0)
-        if self.shape is not None:
-            want = "(" + ", ".join(["N"] + [str(d) for d in self.shape[1:]]) + ")"
-            bad = t.dim() != len(self.shape) or (len(self.shape) >= 2 and t.shape[1] != self.shape[1])
-            if bad:
-                raise DataError(f"input '{self.name}' expects batches shaped {want}, got "
-                                f"{list(t.shape)}", file=source)
+        self.check_shape(list(t.shape), source)
         if t.numel() == 0:
             raise DataError(f"input '{self.name}' got an empty batch", file=source)
         return t if t.dtype == torch.float32 else t.float()
@@ -174,7 +392,8 @@ def _files(folder: str) -> list[str]:
     return paths
 
 
-def _folder_samples(folder: str, pre: Preprocess, spec: InputSpec) -> Iterator[tuple[np.ndarray, str]]:
+def _folder_samples(folder: str, pre: Preprocess, spec: InputSpec, chunk: int = 1
+                    ) -> Iterator[tuple[np.ndarray, str]]:
     """(C×H×W sample, its file) for every file of a folder; every file must be an image or an
     array file (one kind per folder), anything else is a DataError naming it."""
     paths = _files(folder)
@@ -195,13 +414,7 @@ def _folder_samples(folder: str, pre: Preprocess, spec: InputSpec) -> Iterator[t
         if "image" in kinds:
             yield load_image(p, pre, channels, spec.hw), p
         else:
-            for arr in _load_arrays(p):
-                arr = np.asarray(arr)
-                if spec.shape is not None and arr.ndim == len(spec.shape):
-                    for i in range(arr.shape[0]):
-                        yield arr[i], p
-                else:
-                    yield arr, p
+            yield from _array_chunks(array_files(p), spec, chunk)
 
 
 def _batched(samples: Iterable[tuple[Any, str]], batch_size: int, spec: InputSpec) -> Iterator[torch.Tensor]:
@@ -248,13 +461,12 @@ def calibration_batches(data: Any, inputs: Sequence[tuple[str, Optional[Sequence
             raise DataError("data from a path is supported for single-input nets only; pass an "
                             "iterable of tuples for several inputs", file=path)
         if os.path.isdir(path):
-            return _batched(_folder_samples(path, pre, specs[0]), bs, specs[0])
+            return _batched(_folder_samples(path, pre, specs[0], bs), bs, specs[0])
         if not os.path.exists(path):
             raise DataError("calibration data not found", file=path)
         ext = os.path.splitext(path)[1].lower()
         if ext in ARRAY_EXTS:
-            arrays = _load_arrays(path)
-            return _batched(((a, path) for a in arrays), bs, specs[0])
+            return _batched(_array_chunks(array_files(path), specs[0], bs), bs, specs[0])
         if ext in IMAGE_EXTS:
             return _batched(iter([(load_image(path, pre, specs[0].channels or 3, specs[0].hw), path)]),
                             bs, specs[0])

@@ -18,10 +18,10 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import torch
 
 from amct_torch.export import fake_quant_graph
-from amct_torch.calibration.data import Preprocess, calibration_batches
+from amct_torch.calibration.data import Preprocess, calibration_batches, count_samples
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.calibration.workflow import QuantGraph
-from amct_torch.errors import AmctError, ConfigError, ModelError
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ModelError
 from amct_torch.transaction import OutputTransaction, check_outputs
 
 log = logging.getLogger("amct_torch")
@@ -46,6 +46,9 @@ class QuantizeResult:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     #: torch.distributed rank (0 without distributed); ranks > 0 write nothing (``files`` empty)
     rank: int = 0
+    #: samples that calibrated, and samples in the data (None when the data is an iterable)
+    samples_used: Optional[int] = None
+    samples_total: Optional[int] = None
 
 
 def _config_json(config: Optional[str], path: str, model_file: str, weights_file: str,
@@ -69,14 +72,48 @@ def _config_json(config: Optional[str], path: str, model_file: str, weights_file
     return path
 
 
-def _count(data: Any) -> Optional[int]:
-    """Number of samples of a single array or a folder (None for iterables and files)."""
-    if hasattr(data, "shape") and len(getattr(data, "shape")) >= 1:
-        return int(data.shape[0])
-    if isinstance(data, (str, os.PathLike)) and os.path.isdir(data):
-        return len([n for n in os.listdir(data) if not n.startswith(".")
-                    and os.path.isfile(os.path.join(data, n))])
-    return None
+#: most samples in one batch when the batch size is derived from the data (documented in
+#: docs/workflow.md): beyond it the remaining samples stay unused, with a warning
+MAX_DEFAULT_BATCH = 256
+
+
+def default_batch_size(count: Optional[int], batch_num: int) -> Optional[int]:
+    """Spread ``count`` samples over ``batch_num`` batches (at most ``MAX_DEFAULT_BATCH`` per
+    batch); None (one sample per item) when the count is unknown."""
+    if not count:
+        return None
+    return max(1, min(MAX_DEFAULT_BATCH, -(-count // batch_num)))
+
+
+def _check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model_file: str) -> None:
+    """Warn when --mean/--scale/--resize cannot apply (arrays are used as they are) and refuse
+    a resize target beyond the image budget before any image is read."""
+    from amct_torch.calibration.data import IMAGE_EXTS, check_resize
+    if not isinstance(data, (str, os.PathLike)) or not inputs:
+        return
+    path = os.fspath(data)
+    names = os.listdir(path) if os.path.isdir(path) else [path]
+    images = any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names)
+    pre = pre or Preprocess()
+    if images:
+        shape = inputs[0][1]
+        hw = (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
+        check_resize(hw, pre, model_file)
+    elif pre.mean is not None or pre.scale != 1.0 or pre.resize is not None or pre.crop is not None:
+        log.warning("--mean/--scale/--resize/--crop apply to images only: the arrays of %s are "
+                    "used as they are", path)
+
+
+def _report_use(keeper: "_Keep", count: Optional[int], batch_num: int, bs: Optional[int]) -> None:
+    """Log how many samples calibrated and warn when some were left out."""
+    if count is None:
+        return
+    if keeper.samples < count:
+        log.warning("calibrated on %d of %d samples (%d batch(es) of %s): %d sample(s) unused; "
+                    "raise --batch-num or --batch-size to use them", keeper.samples, count,
+                    batch_num, bs, count - keeper.samples)
+    else:
+        log.info("calibrated on all %d samples", count)
 
 
 def quantize(model_file: str, weights_file: str, calibration_data: Any,
@@ -166,9 +203,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                                os.path.join(work, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
         model.to(dev)
         prog.start("calibrating")
-        count = _count(calibration_data)
-        bs = batch_size if batch_size is not None else (max(1, -(-count // n)) if count else None)
-        batches = calibration_batches(calibration_data, graph.model.caffe_inputs, bs, preprocess)
+        inputs_decl = graph.model.caffe_inputs
+        count = count_samples(calibration_data, inputs_decl)
+        bs = batch_size if batch_size is not None else default_batch_size(count, n)
+        _check_data_settings(calibration_data, inputs_decl, preprocess, model_file)
+        batches = calibration_batches(calibration_data, inputs_decl, bs, preprocess)
         keeper = _Keep()
         if ctx is not None or checkpoint is not None:
             from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
@@ -177,6 +216,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
                                            checkpoint=checkpoint)
         else:
             rest = run_calibration(model, graph.session, keeper(batches, n), dev, quiet=quiet)
+        _report_use(keeper, count, n, bs)
         if tx is None:  # only rank 0 writes; tmp is removed below
             return QuantizeResult(files={}, records=_records(graph, save_type), float_model=model,
                                   quant_model=None, graph=graph, device=dev, rank=ctx.rank)
@@ -220,7 +260,13 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         final = {k: finals[k] for k in files}
         raise_if(onnx_problem)  # the other outputs are written: now the ONNX problem (exit 2)
         return QuantizeResult(files=final, records=records, float_model=model,
-                              quant_model=quant_model, graph=graph, report=stats, device=dev)
+                              quant_model=quant_model, graph=graph, report=stats, device=dev,
+                              samples_used=keeper.samples, samples_total=count)
+    except (CalibrationError, DataError) as err:
+        if err.file is None and isinstance(calibration_data, (str, os.PathLike)):
+            # weights are checked for NaN/Inf up front: what is left comes from the data
+            raise err.with_file(os.fspath(calibration_data)) from None
+        raise _user_paths(err, tmp, finals, config) from None
     except AmctError as err:
         raise _user_paths(err, tmp, finals, config) from None
     finally:
@@ -275,16 +321,21 @@ def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.de
 
 
 class _Keep:
-    """Remembers the first ``n`` batches it passes on (the fallback report data)."""
+    """Remembers the first ``n`` batches it passes on (the fallback report data) and counts
+    their samples."""
 
     def __init__(self) -> None:
         self.cache: list = []
+        self.samples = 0
 
     def __call__(self, batches: Iterable[Any], n: int) -> Iterable[Any]:
         self.cache = []
+        self.samples = 0
         for i, b in enumerate(batches):
             if i < n:
                 self.cache.append(b)
+                first = b[0] if isinstance(b, tuple) else b
+                self.samples += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
             yield b
 
 

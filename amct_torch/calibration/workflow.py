@@ -140,6 +140,18 @@ def check_writable(path: str, what: str) -> None:
         raise AmctError(f"cannot write the {what}: folder {folder} does not exist", file=path)
 
 
+def check_finite_weights(model: Any, weights_file: str) -> None:
+    """Refuse NaN/Inf weights up front (``ModelError`` naming the caffemodel and the layer):
+    found later they surface as NaN activations of another layer or as a bad record entry."""
+    from amct_torch.caffe.graph import layer_modules
+
+    for name, mod in layer_modules(model).items():
+        for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                raise ModelError("the weights hold NaN or Inf values", file=weights_file,
+                                 layer=name)
+
+
 def device_of(module: torch.nn.Module) -> torch.device:
     """The device of a module's first parameter or buffer (cpu when it has none)."""
     for t in list(module.parameters()) + list(module.buffers()):

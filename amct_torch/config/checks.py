@@ -8,6 +8,11 @@ from typing import Optional
 
 from amct_torch.config.types import HFMG_BINS
 
+#: most IFMR candidates a search grid may have (the default 0.7..1.3 step 0.01 has 60): the
+#: search keeps one loss per candidate, so a tiny search_step in a small file would otherwise
+#: make the tool allocate gigabytes
+MAX_IFMR_CANDIDATES = 10000
+
 
 def check_percentile(name: str, value: float) -> Optional[str]:
     """Percentiles lie in (0.5, 1]."""
@@ -26,6 +31,11 @@ def check_search(start: float, end: float, step: float) -> Optional[str]:
     if not 0.0 < step <= end - start:
         return (f"search_step must satisfy 0 < search_step <= search_range_end - "
                 f"search_range_start = {end - start!r}, got {step!r}")
+    count = (end - start) / step + 1  # float64: no overflow for any finite inputs
+    if not count <= MAX_IFMR_CANDIDATES:
+        return (f"search_step {step!r} over the range [{start!r}, {end!r}] gives "
+                f"{count:.3g} IFMR candidates; at most {MAX_IFMR_CANDIDATES} are allowed "
+                "(raise search_step or narrow search_range)")
     return None
 
 

@@ -231,6 +231,8 @@ def parse_quant_config_json(text: str, layers: Sequence[LayerInfo], path: str) -
                           line=err.lineno) from None
     except RecursionError:
         raise ConfigError("not valid JSON: nested too deeply", file=path) from None
+    except (ValueError, OverflowError) as err:  # e.g. an integer of thousands of digits
+        raise ConfigError(f"not a usable JSON number: {err}", file=path) from None
     return _Reader(path, layers).read(doc)
 
 

@@ -87,8 +87,8 @@ def _convert(entries: list) -> Optional[list]:
             if name not in f:
                 continue
             vals = f[name] if name in _REPEATED else [f[name]]
-            if not _INTS.fullmatch("\n".join(vals)):
-                return None
+            if not _INTS.fullmatch("\n".join(vals)) or max(len(v) for v in vals) > 24:
+                return None  # protobuf reports it (an int of thousands of digits included)
             ints = [int(v) for v in vals]
             if min(ints) < bounds[0] or max(ints) > bounds[1]:
                 return None

@@ -15,6 +15,21 @@ def _finite_positive(v: float) -> bool:
     return math.isfinite(v) and v > 0.0
 
 
+#: plausible scales (docs/config_and_record.md): calibration never writes a scale below
+#: FLT_EPS (SPEC: smaller becomes 1.0), and above SCALE_MAX the dequant scale
+#: scale_d·scale_w and 255·scale could leave float32; outside [SCALE_MIN, SCALE_MAX] the
+#: quantized input or weight degenerates (3e38 makes every input the constant offset_d)
+SCALE_MIN = 1.1920929e-07
+SCALE_MAX = 1e18
+
+
+def _plausible(name: str, v: float) -> "str | None":
+    if not SCALE_MIN <= v <= SCALE_MAX:
+        return (f"{name} {v!r} is outside the plausible range [{SCALE_MIN:g}, {SCALE_MAX:g}] "
+                "(the quantized values would degenerate in float32); recalibrate this layer")
+    return None
+
+
 def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str) -> None:
     """All rules of SPEC §4 for one entry whose layer exists in the model."""
     def fail(text: str) -> None:
@@ -30,6 +45,9 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
         fail(f"{missing} missing: every record entry needs activation factors")
     if not _finite_positive(r.scale_d):
         fail(f"scale_d must be finite and > 0, got {r.scale_d!r}")
+    why = _plausible("scale_d", r.scale_d)
+    if why:
+        fail(why)
     if not -128 <= r.offset_d <= 127:
         fail(f"offset_d must be in [-128, 127], got {r.offset_d}")
     if any(s != 0 for s in r.shift_bit):
@@ -62,6 +80,10 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
     bad = [s for s in r.scale_w if not _finite_positive(s)]
     if bad:
         fail(f"scale_w must be finite and > 0, got {bad[0]!r}")
+    for s in r.scale_w:
+        why = _plausible("scale_w", s)
+        if why:
+            fail(why)
     if any(o != 0 for o in r.offset_w):
         fail(f"offset_w must be all 0 (weights are quantized symmetrically), got {r.offset_w}")
 
