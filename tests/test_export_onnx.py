@@ -58,7 +58,9 @@ def exported(nsfw, tmp_path_factory):
     """The default export with int8 and with uint8 activations: {activations: (float, quant)}."""
     gm, recs, _, _ = nsfw
     d = tmp_path_factory.mktemp("onnx")
-    return {a: export_onnx(gm, recs, str(d / a), activations=a) for a in ("int8", "uint8")}
+    # the plain QDQ form everywhere (integer_ops=False): these tests are about Q/DQ placement
+    # and ORT's QDQ fusion; the integer form has its own tests (test_export_onnx_int8.py)
+    return {a: export_onnx(gm, recs, str(d / a), activations=a, integer_ops=False) for a in ("int8", "uint8")}
 
 
 def torch_logits(model, x: np.ndarray, dtype=torch.float32) -> np.ndarray:
@@ -120,7 +122,7 @@ def test_int32_bias_form(tmp_path, nsfw):
     """bias="int32": the bias initializer is round(b/(scale_d·scale_w)) behind a
     DequantizeLinear with scale float32(scale_d)·scale_w, computed here from the record."""
     gm, recs, _, _ = nsfw
-    _, qp = export_onnx(gm, recs, str(tmp_path / "m"), bias="int32")
+    _, qp = export_onnx(gm, recs, str(tmp_path / "m"), bias="int32", integer_ops=False)
     inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(qp).graph.initializer}
     mods = layer_modules(gm)
     for name in ("conv_1", "conv_stage3_block2_branch2c", LOGITS):
@@ -321,7 +323,7 @@ def test_quantize_eltwise_speed_mode(tmp_path):
         h.remove()
 
     _, qp = export_onnx(gm, recs, str(tmp_path / "e"), activations="uint8", quantize_eltwise=True,
-                        calibration_data=x)
+                        calibration_data=x, integer_ops=False)
     got = dict(zip(["fc1", "s3"], session(qp, "DISABLE_ALL").run(["fc1", "s3"], {"data": x})))
     for k in ("fc1", "s3"):
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=FLOAT_RTOL * np.abs(want[k]).max())
@@ -336,7 +338,7 @@ def test_quantize_eltwise_speed_mode(tmp_path):
     assert np.abs(s3 - got["s3"]).max() <= 2 * out_q["sum3"][0] + 1e-6
     # with an int32 bias the FC's DQ → Gemm (Q/DQ repeated after its Flatten) becomes QGemm
     _, qb = export_onnx(gm, recs, str(tmp_path / "b"), activations="uint8", bias="int32",
-                        quantize_eltwise=True, calibration_data=x)
+                        quantize_eltwise=True, calibration_data=x, integer_ops=False)
     session(qb, "ENABLE_ALL", tmp_path / "optb.onnx")
     ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optb.onnx")).graph.node)
     assert ops["QGemm"] == 1 and ops["Gemm"] == 0 and ops["QLinearAdd"] == 3, ops

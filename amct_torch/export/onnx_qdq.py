@@ -41,6 +41,7 @@ from torch import fx
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
 from amct_torch.export.onnx_eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
+from amct_torch.export.onnx_integer import rewrite
 from amct_torch.export.onnx_layers import write_layer
 from amct_torch.export.onnx_shapes import Probe, _shapes, pick_outputs, probe
 from amct_torch.export.plan import LayerQuant, plan_layers
@@ -320,26 +321,26 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
            elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
            outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
-           probed: Optional[Probe] = None) -> onnx.ModelProto:
+           probed: Optional[Probe] = None, integer_ops: bool = True) -> onnx.ModelProto:
     """One ONNX model of ``gm`` (float when ``plan`` is empty). The batch is symbolic; the
     spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
     ``onnx_shapes``), otherwise the declared size is fixed."""
     pr = probed or probe(gm, try_spatial=dynamic_spatial is not False)
     want_spatial = pr.spatial and dynamic_spatial is not False
     model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                     elt_factors, outputs, want_spatial)
+                     elt_factors, outputs, want_spatial, integer_ops)
     if want_spatial and b.static_layers:
         if dynamic_spatial:
             raise ExportError(f"ONNX export: the net has a fixed spatial size (layer "
                               f"'{b.static_layers[0]}' needs it as a constant)", file=file)
         model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                         elt_factors, outputs, False)
+                         elt_factors, outputs, False, integer_ops)
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
 def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
-          outputs, spatial: bool) -> tuple[onnx.ModelProto, "_Builder"]:
+          outputs, spatial: bool, integer_ops: bool = True) -> tuple[onnx.ModelProto, "_Builder"]:
     cpu = pr.gm
     chosen, needed = pick_outputs(cpu, outputs, file)
     b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
@@ -379,6 +380,8 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
         shape = _shapes(v)[0]
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                   _dims(shape, pr.dims(v, 0, spatial), "N", name)))
+    if plan and integer_ops:
+        rewrite(b, {o.name for o in outs})
     graph = helper.make_graph(b.nodes, graph_name, g_inputs, outs, initializer=b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="amct_torch")
@@ -387,16 +390,16 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
 
 
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
-                activations: str = "int8", bias: str = "float",
+                activations: str = "uint8", bias: str = "float",
                 quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
                 calibration_data=None, file: Optional[str] = None,
                 outputs: Optional[Sequence[str]] = None,
-                dynamic_spatial: Optional[bool] = None) -> tuple[str, str]:
+                dynamic_spatial: Optional[bool] = None, integer_ops: bool = True) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
-    ``activations``: "int8" (zero point offset_d) or "uint8" (zero point offset_d + 128, the
-    same values). ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8
+    ``activations``: "uint8" (default; zero point offset_d + 128: the same values as int8,
+    and the form ORT fuses into QLinearConv most often) or "int8" (zero point offset_d). ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8
     kernels) or "int32" (round(b/(scale_d·scale_w)) behind DequantizeLinear).
     ``quantize_residual_outputs`` (opt-in, departs from AMCT: one more rounding per residual
     branch): Q/DQ after quantized layers that feed an Eltwise, factors from min/max of
@@ -408,7 +411,10 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     min/max on ``calibration_data``). ``outputs``: blob names to cut the net at (default: the
     net's outputs). ``dynamic_spatial``: None (symbolic H/W when the net runs at other sizes and
     no mapping needs them as constants), True (required) or False. The batch is always
-    symbolic. Opset 17; both models pass ``onnx.checker`` (full check)."""
+    symbolic. ``integer_ops`` (default): a quantized Conv/InnerProduct whose output no later
+    layer quantizes is written as ConvInteger/MatMulInteger → int32 → × scale_d·scale_w (+ bias)
+    (``onnx_integer``), so that ORT runs every quantized layer with int8 kernels; False keeps
+    the plain QDQ form there. Opset 17; both models pass ``onnx.checker`` (full check)."""
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     if bias not in ("float", "int32"):
@@ -432,7 +438,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     models = [(_build(graph, {}, activations, file, "float", outputs=outputs,
                       dynamic_spatial=dynamic_spatial, probed=pr), float_path),
               (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors,
-                      outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr), quant_path)]
+                      outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
+                      integer_ops=integer_ops), quant_path)]
     for model, path in models:
         tmp = f"{path}.tmp{os.getpid()}"
         onnx.save(model, tmp)
