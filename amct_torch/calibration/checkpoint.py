@@ -8,13 +8,17 @@ same as an uninterrupted run.
 
 Safe to load: the file is a ``torch.save`` of a flat ``dict[str, Tensor]`` and is read with
 ``torch.load(weights_only=True)`` — no pickled objects, so a tampered file cannot run code.
-Metadata (layer names, observer kinds) travels as a UTF-8 JSON string in a uint8 tensor and
-must match the session being resumed, else ``CalibrationError`` naming the file.
+Metadata (layer names, observer kinds, a SHA-256 of the fused weights, and a digest of the
+model file, quant config, calibration settings and data description set by ``quantize``)
+travels as a UTF-8 JSON string in a uint8 tensor and must match the session being resumed;
+the batch count, input shapes and keys are checked too; anything else is a
+``CalibrationError`` naming the file.
 Writes are atomic (temporary file + ``os.replace``): a kill during a save leaves the previous
 checkpoint intact.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Optional
@@ -26,12 +30,58 @@ from amct_torch.errors import CalibrationError
 FORMAT = "amct_torch.calibration.checkpoint/1"
 
 
+def model_digest(model: Any) -> str:
+    """SHA-256 of a model's parameters and buffers (names, dtypes, shapes, values): the same
+    prototxt with other weights gives another digest."""
+    h = hashlib.sha256()
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        arr = t.detach().cpu().contiguous()
+        h.update(f"{name}|{arr.dtype}|{tuple(arr.shape)}|".encode())
+        h.update(arr.reshape(-1).view(torch.uint8).numpy().tobytes() if arr.numel() else b"")
+    return h.hexdigest()
+
+
+def set_run_fingerprint(session: Any, **settings: Any) -> None:
+    """Attach what else a resumed run must share with the saved one: the model file's text,
+    the resolved quant config, the calibration settings and the data's description (any
+    JSON-able values). ``quantize`` calls it; a checkpoint saved with other settings is then
+    refused on resume."""
+    session.amct_run_fingerprint = hashlib.sha256(
+        json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def describe_data(data: Any) -> Any:
+    """What identifies calibration data cheaply: names, sizes and mtimes of a file or a
+    folder's files; shape and dtype of an array; None for an iterable."""
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        out = []
+        for n in names:
+            p = os.path.join(path, n) if n else path
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            out.append([n or os.path.basename(path), st.st_size, st.st_mtime_ns])
+        return out
+    if hasattr(data, "shape") and hasattr(data, "dtype"):
+        return [list(data.shape), str(data.dtype)]
+    return None
+
+
 def _fingerprint(session: Any) -> dict:
     from amct_torch.calibration.plan import act_key
+    digest = getattr(session, "amct_model_digest", None)
+    if digest is None:  # computed once per session: the weights do not change while calibrating
+        digest = model_digest(session.model)
+        session.amct_model_digest = digest
     return {"format": FORMAT,
             "groups": [[list(g.layers), [str(v) for v in act_key(g.config)], bool(g.joint)]
                        for g in session.groups],
-            "observers": [type(o).__name__ for o in session.observers]}
+            "observers": [type(o).__name__ for o in session.observers],
+            "weights": digest,
+            "run": getattr(session, "amct_run_fingerprint", None)}
 
 
 def _encode(meta: dict) -> torch.Tensor:
@@ -74,11 +124,16 @@ def save_checkpoint(session: Any, path: str) -> None:
                                file=path) from None
 
 
-def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = None) -> int:
+def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = None,
+                    batch_total: Optional[int] = None) -> int:
     """Restore the observers, input shapes and batch count of ``session`` from ``path``;
     returns the number of batches already calibrated (skip that many of your data).
 
-    ``device``: where observer states go (default: the device of the session's model)."""
+    ``device``: where observer states go (default: the device of the session's model);
+    ``batch_total``: batches this process calibrates (bounds the saved count). Anything that
+    does not belong to this run — another model, other weights, config, settings or data, a
+    count out of range, unknown keys, a state of the wrong shape — is a ``CalibrationError``
+    naming the checkpoint file."""
     from amct_torch.calibration.workflow import device_of
 
     if session.done:
@@ -96,24 +151,74 @@ def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = No
         raise CalibrationError("not a calibration checkpoint (expected a dict of tensors)", file=path)
     meta = _decode(state["meta"], path)
     want = _fingerprint(session)
-    if meta != want:
-        raise CalibrationError("the calibration checkpoint belongs to another model or quant "
-                               "config (layers or algorithms differ)", file=path)
-    parts: list[dict[str, torch.Tensor]] = [{} for _ in session.observers]
-    for k, v in state.items():
-        if k.startswith("g") and "/" in k:
-            idx, key = k[1:].split("/", 1)
-            parts[int(idx)][key] = v
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CalibrationError("not a calibration checkpoint of this version", file=path)
+    for key, what in (("groups", "the layers or algorithms"), ("observers", "the observers"),
+                      ("weights", "the weights (same layers, other values)"),
+                      ("run", "the model file, quant config, calibration settings or data")):
+        if key == "run" and meta.get(key) is None:
+            continue  # saved by the five-call workflow, which knows no run settings
+        if meta.get(key) != want[key]:
+            raise CalibrationError(f"the calibration checkpoint belongs to another model or quant "
+                                   f"config (another run): {what} "
+                                   "differ; delete it or give another --checkpoint", file=path)
+    seen = _batches_seen(state, session, path, batch_total)
+    shapes = _shapes(state, session, path)
+    parts = _observer_parts(state, session, path)
     try:
         for obs, part in zip(session.observers, parts):
             obs.load_state_dict(part)
-    except (KeyError, RuntimeError, ValueError) as err:
+    except CalibrationError as err:
+        raise err.with_file(path) from None
+    except (KeyError, RuntimeError, ValueError, IndexError, TypeError) as err:
         raise CalibrationError(f"calibration checkpoint has an invalid observer state: {err}",
                                file=path) from None
-    for group, row in zip(session.groups, state["shapes"].cpu().tolist()):
-        group.shape = tuple(int(v) for v in row) if row[0] >= 0 else None
-    session.batches_seen = int(state["batches_seen"])
-    return session.batches_seen
+    for group, row in zip(session.groups, shapes):
+        group.shape = tuple(row) if row[0] >= 0 else None
+    session.batches_seen = seen
+    return seen
+
+
+_BASE_KEYS = ("meta", "batches_seen", "shapes")
+
+
+def _batches_seen(state: dict, session: Any, path: str, batch_total: Optional[int]) -> int:
+    """The saved batch count: a 0-d integer in [0, batches this run calibrates)."""
+    t = state.get("batches_seen")
+    if t is None or t.dim() != 0 or t.is_floating_point() or t.dtype == torch.bool:
+        raise CalibrationError("calibration checkpoint: batches_seen must be one integer", file=path)
+    seen = int(t)
+    limit = session.batch_num if batch_total is None else min(session.batch_num, batch_total)
+    if not 0 <= seen <= limit:
+        raise CalibrationError(f"calibration checkpoint: batches_seen {seen} is outside "
+                               f"[0, {limit}] for this run", file=path)
+    return seen
+
+
+def _shapes(state: dict, session: Any, path: str) -> list[list[int]]:
+    """Saved input shapes: one row (C, H, W) per group, all -1 (not seen) or all in [1, 2^31)."""
+    t = state.get("shapes")
+    n = len(session.groups)
+    if t is None or t.is_floating_point() or tuple(t.shape) != (n, 3):
+        raise CalibrationError(f"calibration checkpoint: shapes must be {n}x3 integers", file=path)
+    rows = [[int(v) for v in row] for row in t.cpu().tolist()]
+    for row in rows:
+        if not (row == [-1, -1, -1] or all(1 <= v < 2 ** 31 for v in row)):
+            raise CalibrationError(f"calibration checkpoint: invalid input shape {row}", file=path)
+    return rows
+
+
+def _observer_parts(state: dict, session: Any, path: str) -> list[dict[str, torch.Tensor]]:
+    """The state dicts of the observers, from keys ``g{index}/{name}``; unknown keys refused."""
+    parts: list[dict[str, torch.Tensor]] = [{} for _ in session.observers]
+    for k, v in state.items():
+        if k in _BASE_KEYS:
+            continue
+        idx, sep, key = k[1:].partition("/")
+        if not (k.startswith("g") and sep and idx.isdigit() and int(idx) < len(parts) and key):
+            raise CalibrationError(f"calibration checkpoint has an unknown entry {k!r}", file=path)
+        parts[int(idx)][key] = v
+    return parts
 
 
 class Checkpointer:
@@ -137,7 +242,7 @@ class Checkpointer:
     def resume(self) -> int:
         if not os.path.exists(self.path):
             return 0
-        return load_checkpoint(self.session, self.path)
+        return load_checkpoint(self.session, self.path, batch_total=self.batch_total)
 
     def save(self) -> None:
         """Save now if ``every`` batches passed since the last save (IFMR exact states grow

@@ -104,6 +104,21 @@ def _check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], mode
                     "used as they are", path)
 
 
+def _fingerprint_run(graph: QuantGraph, model_file: str, data: Any, batch_num: int,
+                     batch_size: Optional[int], pre: Optional[Preprocess], ifmr_mode: str) -> None:
+    """What a checkpoint must share with this run to be resumed (checkpoint.py)."""
+    import dataclasses
+    import hashlib
+    from amct_torch.calibration.checkpoint import describe_data, set_run_fingerprint
+    from amct_torch.config.json_config import quant_config_to_json
+    with open(model_file, "rb") as f:
+        model_sha = hashlib.sha256(f.read()).hexdigest()
+    set_run_fingerprint(graph.session, model=model_sha, config=quant_config_to_json(graph.config),
+                        batch_num=batch_num, batch_size=batch_size, ifmr_mode=ifmr_mode,
+                        preprocess=dataclasses.asdict(pre) if pre is not None else None,
+                        data=describe_data(data))
+
+
 def _report_use(keeper: "_Keep", count: Optional[int], batch_num: int, bs: Optional[int]) -> None:
     """Log how many samples calibrated and warn when some were left out."""
     if count is None:
@@ -209,6 +224,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         _check_data_settings(calibration_data, inputs_decl, preprocess, model_file)
         batches = calibration_batches(calibration_data, inputs_decl, bs, preprocess)
         keeper = _Keep()
+        if checkpoint is not None:
+            _fingerprint_run(graph, model_file, calibration_data, n, bs, preprocess, ifmr_mode)
         if ctx is not None or checkpoint is not None:
             from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
             rest = run_sharded_calibration(model, graph.session, keeper(batches, n),
