@@ -133,10 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--save-type", choices=("Fakequant", "Deploy", "Both"), default="Both",
                    help="Caffe models to write (default: %(default)s)")
     c.add_argument("--onnx", action="store_true", help="also write the float and the QDQ ONNX model")
-    c.add_argument("--onnx-activations", choices=("int8", "uint8"), default="int8",
-                   help="activation type of the QDQ model: int8 (zero point = offset_d, default) or "
-                        "uint8 (zero point offset_d+128: the same numbers, faster int8 kernels in "
-                        "ONNX Runtime on x86)")
+    c.add_argument("--onnx-activations", choices=("int8", "uint8"), default="uint8",
+                   help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: "
+                        "the same numbers as int8, and ONNX Runtime fuses more int8 kernels) or "
+                        "int8 (zero point = offset_d)")
+    c.add_argument("--onnx-outputs", type=lambda s: [x for x in s.split(",") if x],
+                   help="comma-separated blob names: write the ONNX models up to these outputs only "
+                        "(e.g. before a layer ONNX cannot express exactly)")
     c.add_argument("--onnx-quantize-eltwise", action="store_true",
                    help="ONNX speed mode (opt-in, no longer AMCT-exact): also quantize residual "
                         "conv outputs and Eltwise SUMs so ONNX Runtime runs every conv and add as "
@@ -246,6 +249,8 @@ def _print_files(files: dict) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from amct_torch.malloc_tuning import keep_freed_memory
+    from amct_torch.threads import prefer_passive_waits
+    prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
     from amct_torch.calibration.data import Preprocess
     from amct_torch.calibration.oneshot import quantize
@@ -260,7 +265,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                       report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
                       quiet=args.quiet, improve=args.improve, distributed=args.distributed,
-                      checkpoint=args.checkpoint)
+                      checkpoint=args.checkpoint, onnx_outputs=args.onnx_outputs)
     if result.rank != 0:
         return 0
     _summary(result)

@@ -1,0 +1,38 @@
+"""prefer_passive_waits: sets OpenMP's wait policy only before torch loads and never over the
+user's choice; the calibrate command reaches it before anything imports torch."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code: str, **env: str) -> str:
+    e = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=e, cwd=ROOT).stdout.strip()
+
+
+def test_set_before_torch_and_kept_when_the_user_chose():
+    code = ("import os\nfrom amct_torch.threads import prefer_passive_waits\n"
+            "print(prefer_passive_waits(), os.environ.get('OMP_WAIT_POLICY'))")
+    assert _run(code) == "True PASSIVE"
+    assert _run(code, OMP_WAIT_POLICY="ACTIVE") == "False ACTIVE"
+    late = "import torch\n" + code
+    assert _run(late) == "False None"
+
+
+def test_calibrate_sets_it_before_torch_is_imported(tmp_path):
+    """The command fails on a missing model file, after its process set-up: torch must not have
+    been imported before the policy was set."""
+    code = ("import os, sys\nfrom amct_torch import cli\n"
+            "import amct_torch.threads as t\norig = t.prefer_passive_waits\n"
+            "def spy():\n    print('torch loaded:', 'torch' in sys.modules)\n    return orig()\n"
+            "t.prefer_passive_waits = spy\n"
+            f"rc = cli.main(['calibrate', {str(tmp_path / 'no.prototxt')!r}, 'w', 'd'])\n"
+            "print('policy:', os.environ.get('OMP_WAIT_POLICY'), 'rc:', rc)")
+    out = _run(code)
+    assert "torch loaded: False" in out and "policy: PASSIVE rc: 2" in out
