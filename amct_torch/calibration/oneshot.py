@@ -139,7 +139,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              save_type: Optional[str] = "Both", onnx: Union[bool, str] = False,
              onnx_speed: bool = False, report: bool = True, report_data: Any = None, report_batches: int = 2, ifmr_mode: str = "streaming",
              quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
-             checkpoint: Optional[str] = None) -> QuantizeResult:
+             checkpoint: Optional[str] = None,
+             onnx_outputs: Optional[Sequence[str]] = None) -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
@@ -209,7 +210,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         cfg = _config_json(config, staged["config"], model_file, weights_file, skip_layers,
                            batch_num or 1, activation_offset)
         graph = init(cfg, model_file, weights_file, staged["record"])
-        onnx_problem = onnx_preflight(graph.model, model_file) if onnx else None  # before calibrating
+        onnx_problem = onnx_preflight(graph.model, model_file, onnx_outputs) if onnx else None  # before calibrating
         if batch_num is not None:
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num
@@ -253,11 +254,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(dev)
         if onnx and onnx_problem is None:
             prog.start("writing the ONNX models")
-            activations = onnx if isinstance(onnx, str) else "int8"
+            activations = onnx if isinstance(onnx, str) else "uint8"  # same values, faster in ORT
             calib = [b[0] if isinstance(b, tuple) else b for b in keeper.cache]
             files["onnx_float"], files["onnx"] = export_onnx_model(
                 graph, records, prefix, activations, quantize_eltwise=onnx_speed,
-                calibration_data=[b.cpu().numpy() for b in calib])
+                calibration_data=[b.cpu().numpy() for b in calib], outputs=onnx_outputs)
         stats = None
         if report:
             prog.start("per-layer report")
