@@ -25,14 +25,22 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def _inputs(n: onnx.NodeProto) -> list[str]:
+    """The values a node reads, those its subgraphs (If branches) read from outside included."""
+    out = [i for i in n.input if i]
+    for a in n.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out += [i for sn in a.g.node for i in _inputs(sn)]
+    return out
+
+
 def _index(nodes: list[onnx.NodeProto]) -> tuple[dict, dict]:
     prod, cons = {}, defaultdict(list)
     for n in nodes:
         for o in n.output:
             prod[o] = n
-        for i in n.input:
-            if i:
-                cons[i].append(n)
+        for i in _inputs(n):
+            cons[i].append(n)
     return prod, cons
 
 
@@ -158,14 +166,9 @@ def _prune(b, graph_outputs: set) -> None:
     initializers no node reads."""
     while True:
         _, cons = _index(b.nodes)
-        keep = [n for n in b.nodes if any(o in graph_outputs or cons.get(o) for o in n.output)
-                or n.op_type == "If"]
+        keep = [n for n in b.nodes if any(o in graph_outputs or cons.get(o) for o in n.output)]
         if len(keep) == len(b.nodes):
             break
         b.nodes[:] = keep
-    used = {i for n in b.nodes for i in n.input}
-    for n in b.nodes:  # If subgraphs read outer-scope values
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                used |= {i for sn in a.g.node for i in sn.input}
+    used = {i for n in b.nodes for i in _inputs(n)}
     b.inits[:] = [t for t in b.inits if t.name in used]
