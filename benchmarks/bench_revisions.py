@@ -1,7 +1,7 @@
 """The whole `amct-torch calibrate` job of two git revisions side by side (before/after a change).
 
 Each revision is checked out into a temporary worktree and run with this venv's Python
-(PYTHONPATH pointing at the worktree), alternating, on the same nsfw ResNet-50 and the same
+(PYTHONPATH pointing at the worktree; -P keeps the current folder off sys.path), alternating, on the same nsfw ResNet-50 and the same
 natural images as benchmarks/bench_job.py. Prints JSON lines: wall, CPU and peak RSS per run,
 the medians and the after/before ratio per size, and whether the records are byte-identical.
 
@@ -47,7 +47,7 @@ def main() -> None:
         try:
             for tag, rev in (("before", a.before), ("after", a.after)):
                 trees[tag] = worktree(rev, os.path.join(work, tag))
-            exe = [sys.executable, "-c", "import sys; from amct_torch.cli import main; sys.exit(main())"]
+            exe = [sys.executable, "-P", "-c", "import sys; from amct_torch.cli import main; sys.exit(main())"]
             for size in a.sizes.split(","):
                 n, batch = (int(v) for v in size.split("x"))
                 images = os.path.join(work, f"img{n}")

@@ -12,9 +12,23 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def pytest_generate_tests(metafunc):
-    """Any test that takes a ``device`` argument runs on every device present."""
+    """Any test that takes a ``device`` argument runs on the CPU and on CUDA; the CUDA case
+    carries the ``gpu`` marker and is skipped, with the reason, where no GPU is present."""
     if "device" in metafunc.fixturenames:
-        metafunc.parametrize("device", DEVICES)
+        metafunc.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+
+
+def _has_compiler() -> bool:
+    from amct_torch.kernels import build
+    return build.find_compiler() is not None
+
+
+def pytest_runtest_setup(item):
+    """``gpu`` tests need CUDA; ``compiler`` tests need a C compiler (the CPU kernels)."""
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none on this machine)")
+    if item.get_closest_marker("compiler") is not None and not _has_compiler():
+        pytest.skip("needs a C compiler (cc, gcc, clang or $CC) to build the CPU kernels")
 
 
 def nsfw_dir() -> str:

@@ -40,7 +40,7 @@ def run(tmp_path, net, monkeypatch, cfg_text=""):
         obs = real(layer, cfg, ifmr_mode=ifmr_mode)
         made.append(layer)
         orig = obs.update
-        obs.update = lambda x, layer=layer: (updates.append(layer), orig(x))[1]
+        obs.update = lambda x, batch=None, layer=layer: (updates.append(layer), orig(x, batch))[1]
         return obs
 
     monkeypatch.setattr(observers, "make_observer", counting)

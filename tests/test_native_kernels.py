@@ -117,7 +117,7 @@ def test_full_slices_of_the_largest_offsets_do_not_overflow(backend):
 def test_packed_histogram_matches_numpy_reference(backend, kind, monkeypatch):
     monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)      # several slices on two threads
     x = data(kind, 30011, seed=len(kind))
-    e, base = histogram.frame_for(float(x.min()), float(x.max()), 4096)
+    e, base = reference_frame(float(x.min()), float(x.max()), 4096)
     counts = torch.zeros(4097, dtype=torch.int64)
     dsum = torch.zeros(4097, dtype=torch.float64)
     accumulate(backend, x, e, base, counts, dsum)
@@ -288,30 +288,59 @@ def test_steady_batches_take_the_fused_path(monkeypatch):
         assert calls == {"fused": 0, "general": 6}
 
 
+def reference_frame(gmin: float, gmax: float, nbins: int):
+    """The frame rule written plainly: the smallest e at or above the magnitude floor
+    (|x|/2^e < 2^22) and the bin-width floor whose grid holds [gmin, gmax] in nbins bins."""
+    maxabs = max(abs(gmin), abs(gmax))
+    e = histogram.MIN_EXP if maxabs == 0 else max(histogram.MIN_EXP, math.frexp(maxabs)[1] - 1 - histogram.REL_BITS)
+    if gmax > gmin:
+        e = max(e, math.frexp((gmax - gmin) / nbins)[1] - 1)
+    while math.floor(math.ldexp(gmax, -e)) - math.floor(math.ldexp(gmin, -e)) > nbins - 1:
+        e += 1
+    return e, math.floor(math.ldexp(gmin, -e))
+
+
+def test_tensor_frame_rule_is_the_plain_rule():
+    """histogram.frame_of (fixed-shape tensor ops, what the observers run on any device)
+    against the plain loop, over magnitudes from 1e-30 to 1e30, zero, tiny spans and floors."""
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        lo, hi = sorted(float(np.float32(v)) for v in rng.standard_normal(2) * 10.0 ** rng.integers(-30, 30))
+        if rng.random() < 0.1:
+            lo = 0.0 if rng.random() < 0.5 else -hi
+        if rng.random() < 0.05:
+            hi = lo
+        nbins = int(rng.choice([7, 16, 1024, 16384]))
+        e, base = reference_frame(lo, hi, nbins)
+        floor = e + int(rng.integers(-3, 3))
+        want = (e, base) if floor <= e else (floor, math.floor(math.ldexp(lo, -floor)))
+        got = histogram.frame_of(torch.tensor(lo, dtype=torch.float64), torch.tensor(hi, dtype=torch.float64),
+                                 nbins, torch.tensor(floor))
+        assert (int(got[0]), int(got[1])) == want, (lo, hi, nbins, floor)
+
+
+@pytest.mark.compiler
 def test_frame_of_a_committing_update_is_the_python_frame():
     """A steady update commits in C only if its grown range keeps the frame; the C frame rule
-    must be histogram.frame_for (with the frame exponent as floor) exactly."""
-    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
-        assert native.library() is None and native_build.find_compiler() is None
-        return
+    must be the frame rule (with the frame exponent as floor) exactly — and so must the
+    tensor version the observers use (histogram.frame_of, through frame_for)."""
     rng = np.random.default_rng(4)
     for _ in range(3000):
         lo, hi = sorted(float(np.float32(v)) for v in rng.standard_normal(2) * 10.0 ** rng.integers(-30, 30))
         if rng.random() < 0.1:
             lo = 0.0 if rng.random() < 0.5 else -hi
         nbins = int(rng.choice([16, 1024, 16384]))
-        e, base = histogram.frame_for(lo, hi, nbins)
+        e, base = reference_frame(lo, hi, nbins)
         floor = e + int(rng.integers(-2, 3))
         want = (e, base) if floor <= e else (floor, math.floor(math.ldexp(lo, -floor)))
+        assert histogram.frame_for(lo, hi, nbins, floor) == want, (lo, hi, nbins, floor)
         assert native.frame_for(lo, hi, nbins, histogram.REL_BITS, histogram.MIN_EXP, floor) == want, \
             (lo, hi, nbins, floor)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize("largest", [True, False])
 def test_merging_candidates_into_the_extremes_is_topk(largest):
-    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
-        assert native.library() is None and native_build.find_compiler() is None
-        return
     g = torch.Generator().manual_seed(int(largest))
     for k, c in [(1024, 3), (1024, 9), (1024, 700), (1024, 5000), (16, 40), (1, 5)]:
         base = torch.round(torch.randn(4000, generator=g) * 8) / 8          # many ties
@@ -338,10 +367,8 @@ def test_merging_candidates_into_the_extremes_is_topk(largest):
         assert torch.equal(buf, want), (k, c)
 
 
+@pytest.mark.compiler
 def test_hfmg_batches_inside_the_range_take_one_pass(monkeypatch):
-    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
-        assert native.library() is None and native_build.find_compiler() is None
-        return
     passes = []
     real = native.hfmg_pass
     monkeypatch.setattr(native, "hfmg_pass", lambda *a, **k: passes.append(a[1:3]) or real(*a, **k))
@@ -418,13 +445,11 @@ def test_no_compiler_or_turned_off_falls_back_to_torch(monkeypatch, tmp_path, ca
             caplog.clear()
 
 
+@pytest.mark.compiler
 def test_build_is_cached_and_reused(monkeypatch, tmp_path):
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
         m.setenv("AMCT_TORCH_CACHE", str(tmp_path))
-        if native_build.find_compiler() is None:
-            assert native.library() is None and not list(tmp_path.iterdir())
-            return
         assert native.library() is not None
         built = sorted(tmp_path.glob("*.so"))
         assert len(built) == 1
@@ -437,6 +462,7 @@ def test_build_is_cached_and_reused(monkeypatch, tmp_path):
         assert sorted(tmp_path.glob("*.so")) == built and built[0].stat().st_mtime_ns == stamp
 
 
+@pytest.mark.compiler
 def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
@@ -445,9 +471,6 @@ def test_unwritable_cache_folder_builds_in_a_temp_folder(monkeypatch, tmp_path):
         m.setenv("AMCT_TORCH_CACHE", str(blocked / "cache"))      # cannot be created
         m.setattr(native_build.tempfile, "tempdir", str(tmp_path / "tmp"))
         (tmp_path / "tmp").mkdir()
-        if native_build.find_compiler() is None:
-            assert native.library() is None
-            return
         assert native.library() is not None, native.unavailable_reason()
         assert list((tmp_path / "tmp").glob("amct_torch-*/hist_kernels-*.so"))
 
@@ -476,14 +499,12 @@ def test_hfmg_losses_kernel_agrees_with_the_tensor_formula(nbins, monkeypatch):
             native.set_isa(-1)
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize("nbins", [64, 257, 2048, 4096])
 def test_hfmg_loss_lanes_give_the_int64_kernels_bits(nbins):
     """Four candidates a vector with the moments as float64 (exact below 2^53) form the same
     doubles as the per-candidate int64 code, at every width; candidate counts not a multiple
     of four and ranges whose destination bins are narrower than a source bin included."""
-    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
-        assert native.library() is None and native_build.find_compiler() is None
-        return
     g = torch.Generator().manual_seed(nbins + 1)
     counts = (torch.rand(nbins, generator=g) ** 6 * 5000).to(torch.int64)
     counts[nbins // 3: nbins // 3 + nbins // 10] = 0
@@ -522,11 +543,9 @@ def test_temp_folder_of_someone_else_is_refused(monkeypatch, tmp_path):
         assert native_build.writable_folder(blocked / "cache") == shared
 
 
+@pytest.mark.compiler
 def test_kernels_built_without_openmp_give_the_same_state(monkeypatch, tmp_path):
     """Where the compiler has no OpenMP the slices run one after the other: same results."""
-    if native_build.find_compiler() is None:
-        assert native.library() is None
-        return
     want = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     with monkeypatch.context() as m:
         m.setattr(native, "_state", {})
@@ -556,14 +575,12 @@ def _family(cc: str) -> str:
     return "clang" if "clang" in name else "gcc" if "gcc" in name else ""
 
 
+@pytest.mark.compiler
 def test_every_compiler_present_gives_the_same_state(monkeypatch, tmp_path):
     """Kernels built by each compiler give the default build's states; gcc's import
     libgomp's parallel entry point (they run on torch's OpenMP threads). clang builds without
     OpenMP where its runtime, libomp, is missing."""
     found = _compilers()
-    if not found:
-        assert native.library() is None
-        return
     want = states(lambda: IfmrStreamingObserver("l"), True, 1, monkeypatch)
     for cc in found:
         with monkeypatch.context() as m:
@@ -602,13 +619,11 @@ def _portable_build(cc: str):
 
 @pytest.mark.parametrize("factory", [lambda: IfmrStreamingObserver("l"), lambda: HfmgObserver("l", 2048)],
                          ids=["ifmr_streaming", "hfmg"])
+@pytest.mark.compiler
 def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
     """The code other architectures compile (4 lanes, compare-and-select instead of x86's
     min/max instructions, no AVX2 gathers or floor) passes its self-check and gives the same
     states, the same search losses and the same factors."""
-    if native_build.find_compiler() is None:
-        assert native.library() is None
-        return
     g = torch.Generator().manual_seed(3)
     counts = (torch.rand(2048, generator=g) ** 4 * 900).to(torch.int64)
     search = kernels.backend(backends.TorchBackend()).hfmg_search
@@ -694,14 +709,12 @@ def reference_bounds(x: np.ndarray, group: int, lanes: int, k: int):
     return float(x.max()), float(x.min()), float(np.sort(hi)[::-1][k - 1]), float(np.sort(lo)[k - 1])
 
 
+@pytest.mark.compiler
 @pytest.mark.parametrize("kind", ["normal", "relu", "ties", "adversarial", "small"])
 def test_chunk_bounds_match_the_definition(kind):
     """The first batch's bounds at every vector width: large inputs take the sampled
     selection (the K-th of ~10^5 group extremes), including data built so that the sample
     overestimates and the selection falls back; ties and fewer groups than K."""
-    if "native" not in BACKENDS:          # no compiler: the torch path (tested elsewhere) is all there is
-        assert native.library() is None and native_build.find_compiler() is None
-        return
     rng = np.random.default_rng(len(kind))
     n = 1_000_003 if kind != "small" else 20_000
     x = rng.standard_normal(n).astype(np.float32)

@@ -5,7 +5,6 @@ activations and that ONNX Runtime agrees with the torch fake-quant model."""
 from __future__ import annotations
 
 import os
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
@@ -19,10 +18,8 @@ def test_quickstart_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
-    start = time.perf_counter()
     NotebookClient(nb, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    assert time.perf_counter() - start < 120
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no histogram image"

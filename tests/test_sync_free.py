@@ -24,14 +24,7 @@ IDS = ["ifmr_streaming", "hfmg", "ifmr_exact"]
 SHAPES = [(8, 16, 14, 14), (3,), (2, 300_000)]
 
 
-def _sync_free_devices():
-    out = ["meta"]
-    if torch.cuda.is_available():
-        out.append("cuda")
-    return out
-
-
-@pytest.fixture(params=_sync_free_devices())
+@pytest.fixture(params=["meta", pytest.param("cuda", marks=pytest.mark.gpu)])
 def strict_device(request):
     """A device where a host read fails: meta always, CUDA (sync debug mode "error") if present."""
     if request.param == "cuda":

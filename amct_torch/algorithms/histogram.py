@@ -19,16 +19,13 @@ REL_BITS = 21
 MIN_EXP = -100
 
 
-def frame_for(gmin: float, gmax: float, nbins: int) -> Tuple[int, int]:
-    """Smallest e (≥ the magnitude floor) whose grid holds [gmin, gmax] in nbins bins; base."""
-    maxabs = max(abs(gmin), abs(gmax))
-    e = MIN_EXP if maxabs == 0 else max(MIN_EXP, math.frexp(maxabs)[1] - 1 - REL_BITS)
-    span = gmax - gmin
-    if span > 0:
-        e = max(e, math.frexp(span / nbins)[1] - 1)
-    while math.floor(math.ldexp(gmax, -e)) - math.floor(math.ldexp(gmin, -e)) > nbins - 1:
-        e += 1
-    return e, math.floor(math.ldexp(gmin, -e))
+def frame_for(gmin: float, gmax: float, nbins: int, e_floor: int = MIN_EXP) -> Tuple[int, int]:
+    """Smallest e ≥ max(the magnitude floor, ``e_floor``) whose grid holds [gmin, gmax] in
+    nbins bins, and base = floor(gmin / 2^e): ``frame_of`` (the one definition) for host
+    values."""
+    e, base = frame_of(torch.tensor(gmin, dtype=torch.float64), torch.tensor(gmax, dtype=torch.float64), nbins,
+                       torch.tensor(e_floor, dtype=torch.int64))
+    return int(e), int(base)
 
 
 #: low bits of a packed accumulator entry that hold the offset sum (the rest: the count)

@@ -265,9 +265,7 @@ class IfmrStreamingObserver(Observer):
             (gmin, gmax), (ogmin, ogmax) = st.range.tolist(), other.state.range.tolist()
             gmin, gmax = min(gmin, ogmin), max(gmax, ogmax)
             e_old, base_old = self.frame
-            e, base = histogram.frame_for(gmin, gmax, self.nbins)
-            if e < e_old:
-                e, base = e_old, math.floor(math.ldexp(gmin, -e_old))
+            e, base = histogram.frame_for(gmin, gmax, self.nbins, e_old)
             mc, md = histogram.reframe(self.counts, self.dsum, e_old, base_old, e, base)
             oc, od = histogram.reframe(other.counts.to(dev), other.dsum.to(dev), *other.frame, e, base)
             zero = torch.zeros(1, dtype=torch.int64, device=dev)

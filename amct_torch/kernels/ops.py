@@ -160,9 +160,7 @@ def _widen(st: StreamState, lo: float, hi: float) -> None:
     gmin, gmax = min(lo, gmin), max(hi, gmax)
     count = int(st.count)
     e_old, base_old = (int(v) for v in st.frame.tolist())
-    e, base = histogram.frame_for(gmin, gmax, st.nbins)
-    if count and e < e_old:
-        e, base = e_old, math.floor(math.ldexp(gmin, -e_old))
+    e, base = histogram.frame_for(gmin, gmax, st.nbins, e_old if count else histogram.MIN_EXP)
     if count and (e, base) != (e_old, base_old):
         histogram.fold_overflow(st.counts, st.dsum)
         n = st.nbins
