@@ -194,12 +194,17 @@ class ArrayFile:
         self._stream = None
         self._next_row = 0
         if member is None:
+            import zipfile
             try:
                 self._mm = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError, EOFError) as err:
-                raise DataError(f"cannot read the array file: {err}", file=path) from None
+            except Exception as err:  # noqa: BLE001 - numpy's header parser raises SyntaxError,
+                # tokenize.TokenError, ValueError... for a broken header: all are the user's file
+                raise DataError(f"cannot read the array file: {type(err).__name__}: {err}",
+                                file=path) from None
             if not isinstance(self._mm, np.ndarray):
-                raise DataError("not a .npy array file", file=path)
+                if hasattr(self._mm, "close"):
+                    self._mm.close()
+                raise DataError("not a .npy array file (a .npz archive?)", file=path)
             self.shape, self.dtype = tuple(self._mm.shape), self._mm.dtype
         else:
             self._mm = None
@@ -213,8 +218,9 @@ class ArrayFile:
         try:
             z = zipfile.ZipFile(self.path)
             return z, z.open(self.member)
-        except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as err:
-            raise DataError(f"cannot read the .npz file: {err}", file=self.path) from None
+        except Exception as err:  # noqa: BLE001 - bad zip, encrypted member, unknown method...
+            raise DataError(f"cannot read the .npz file: {type(err).__name__}: {err}",
+                            file=self.path) from None
 
     def _npz_header(self):
         import zipfile
@@ -227,9 +233,9 @@ class ArrayFile:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             offset = f.tell() if hasattr(f, "tell") else None
             size = z.getinfo(self.member).file_size
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise DataError(f"cannot read array '{self.member}' of the .npz file: {err}",
-                            file=self.path) from None
+        except Exception as err:  # noqa: BLE001 - any header parse failure (see __init__)
+            raise DataError(f"cannot read array '{self.member}' of the .npz file: "
+                            f"{type(err).__name__}: {err}", file=self.path) from None
         finally:
             f.close()
             z.close()
@@ -252,21 +258,33 @@ class ArrayFile:
             return np.array(self._mm[start:start + count])
         if self._fortran or not self.shape:
             z, f = self._open_member()
-            with z, f:
-                arr = np.lib.format.read_array(f, allow_pickle=False)
+            try:
+                with z, f:
+                    arr = np.lib.format.read_array(f, allow_pickle=False)
+            except Exception as err:  # noqa: BLE001 - see __init__
+                raise DataError(f"cannot read array '{self.member}' of the .npz file: "
+                                f"{type(err).__name__}: {err}", file=self.path) from None
             return np.array(arr[start:start + count]) if self.shape else arr
         if self._stream is None or start != self._next_row:
             if self._stream is not None:
                 self._stream[1].close()
                 self._stream[0].close()
             z, f = self._open_member()
-            f.read(self._offset)
             row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-            f.read(row_bytes * start)
+            try:
+                f.read(self._offset)
+                f.read(row_bytes * start)
+            except Exception as err:  # noqa: BLE001 - see above
+                raise DataError(f"cannot read array '{self.member}' of the .npz file: "
+                                f"{type(err).__name__}: {err}", file=self.path) from None
             self._stream = (z, f)
         count = max(0, min(count, self.rows_total - start))
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-        data = self._stream[1].read(row_bytes * count)
+        try:
+            data = self._stream[1].read(row_bytes * count)
+        except Exception as err:  # noqa: BLE001 - a corrupt deflate stream, a bad CRC...
+            raise DataError(f"cannot read array '{self.member}' of the .npz file: "
+                            f"{type(err).__name__}: {err}", file=self.path) from None
         if len(data) != row_bytes * count:
             raise DataError(f"array '{self.member}' is truncated", file=self.path)
         self._next_row = start + count
@@ -282,8 +300,9 @@ def array_files(path: str) -> list[ArrayFile]:
     try:
         with zipfile.ZipFile(path) as z:
             names = [n for n in z.namelist() if n.endswith(".npy")]
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
-        raise DataError(f"cannot read the .npz file: {err}", file=path) from None
+    except Exception as err:  # noqa: BLE001 - whatever zipfile raises on a broken archive
+        raise DataError(f"cannot read the .npz file: {type(err).__name__}: {err}",
+                        file=path) from None
     if not names:
         raise DataError("the .npz file holds no array", file=path)
     keys = [n[:-4] for n in names]
