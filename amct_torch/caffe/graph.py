@@ -236,7 +236,10 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
     with the files raises ``ModelError`` naming the file and layer."""
     from amct_torch.caffe.netio import read_net
     parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
-    return build_graph(parsed)
+    gm = build_graph(parsed)
+    from amct_torch.caffe.layers.integer import mark_integer_quants
+    mark_integer_quants(gm)  # a deploy model runs with integer semantics (layers/integer.py)
+    return gm
 
 
 def layer_modules(gm: fx.GraphModule) -> dict[str, CaffeLayer]:

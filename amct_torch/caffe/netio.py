@@ -145,13 +145,21 @@ def layer_included(layer: pb.LayerParameter, state: pb.NetState, file: Optional[
 
 def blob_to_array(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[str] = None,
                   index: int = 0) -> np.ndarray:
-    """A BlobProto as a float32 array: legacy num/channels/height/width (4-D) if any is present,
-    else ``shape.dim``; values from ``data`` or else ``double_data``."""
+    """A BlobProto as an array: legacy num/channels/height/width (4-D) if any is present, else
+    ``shape.dim``; float32 values from ``data`` or else ``double_data``; a deploy model's AMCT
+    blobs keep their integer type (``int8_data`` → int8, ``int32_data`` → int32,
+    ``uint64_data`` → uint64) so that the layers run them with integer semantics."""
     legacy = any(blob.HasField(f) for f in ("num", "channels", "height", "width"))
     shape = ([blob.num, blob.channels, blob.height, blob.width] if legacy
              else list(blob.shape.dim))
     if len(blob.data):
         values = np.asarray(blob.data, dtype=np.float32)
+    elif len(blob.int8_data):
+        values = np.frombuffer(blob.int8_data, dtype=np.int8).copy()
+    elif len(blob.int32_data):
+        values = np.asarray(blob.int32_data, dtype=np.int32)
+    elif len(blob.uint64_data):
+        values = np.asarray(blob.uint64_data, dtype=np.uint64)
     else:
         values = np.asarray(blob.double_data, dtype=np.float64).astype(np.float32)
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from amct_torch.caffe.layers.base import CaffeLayer, Shape, canonical_axis, register, to_numpy
+from amct_torch.caffe.layers.integer import integer_blobs, set_integer
 
 
 def _hw(layer: CaffeLayer, param, rep: str, h: str, w: str, default: Optional[int]) -> tuple[int, int]:
@@ -81,6 +82,7 @@ class _ConvBase(CaffeLayer):
             bias = self.blob_as(blobs[1], (self.num_output,), "bias") if has_bias else None
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
+        set_integer(self, blobs, has_bias)
 
     def _weight_from_blob(self, blob: np.ndarray, cin: Optional[int]) -> torch.Tensor:
         kh, kw = self.kernel_size
@@ -99,6 +101,8 @@ class _ConvBase(CaffeLayer):
         return self.blob_as(blob, shape, "weight", strict_4d=True)
 
     def caffe_blobs(self) -> list[np.ndarray]:
+        if self.integer:
+            return integer_blobs(self)
         out = [to_numpy(self.weight)]
         if self.bias is not None:
             out.append(to_numpy(self.bias))
@@ -129,6 +133,9 @@ class ConvolutionLayer(_ConvBase):
         return [(s[0], self.num_output, out[0], out[1])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.integer:
+            return F.conv2d(x.double(), self.weight.double(), self.int_bias, self.stride, self.padding,
+                            self.dilation, self.groups)
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -153,6 +160,9 @@ class DeconvolutionLayer(_ConvBase):
         return [(s[0], self.weight.shape[1] * self.groups, out[0], out[1])]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.integer:
+            return F.conv_transpose2d(x.double(), self.weight.double(), self.int_bias, self.stride,
+                                      self.padding, 0, self.groups, self.dilation)
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, 0,
                                   self.groups, self.dilation)
 
@@ -196,6 +206,7 @@ class InnerProductLayer(CaffeLayer):
             bias = self.blob_as(blobs[1], (n,), "bias") if has_bias else None
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
+        set_integer(self, blobs, has_bias)
 
     def infer_shapes(self, bottom_shapes):
         s = bottom_shapes[0]
@@ -210,9 +221,13 @@ class InnerProductLayer(CaffeLayer):
         ax = self.axis % x.dim()
         if ax != x.dim() - 1:
             x = x.flatten(ax)
+        if self.integer:
+            return F.linear(x.double(), self.weight.double(), self.int_bias)
         return F.linear(x, self.weight, self.bias)
 
     def caffe_blobs(self) -> list[np.ndarray]:
+        if self.integer:
+            return integer_blobs(self)
         w = to_numpy(self.weight)
         out = [np.ascontiguousarray(w.T) if self.transpose else w]
         if self.bias is not None:

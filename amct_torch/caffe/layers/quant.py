@@ -10,6 +10,7 @@ import torch
 from amct_torch.algorithms.quant import fake_quant
 
 from amct_torch.caffe.layers.base import CaffeLayer, register
+from amct_torch.caffe.layers.integer import unpack_deq
 
 
 @register("Quant")
@@ -35,6 +36,7 @@ class QuantLayer(CaffeLayer):
         self.scale = float(p.scale)
         self.offset = int(np.frombuffer(raw, dtype=np.int8)[0]) if raw else 0
         self.scale_d: Optional[float] = None
+        self.emit_codes = False  # deploy model: the next layer computes in integers (integer.py)
 
     def set_exact_scale(self, scale_d: float, offset_d: int) -> None:
         """Compute with the record's exact ``scale_d`` (division) instead of the file's
@@ -48,6 +50,8 @@ class QuantLayer(CaffeLayer):
         if self.scale_d is not None:
             return fake_quant(x, self.scale_d, self.offset)
         q = torch.clamp(torch.round(x * self.scale) + self.offset, -128, 127)
+        if self.emit_codes:
+            return q - self.offset
         return (q - self.offset) / self.scale
 
     def extra_repr(self) -> str:
@@ -57,15 +61,26 @@ class QuantLayer(CaffeLayer):
 
 @register("DeQuant")
 class DeQuantLayer(CaffeLayer):
-    """Identity in float; its blobs (deq_scale, shift_bit, offset_w) are kept as given."""
+    """Identity in the fake-quant model (float blobs deq_scale, shift_bit, offset_w, kept as
+    given). In a deploy model (one ``uint64_data`` blob) it turns the integer layer's
+    accumulator into float32: y = acc·deq_scale per output channel (axis 1)."""
 
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
         self._blobs = [] if blobs is None else [np.array(b) for b in blobs]
+        if len(self._blobs) == 1 and self._blobs[0].dtype == np.uint64:
+            self.register_buffer("deq_scale", torch.from_numpy(unpack_deq(self._blobs[0], self)))
+        else:
+            self.deq_scale: Optional[torch.Tensor] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        if self.deq_scale is None:
+            return x
+        d = self.deq_scale.to(torch.float64)
+        if d.numel() > 1:
+            d = d.view((1, -1) + (1,) * (x.dim() - 2))
+        return (x.to(torch.float64) * d).to(torch.float32)
 
     def caffe_blobs(self) -> list[np.ndarray]:
         return [b.copy() for b in self._blobs]

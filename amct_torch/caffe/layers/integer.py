@@ -1,0 +1,75 @@
+"""Integer semantics of a deploy model (SPEC §7), so that ``load_caffe`` runs the exact int8
+model a user ships: weights from ``int8_data``, bias from ``int32_data``, DeQuant factors from
+``uint64_data``.
+
+Why float64: the layers compute Σ code·w_int8 + bias_int32 in float64, whose 53-bit mantissa
+holds every int32 accumulator exactly, on CPU and CUDA alike with torch's own convolutions
+(no integer conv kernels needed). The accumulator then leaves the layer as float64 and the
+DeQuant after it multiplies by deq_scale (float32 bits of ``uint64_data``) and returns float32.
+A Quant layer in front of such a layer emits the codes q − offset_d (AscendQuant:
+clamp(round(x·(1/scale_d)) + offset_d, −128, 127), the offset removed as the hardware does),
+set by ``mark_integer_quants`` once the graph is built.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import fx
+
+SHIFT_MASK = 0xFF
+
+
+def set_integer(layer, blobs: Optional[list[np.ndarray]], has_bias: bool) -> None:
+    """Make a Convolution/Deconvolution/InnerProduct run integer semantics when its weight blob
+    is int8 (a deploy model): ``integer`` True and ``int_bias`` the exact int32 bias (float64)."""
+    layer.integer = blobs is not None and len(blobs) > 0 and np.asarray(blobs[0]).dtype == np.int8
+    if not (layer.integer and has_bias):
+        layer.int_bias = None
+        return
+    b = np.asarray(blobs[1])
+    if b.dtype != np.int32:
+        layer.fail(f"deploy weights are int8 but the bias blob is {b.dtype}, not int32")
+    layer.register_buffer("int_bias", torch.from_numpy(b.reshape(-1).astype(np.float64)))
+
+
+def integer_blobs(layer) -> list[np.ndarray]:
+    """A deploy layer's blobs as the file holds them (int8 weight, int32 bias)."""
+    w = layer.weight.detach().cpu().numpy()
+    if layer.caffe_type == "InnerProduct" and getattr(layer, "transpose", False):
+        w = np.ascontiguousarray(w.T)
+    out = [np.rint(w).astype(np.int8)]
+    if layer.int_bias is not None:
+        out.append(layer.int_bias.cpu().numpy().astype(np.int32))
+    return out
+
+
+def unpack_deq(blob: np.ndarray, layer) -> np.ndarray:
+    """deq_scale (float32) from AMCT's packed uint64: bits 0–31 the float32, 32–39 shift_bit
+    (only 0 is supported), 40–47 offset_w (0)."""
+    v = np.asarray(blob, np.uint64).reshape(-1)
+    shift = (v >> np.uint64(32)) & np.uint64(SHIFT_MASK)
+    if np.any(shift != 0):
+        layer.fail("DeQuant shift_bit other than 0 is not supported")
+    return (v & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).copy()
+
+
+def mark_integer_quants(gm: fx.GraphModule) -> int:
+    """Let each Quant layer whose consumers all end in an integer DeQuant (a deploy model) emit
+    codes instead of dequantized values; returns how many were marked."""
+    from amct_torch.caffe.layers.quant import DeQuantLayer, QuantLayer
+    marked = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), QuantLayer):
+            continue
+        users = list(node.users)
+
+        def integer_user(u: fx.Node) -> bool:
+            return u.op == "call_module" and any(
+                v.op == "call_module" and isinstance(gm.get_submodule(v.target), DeQuantLayer)
+                and gm.get_submodule(v.target).deq_scale is not None for v in u.users)
+        if users and all(integer_user(u) for u in users):
+            gm.get_submodule(node.target).emit_codes = True
+            marked += 1
+    return marked
