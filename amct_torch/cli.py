@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Calibration does this itself before its first batch; run it once in a "
                                    "Docker build step or before many parallel jobs.")
     _common(k)
+    from amct_torch.evaluate import add_parser as add_evaluate
+    add_evaluate(sub)  # amct_torch/evaluate.py: its own options
     return parser
 
 
@@ -313,8 +315,13 @@ def cmd_build_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from amct_torch.evaluate import cmd_evaluate as run
+    return run(args)
+
+
 COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo,
-            "build-kernels": cmd_build_kernels}
+            "build-kernels": cmd_build_kernels, "evaluate": cmd_evaluate}
 
 
 def _inputs_of(args: argparse.Namespace) -> str:
