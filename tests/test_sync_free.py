@@ -92,3 +92,32 @@ def test_sync_counter_sees_the_reads_it_claims_to(monkeypatch):
     reads, where, _ = count_syncs(lambda: (x.max().item(), x[x > 0], float(x.sum())))
     assert reads >= 3 and "item" in where and ("nonzero" in where or "masked_select" in where or
                                                 "_local_scalar_dense" in where)
+
+
+def _state_tensors(obs) -> dict:
+    if isinstance(obs, IfmrStreamingObserver):
+        st = obs.state
+        out = {k: getattr(st, k) for k in ("count", "top", "bottom", "counts", "dsum", "frame", "range")}
+    else:
+        out = {"counts": obs._counts, "range": obs._range, "seen": obs._seen}
+    out.update(bad=obs._bad, first_bad=obs._first_bad)
+    return out
+
+
+@pytest.mark.parametrize("factory", OBSERVERS[:2], ids=IDS[:2])
+def test_updates_keep_the_state_storage(factory, cpu_backend):
+    """Every update writes into the same state tensors (no new ones), so that an update
+    captured in a CUDA graph reads and writes the live state on every replay; batches that
+    widen the range, shrink back and hold NaN included."""
+    obs = factory()
+    g = torch.Generator().manual_seed(1)
+    obs.update(torch.randn(50_000, generator=g))
+    ptrs = {k: t.data_ptr() for k, t in _state_tensors(obs).items()}
+    for scale in (4.0, 0.5, 16.0, 1.0):
+        obs.update(torch.randn(30_000, generator=g) * scale)
+    bad = torch.randn(1000, generator=g)
+    bad[3] = float("nan")
+    obs.update(bad)
+    assert {k: t.data_ptr() for k, t in _state_tensors(obs).items()} == ptrs
+    with pytest.raises(Exception, match="batch 6"):
+        obs.compute()

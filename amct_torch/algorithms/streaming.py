@@ -62,8 +62,10 @@ def fold_overflow(st: StreamState) -> None:
 
 def update(st: StreamState, x: torch.Tensor) -> torch.Tensor:
     """Add the non-empty flat float32 batch ``x`` to ``st`` in place, in fixed-shape tensor
-    ops only. Returns a 0-d bool tensor: the batch held NaN or Inf (the state is then
-    meaningless, but every index stays in bounds; the caller raises when factors are asked)."""
+    ops only; every state tensor keeps its storage (written with ``copy_``), so the update can
+    be captured in a CUDA graph and replayed. Returns a 0-d bool tensor: the batch held NaN or
+    Inf (the state is then meaningless, but every index stays in bounds; the caller raises
+    when factors are asked)."""
     nbins, k = st.nbins, st.top.numel()
     lo, hi = torch.aminmax(x)
     gmin = torch.minimum(st.range[0], lo.double())
@@ -72,14 +74,14 @@ def update(st: StreamState, x: torch.Tensor) -> torch.Tensor:
     e, base = histogram.frame_of(gmin, gmax, nbins, floor)
     fold_overflow(st)
     c, d = histogram.reframe(st.counts[:nbins], st.dsum[:nbins], st.frame[0], st.frame[1], e, base)
-    st.counts = torch.cat([c, st.counts[nbins:]])
-    st.dsum = torch.cat([d, st.dsum[nbins:]])
+    st.counts[:nbins].copy_(c)
+    st.dsum[:nbins].copy_(d)
     scale = torch.ldexp(torch.ones((), dtype=torch.float32, device=x.device), -e)
     histogram.accumulate_in_frame(x, scale, base.float(), st.counts, st.dsum)
     n = min(k, x.numel())
-    st.top = torch.topk(torch.cat([st.top, extreme_values(x, n, largest=True)]), k).values
-    st.bottom = torch.topk(torch.cat([st.bottom, extreme_values(x, n, largest=False)]), k, largest=False).values
-    st.frame = torch.stack([e, base])
-    st.range = torch.stack([gmin, gmax])
-    st.count = st.count + x.numel()
+    st.top.copy_(torch.topk(torch.cat([st.top, extreme_values(x, n, largest=True)]), k).values)
+    st.bottom.copy_(torch.topk(torch.cat([st.bottom, extreme_values(x, n, largest=False)]), k, largest=False).values)
+    st.frame.copy_(torch.stack([e, base]))
+    st.range.copy_(torch.stack([gmin, gmax]))
+    st.count.add_(x.numel())
     return ~(torch.isfinite(lo) & torch.isfinite(hi))

@@ -65,8 +65,8 @@ class Observer:
             self._bad = torch.zeros((), dtype=torch.bool, device=bad.device)
             self._first_bad = torch.full((), -1, dtype=torch.int64, device=bad.device)
         bad = bad.to(self._bad.device)
-        self._first_bad = torch.where(bad & ~self._bad, torch.full_like(self._first_bad, index), self._first_bad)
-        self._bad = self._bad | bad
+        self._first_bad.copy_(torch.where(bad & ~self._bad, torch.full_like(self._first_bad, index), self._first_bad))
+        self._bad.logical_or_(bad)
 
     def _raise_if_bad(self) -> None:
         """The one read-back of the flag: raise naming the layer and the first bad batch."""
@@ -360,8 +360,12 @@ class HfmgObserver(Observer):
             self._counts = torch.zeros(self.nbins, dtype=torch.int64, device=dev)
             self._range = torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=dev)
             self._seen = torch.zeros((), dtype=torch.bool, device=dev)
-        self._counts, self._range, bad = backend_for(dev).hfmg_update(self._counts, self._range, self._seen, xf)
-        self._seen = torch.ones_like(self._seen)
+        counts, rng, bad = backend_for(dev).hfmg_update(self._counts, self._range, self._seen, xf)
+        if counts is not self._counts:          # keep the state's storage (CUDA-graph replays)
+            self._counts.copy_(counts)
+        if rng is not self._range:
+            self._range.copy_(rng)
+        self._seen.fill_(True)
         return bad
 
     @property

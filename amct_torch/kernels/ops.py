@@ -74,8 +74,8 @@ class KernelBackend:
                                  threads, commit)
         if not r.committed:
             return False
-        st.range = torch.tensor(r.committed[2:], dtype=torch.float64)
-        st.count = st.count + x.numel()
+        st.range.copy_(torch.tensor(r.committed[2:], dtype=torch.float64))
+        st.count.add_(x.numel())
         return True
 
     # -- HFMG -------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def _state_ok(st: StreamState) -> bool:
 
 def _restore(st: StreamState, before: StreamState) -> None:
     for name in ("count", "top", "bottom", "counts", "dsum", "frame", "range"):
-        setattr(st, name, getattr(before, name))
+        getattr(st, name).copy_(getattr(before, name))
 
 
 def _hfmg_hist(x: torch.Tensor, lo: float, hi: float, nbins: int, threads: int) -> torch.Tensor:
@@ -165,10 +165,10 @@ def _widen(st: StreamState, lo: float, hi: float) -> None:
         histogram.fold_overflow(st.counts, st.dsum)
         n = st.nbins
         c, d = histogram.reframe(st.counts[:n], st.dsum[:n], e_old, base_old, e, base)
-        st.counts = torch.cat([c, torch.zeros(1, dtype=torch.int64)])
-        st.dsum = torch.cat([d, torch.zeros(1, dtype=torch.float64)])
-    st.frame = torch.tensor([e, base], dtype=torch.int64)
-    st.range = torch.tensor([gmin, gmax], dtype=torch.float64)
+        st.counts[:n].copy_(c)
+        st.dsum[:n].copy_(d)
+    st.frame.copy_(torch.tensor([e, base], dtype=torch.int64))
+    st.range.copy_(torch.tensor([gmin, gmax], dtype=torch.float64))
 
 
 def _fold_bounds(st: StreamState, m_hi: float, m_lo: float) -> None:
