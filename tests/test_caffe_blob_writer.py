@@ -29,3 +29,16 @@ def test_float_blob_equals_elementwise_encoding(shape, dtype):
 def test_transposed_and_special_values():
     arr = np.array([[0.0, -0.0, np.inf], [-np.inf, 1e-45, 3.4e38]], np.float32).T
     assert array_to_blob(arr).SerializeToString() == _reference(arr).SerializeToString()
+
+
+def test_prototxt_parse_is_remembered_by_content_and_callers_get_copies(tmp_path, nsfw_model):
+    from amct_torch.caffe.netio import parse_prototxt
+    a = parse_prototxt(nsfw_model[0])
+    a.layer[1].name = "changed by the caller"
+    b = parse_prototxt(nsfw_model[0])
+    assert b.layer[1].name != "changed by the caller"
+    edited = tmp_path / "edited.prototxt"
+    edited.write_text(open(nsfw_model[0]).read().replace('name: "conv_1"', 'name: "first_conv"', 1))
+    c = parse_prototxt(str(edited))
+    assert "first_conv" in [l.name for l in c.layer] and "conv_1" not in [l.name for l in c.layer]
+    assert [l.name for l in parse_prototxt(nsfw_model[0]).layer] == [l.name for l in b.layer]
