@@ -151,6 +151,17 @@ def ort_child(float_onnx: str, images: str, batch: int, out: str) -> None:
 def phases_child(argv: list[str]) -> None:
     """Run the CLI in this process with the job's phases timed (wrapping the functions the
     one-call API calls); prints one JSON object of phase -> seconds."""
+    # the command's own process set-up (idle-thread policy, memory reuse), before torch loads
+    try:
+        from amct_torch.threads import prefer_passive_waits
+        prefer_passive_waits()
+    except ImportError:  # an older revision
+        pass
+    try:
+        from amct_torch.malloc_tuning import keep_freed_memory
+        keep_freed_memory()
+    except ImportError:
+        pass
     t0 = time.perf_counter()
     import torch  # noqa: F401
     t_torch = time.perf_counter() - t0
