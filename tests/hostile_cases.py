@@ -178,6 +178,13 @@ def caffemodel_blobs() -> dict[str, bytes]:
     out["weights_nan"] = variant(set_data([float("nan")]))
     out["weights_inf"] = variant(set_data([float("inf")] * 3))
 
+    def fc2_huge(n):  # finite but far too large: scale_w would leave the plausible range
+        b = next(l for l in (n.layer if len(n.layer) else n.layers) if l.name == "fc2").blobs[0]
+        vals = [1e25 * v for v in b.data]
+        b.ClearField("data")
+        b.data.extend(vals)
+    out["fc2_weights_1e25"] = variant(fc2_huge)
+
     def drop_data(n):
         (n.layer if len(n.layer) else n.layers)[conv].blobs[0].ClearField("data")
     out["blob_no_data"] = variant(drop_data)
@@ -532,6 +539,20 @@ def _run_api(argv: list) -> tuple:
     return 0, "", None
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: reset by exec, unlike ru_maxrss, which
+    Linux carries over from the parent that forked us)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _child(cases_file: str, result_file: str, limit_mb: int, mode: str = "cli") -> None:
     import contextlib
     import resource
@@ -562,7 +583,7 @@ def _child(cases_file: str, result_file: str, limit_mb: int, mode: str = "cli") 
         left = sorted(os.listdir(os.path.dirname(c["out"])))
         results.append({"name": c["name"], "rc": rc, "stderr": err.getvalue(), "traceback": tb,
                         "left": left,
-                        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                        "maxrss_mb": peak_rss_mb()})
         with open(result_file, "w", encoding="utf-8") as f:
             json.dump(results, f)
 

@@ -286,9 +286,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         if err.file is None and isinstance(calibration_data, (str, os.PathLike)):
             # weights are checked for NaN/Inf up front: what is left comes from the data
             raise err.with_file(os.fspath(calibration_data)) from None
-        raise _user_paths(err, tmp, finals, config) from None
+        raise _user_paths(err, tmp, finals, config, weights_file, calibration_data) from None
     except AmctError as err:
-        raise _user_paths(err, tmp, finals, config) from None
+        raise _user_paths(err, tmp, finals, config, weights_file, calibration_data) from None
     finally:
         prog.close()
         if tx is not None:
@@ -311,15 +311,22 @@ def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bo
     return {k: os.path.abspath(p) for k, p in out.items()}
 
 
-def _user_paths(err: AmctError, tmp: str, finals: dict[str, str], config: Optional[str]) -> AmctError:
+def _user_paths(err: AmctError, tmp: str, finals: dict[str, str], config: Optional[str],
+                weights_file: Optional[str] = None, data: Any = None) -> AmctError:
     """An error that names a file of the private work folder names the user's file instead:
-    the config it was made from, or the final output path."""
+    the config it was made from; for the record this run computes, the weights (weight
+    factors) or the data (activation factors) its values came from; else the final path."""
     if err.file is None or os.path.dirname(os.path.abspath(err.file)) not in (
             os.path.abspath(tmp), os.path.join(os.path.abspath(tmp), "work")):
         return err
     base = os.path.basename(err.file)
     if base == os.path.basename(finals["config"]) and config is not None:
         return err.with_file(config)
+    if base == os.path.basename(finals["record"]):
+        source = weights_file if ("scale_w" in err.message or "offset_w" in err.message) else (
+            os.fspath(data) if isinstance(data, (str, os.PathLike)) else None)
+        err.message = f"computed factors: {err.message}"
+        return err.with_file(source)
     for p in finals.values():
         if os.path.basename(p) == base:
             return err.with_file(p)
