@@ -183,3 +183,32 @@ def test_unused_samples_and_ignored_mean_are_warned(tmp_path, caplog):
     text = caplog.text
     assert "calibrated on 8 of 180 samples" in text and "172 sample(s) unused" in text
     assert "--mean/--scale" in text
+
+
+def test_full_disk_while_writing_keeps_the_previous_outputs(tmp_path, monkeypatch):
+    """A write failing with ENOSPC in the middle of the outputs: AmctError naming the final
+    output (not the staging copy), and the earlier run's files all unchanged."""
+    import errno
+    import amct_torch.atomic as atomic
+    model, weights = _copy_model(tmp_path)
+    prefix = str(tmp_path / "o" / "m")
+    first = amct_torch.quantize(model, weights, DATA, output=prefix, device="cpu", quiet=True,
+                                report=False, batch_num=1)
+    before = {p: _bytes(p) for p in first.files.values()}
+    real = atomic.atomic_write_bytes
+
+    def full_disk(path, data):
+        if path.endswith("_deploy_model.prototxt"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(path, data)
+    monkeypatch.setattr(atomic, "atomic_write_bytes", full_disk)
+    import amct_torch.caffe.netio as netio
+    import amct_torch.export.caffe_text as caffe_text
+    monkeypatch.setattr(netio, "atomic_write_bytes", full_disk, raising=False)
+    monkeypatch.setattr(caffe_text, "atomic_write_bytes", full_disk, raising=False)
+    with pytest.raises(AmctError, match="No space left") as err:
+        amct_torch.quantize(model, weights, DATA, output=prefix, device="cpu", quiet=True,
+                            report=False, batch_num=2)
+    assert err.value.file == prefix + "_deploy_model.prototxt"
+    assert {p: _bytes(p) for p in first.files.values()} == before
+    assert sorted(os.listdir(tmp_path / "o")) == sorted(os.path.basename(p) for p in before)

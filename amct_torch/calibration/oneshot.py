@@ -289,6 +289,15 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         raise _user_paths(err, tmp, finals, config, weights_file, calibration_data) from None
     except AmctError as err:
         raise _user_paths(err, tmp, finals, config, weights_file, calibration_data) from None
+    except OSError as err:
+        # a full disk or a vanished folder while writing: name the output, never the staging copy
+        where = err.filename if isinstance(err.filename, str) else None
+        ours = where is None or os.path.abspath(where).startswith(os.path.abspath(tmp) + os.sep)
+        if where is not None and tx is not None:
+            where = tx.final_of(where)
+        what = "cannot write the outputs" if ours else "cannot read or write this file"
+        raise AmctError(f"{what}: {err.strerror or err}",
+                        file=where or os.path.dirname(os.path.abspath(output))) from None
     finally:
         prog.close()
         if tx is not None:
