@@ -82,6 +82,8 @@ def _edited(path, tmp_path, edit) -> str:
     ("key_not_a_group", lambda s: s.__setitem__("gX/top", torch.zeros(3))),
     ("key_group_out_of_range", lambda s: s.__setitem__("g999/top", torch.zeros(3))),
     ("key_unknown", lambda s: s.__setitem__("surprise", torch.zeros(1))),
+    ("state_wrong_length", lambda s: s.__setitem__("g0/top", torch.cat([s["g0/top"], s["g0/top"][:1]]))),
+    ("state_missing", lambda s: s.pop("g1/top")),
 ])
 def test_malformed_checkpoint_is_refused(tmp_path, name, edit):
     from amct_torch.calibration.checkpoint import load_checkpoint
