@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from amct_torch.errors import DataError
+
+if TYPE_CHECKING:  # torch loads when a model runs: the CLI builds this parser for --help too
+    import torch
 
 
 @dataclass
@@ -64,6 +65,8 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     """Run ``model_file``/``weights_file`` on ``data`` (what ``calibrate`` accepts: a folder of
     images or arrays, a .npy/.npz file, an array) and, with ``reference`` = (prototxt,
     caffemodel), compare every output blob the two models share."""
+    import torch
+
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.calibration.data import calibration_batches
 
