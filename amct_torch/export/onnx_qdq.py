@@ -414,7 +414,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     symbolic. ``integer_ops`` (default): a quantized Conv/InnerProduct whose output no later
     layer quantizes is written as ConvInteger/MatMulInteger → int32 → × scale_d·scale_w (+ bias)
     (``onnx_integer``), so that ORT runs every quantized layer with int8 kernels; False keeps
-    the plain QDQ form there. Opset 17; both models pass ``onnx.checker`` (full check)."""
+    the plain QDQ form there (the speed mode ``quantize_eltwise`` keeps its own form). Opset 17; both models pass ``onnx.checker`` (full check)."""
     if activations not in ("int8", "uint8"):
         raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
     if bias not in ("float", "int32"):
@@ -439,7 +439,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                       dynamic_spatial=dynamic_spatial, probed=pr), float_path),
               (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors,
                       outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
-                      integer_ops=integer_ops), quant_path)]
+                      integer_ops=integer_ops and not quantize_eltwise), quant_path)]
     for model, path in models:
         tmp = f"{path}.tmp{os.getpid()}"
         onnx.save(model, tmp)
