@@ -133,6 +133,7 @@ def _batches(rng, kind, nb):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["normal", "relu", "heavy", "bimodal", "constant"])
 def test_observer_matches_reference(kind, device, cpu_backend):
     rng = np.random.default_rng(len(kind))
@@ -195,6 +196,7 @@ def _search(counts: torch.Tensor, width: float):
     return lefts, rights, hfmg.losses(counts, width, lefts, rights)
 
 
+@pytest.mark.slow
 def test_walk_and_losses_on_sparse_histograms(device, cpu_backend):
     """The walk (tensor: chains, merge, end game; or compiled) and the prefix-sum loss
     against the plain loops on histograms where the two walks meet early."""

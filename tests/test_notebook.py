@@ -1,4 +1,4 @@
-"""The Jupyter quickstart runs top to bottom in a real kernel (nbclient), in under two minutes,
+"""The Jupyter quickstart runs top to bottom in a real kernel (nbclient; each cell within 120 s),
 and shows what it promises: a histogram image, the per-layer table, ONNX Runtime results.
 The notebook itself asserts that the record's conv2 factor is the IFMR result on the captured
 activations and that ONNX Runtime agrees with the torch fake-quant model."""
@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
 
 
+@pytest.mark.slow
 def test_quickstart_runs(tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

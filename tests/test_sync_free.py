@@ -61,6 +61,7 @@ def test_whole_calibration_forward_never_reads_back(algo, strict_device, tmp_pat
     assert isinstance(out, dict) and out
 
 
+@pytest.mark.slow
 def test_nsfw_calibration_forward_never_reads_back(nsfw_model, strict_device, tmp_path):
     """The real ResNet-50 (53 quantized layers, Eltwise, BN folded) with its hooks."""
     model, graph = calibration_model(tmp_path, *nsfw_model)
