@@ -602,8 +602,10 @@ def run_cases(cases: list[Case], work: str, limit_mb: int = MEMORY_LIMIT_MB,
     with open(cases_file, "w", encoding="utf-8") as f:
         json.dump(dumped, f)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # CUDA hidden: the cases run on the CPU, and a CUDA driver reserves far more address
+    # space than the memory limit allows
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), cases_file, result_file,
                            str(limit_mb), mode], env=env, capture_output=True, text=True,
                           timeout=timeout)
