@@ -44,8 +44,8 @@ class StreamState:
                    bottom=torch.full((topk,), math.inf, device=device),
                    counts=torch.zeros(nbins + 1, dtype=torch.int64, device=device),
                    dsum=torch.zeros(nbins + 1, dtype=torch.float64, device=device),
-                   frame=torch.tensor([histogram.MIN_EXP, 0], dtype=torch.int64, device=device),
-                   range=torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=device))
+                   frame=_pair(histogram.MIN_EXP, 0, torch.int64, device),
+                   range=_pair(math.inf, -math.inf, torch.float64, device))
 
     def clone(self) -> "StreamState":
         return StreamState(**{f.name: getattr(self, f.name).clone() for f in fields(self)})
@@ -53,6 +53,13 @@ class StreamState:
     @property
     def nbins(self) -> int:
         return self.counts.numel() - 1
+
+
+def _pair(a, b, dtype: torch.dtype, device) -> torch.Tensor:
+    """[a, b] made on the device by fills (no host-to-device copy, which a CUDA sync check flags)."""
+    t = torch.full((2,), a, dtype=dtype, device=device)
+    t[1:].fill_(b)
+    return t
 
 
 def fold_overflow(st: StreamState) -> None:

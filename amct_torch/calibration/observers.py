@@ -358,7 +358,8 @@ class HfmgObserver(Observer):
         dev = xf.device
         if self._counts is None:
             self._counts = torch.zeros(self.nbins, dtype=torch.int64, device=dev)
-            self._range = torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=dev)
+            self._range = torch.full((2,), math.inf, dtype=torch.float64, device=dev)
+            self._range[1:].fill_(-math.inf)
             self._seen = torch.zeros((), dtype=torch.bool, device=dev)
         counts, rng, bad = backend_for(dev).hfmg_update(self._counts, self._range, self._seen, xf)
         if counts is not self._counts:          # keep the state's storage (CUDA-graph replays)
