@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -83,10 +84,12 @@ def _check_graph(graph: object, caller: str) -> QuantGraph:
     return graph
 
 
-def quantize_model(graph: QuantGraph, modified_model_file: str, modified_weights_file: str,
+def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modified_weights_file: Optional[str],
                    *, ifmr_mode: str = "streaming") -> torch.nn.Module:
     """Fuse BN, write ARQ weight factors to the record, write the modified (fused, calibration)
     Caffe model, and return the torch module to run on ``batch_num`` calibration batches.
+    Both file names None: the modified model is not written (the one-call API, which does not
+    keep it, saves a 24 MB write on a ResNet-50).
 
     After the ``batch_num``-th forward the activation factors are computed and merged into the
     record; later forwards do nothing more. ``ifmr_mode`` "streaming" (default, memory does
@@ -96,14 +99,16 @@ def quantize_model(graph: QuantGraph, modified_model_file: str, modified_weights
     graph = _check_graph(graph, "quantize_model")
     if graph.session is not None:
         raise CalibrationError("quantize_model was already called on this graph; call init again")
+    write = not (modified_model_file is None and modified_weights_file is None)
     outs = [_output_path(modified_model_file, "modified model"),
-            _output_path(modified_weights_file, "modified weights")]
+            _output_path(modified_weights_file, "modified weights")] if write else []
     check_outputs(outs, [graph.model_file, graph.weights_file, graph.config_file, graph.record_file])
     for p in outs:
         make_folder(os.path.dirname(os.path.abspath(p)))
     fuse(graph)
     write_weights(graph)
-    save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
+    if write:
+        save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
     start_calibration(graph, ifmr_mode=ifmr_mode)
     log.info("run the returned model on %d batch(es) of calibration data", graph.config.batch_num)
     return graph.fused

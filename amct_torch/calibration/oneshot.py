@@ -215,8 +215,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num
         prog.start("BN fusion + ARQ")
-        model = quantize_model(graph, os.path.join(work, "modified_model.prototxt"),
-                               os.path.join(work, "modified_weights.caffemodel"), ifmr_mode=ifmr_mode)
+        model = quantize_model(graph, None, None, ifmr_mode=ifmr_mode)  # not kept: not written
         model.to(dev)
         prog.start("calibrating")
         inputs_decl = graph.model.caffe_inputs
