@@ -7,8 +7,11 @@ node by node: each graph frees a value after its last use, and when a reported l
 appears in both, running sums (Σxy, Σx², Σy², Σ(y−x)²) take it in and it is dropped. So the
 report holds the two forwards' live activations and a few numbers per layer, whatever the
 number of layers or batches (capturing every layer's output of a batch took the 32-image nsfw
-job from 0.58 to 1.0 GB), and costs one float and one fake-quant forward per batch. Rows are
-sorted worst first (lowest cosine).
+job from 0.58 to 1.0 GB), and costs one float and one fake-quant forward per batch. Where
+every layer treats each sample on its own, a batch runs in pieces of ``CHUNK_SAMPLES``
+samples, so the memory does not grow with the batch size either (the figures are those of
+batch-8 forwards; conv kernels may round in the last bit differently at other batch sizes).
+Rows are sorted worst first (lowest cosine).
 """
 from __future__ import annotations
 
@@ -145,6 +148,46 @@ def _layer_outputs(gm: fx.GraphModule, batch: Any, wanted: set[str]) -> Iterator
                 del env[a]
 
 
+#: samples per lockstep pass: the two models' live activations at batch 32 added ~250 MB to
+#: the nsfw job's peak; at 8 they add a quarter of that, at the same speed per sample
+CHUNK_SAMPLES = 8
+
+#: layer types that treat every sample of a batch on its own (with the axis checks below)
+_PER_SAMPLE = {"Input", "Convolution", "Deconvolution", "InnerProduct", "Pooling", "BatchNorm",
+               "Scale", "Bias", "ReLU", "PReLU", "Sigmoid", "TanH", "ELU", "AbsVal", "BNLL",
+               "Power", "Exp", "Log", "Threshold", "Clip", "Swish", "Eltwise", "Concat",
+               "Softmax", "Dropout", "Split", "Flatten", "LRN", "Quant", "DeQuant"}
+
+
+def _per_sample(*models: nn.Module) -> bool:
+    """True when every layer of the models computes each sample independently of the others,
+    so a batch may run in smaller pieces with the same outputs (no batch statistics, no
+    layer acting on axis 0, no layer type outside ``_PER_SAMPLE``)."""
+    from amct_torch.caffe.layers import CaffeLayer
+
+    for model in models:
+        for mod in model.modules():
+            if not isinstance(mod, CaffeLayer):
+                continue
+            if mod.caffe_type not in _PER_SAMPLE or getattr(mod, "uses_batch_stats", False):
+                return False
+            axis = getattr(mod, "axis", 1)  # a negative axis may be axis 0: not split either
+            if axis is not None and axis <= 0:
+                return False
+    return True
+
+
+def _chunks(batch: Any, size: int) -> list:
+    """``batch`` (a tensor or a tuple of tensors with one batch size) in pieces of ``size``
+    samples; the batch itself when its inputs differ in batch size."""
+    xs = batch if isinstance(batch, tuple) else (batch,)
+    n = xs[0].shape[0] if xs and xs[0].dim() else 0
+    if n <= size or any(x.dim() == 0 or x.shape[0] != n for x in xs):
+        return [batch]
+    parts = [tuple(x[i:i + size] for x in xs) for i in range(0, n, size)]
+    return parts if isinstance(batch, tuple) else [p[0] for p in parts]
+
+
 def _stream_batch(float_model: fx.GraphModule, quant_model: fx.GraphModule, batch: Any,
                   accs: dict) -> None:
     """One batch through both models in lockstep; each layer's pair of outputs goes into its
@@ -178,6 +221,7 @@ def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterab
     types = {n: m.caffe_type for n, m in layer_modules(float_model).items()}
     accs = {n: _Acc() for n in layers}
     streaming = isinstance(float_model, fx.GraphModule) and isinstance(quant_model, fx.GraphModule)
+    chunk = CHUNK_SAMPLES if streaming and _per_sample(float_model, quant_model) else None
     f_out: dict = {}
     q_out: dict = {}
     handles = [] if streaming else _capture(float_model, layers, f_out) + _capture(quant_model, layers, q_out)
@@ -188,7 +232,8 @@ def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterab
                     batch = tuple(b.to(device) for b in batch) if isinstance(batch, tuple) \
                         else batch.to(device)
                 if streaming:
-                    _stream_batch(float_model, quant_model, batch, accs)
+                    for part in (_chunks(batch, chunk) if chunk else [batch]):
+                        _stream_batch(float_model, quant_model, part, accs)
                     continue
                 _call(float_model, batch)
                 _call(quant_model, batch)

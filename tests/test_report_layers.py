@@ -38,7 +38,9 @@ def outputs(model, names, batches):
     return {n: np.concatenate(v) for n, v in got.items()}
 
 
-def test_report_matches_numpy_on_captured_outputs(result, tmp_path):
+def test_report_matches_numpy_on_captured_outputs(result, tmp_path, monkeypatch):
+    import amct_torch.report as report
+    monkeypatch.setattr(report, "CHUNK_SAMPLES", 1000)  # whole batches, as captured below
     xt, _ = example_data("test")
     batches = [torch.from_numpy(xt[i:i + 50]) for i in (0, 50)]
     names = list(result.records)
@@ -97,3 +99,39 @@ def test_report_streams_layers_that_come_in_another_order(tmp_path):
         a, b = fo[n], qo[n]
         assert stats[n].cosine == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), rel=1e-9)
         assert stats[n].sqnr_db == pytest.approx(10 * np.log10((a @ a) / ((b - a) @ (b - a))), rel=1e-9)
+
+
+def test_large_batches_run_in_pieces_with_the_same_sums(result, monkeypatch):
+    """A per-sample net's report batch runs through the lockstep in pieces (bounded memory);
+    the sums are exact over the pieces (checked against outputs captured piece by piece: conv
+    kernels may round differently at another batch size, so the pieces are the reference)."""
+    import amct_torch.report as report
+
+    xt, _ = example_data("test")
+    batches = [torch.from_numpy(xt[:50])]
+    names = list(result.records)
+    assert report._per_sample(result.float_model, result.quant_model)
+    assert [p.shape[0] for p in report._chunks(batches[0], 16)] == [16, 16, 16, 2]
+    monkeypatch.setattr(report, "CHUNK_SAMPLES", 16)
+    stats = layer_report(result.float_model, result.quant_model, batches, names)
+    pieces = report._chunks(batches[0], 16)
+    f = outputs(result.float_model, names, pieces)
+    q = outputs(result.quant_model, names, pieces)
+    for s in stats:
+        a, b = f[s.layer], q[s.layer]
+        assert s.cosine == pytest.approx(a @ b / np.sqrt((a @ a) * (b @ b)), rel=1e-9)
+        assert s.sqnr_db == pytest.approx(10 * np.log10((a @ a) / ((b - a) @ (b - a))), rel=1e-9)
+        assert s.numel == a.size
+
+
+def test_nets_that_mix_samples_are_not_split(tmp_path):
+    """Softmax over axis 0 couples the samples: such a net runs whole batches."""
+    import amct_torch.report as report
+    from caffe_net_helpers import make_net, rand
+
+    body = ('layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param { num_output: 2 kernel_size: 1 } }\n'
+            'layer { name: "s" type: "Softmax" bottom: "c" top: "s" softmax_param { axis: 0 } }')
+    gm = amct_torch.load_caffe(*make_net(tmp_path, body, {"x": (4, 3, 2, 2)}, {"c": [rand(2, 3, 1, 1), rand(2)]}))
+    assert not report._per_sample(gm)
+    x = torch.zeros(20, 3, 2, 2)
+    assert len(report._chunks(x, 8)) == 3 and report._chunks((x, torch.zeros(1, 3)), 8)[0][1].shape[0] == 1
