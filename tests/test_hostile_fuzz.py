@@ -145,3 +145,42 @@ def test_image_loader(tmp_path, ext, blob):
     from amct_torch.calibration.data import Preprocess, load_image
     p = _write(tmp_path, "i" + ext, blob)
     _only(DataError, p, lambda: load_image(p, Preprocess(), 1, (16, 16)))
+
+
+_OLD_LITERAL = None
+
+
+def _reference_join(text: str) -> str:
+    """The joining rule written as the regular expression the linear scan replaced (a plain
+    reference: it backtracks quadratically on unclosed quotes, so it is fed closed ones)."""
+    import re
+    global _OLD_LITERAL
+    if _OLD_LITERAL is None:
+        _OLD_LITERAL = re.compile(r"""#[^\n]*|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""", re.S)
+
+    def join(m):
+        lit = m.group(0)
+        if lit[0] == "#" or "\n" not in lit:
+            return lit
+        body = lit[1:-1]
+        if "\n" in body.strip():
+            return lit
+        return lit[0] + body.strip() + lit[0] + "\n" * body.count("\n")
+    if "\n" not in text or ('"' not in text and "'" not in text):
+        return text
+    return _OLD_LITERAL.sub(join, text)
+
+
+_PIECE = st.one_of(
+    st.sampled_from(["key", ":", " ", "\n", "{", "}", "1.5", "\t"]),
+    st.builds(lambda q, body: q + body + q, st.sampled_from(['"', "'"]),
+              st.lists(st.sampled_from(["a", " ", "\n", "\\\"", "\\'", "\\\\", "#", "b\n"]),
+                       max_size=6).map("".join)),
+    st.builds(lambda c: "#" + c + "\n", st.sampled_from(["", " note", " 'q", ' "q'])))
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(_PIECE, max_size=25).map("".join))
+def test_linear_join_matches_the_regex_rule(text):
+    from amct_torch.config.textproto import join_multiline_strings
+    assert join_multiline_strings(text) == _reference_join(text)
