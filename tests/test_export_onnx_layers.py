@@ -144,3 +144,34 @@ def test_scale_second_bottom_and_axis0_reshape(tmp_path):
     assert rel_err(ours, x * s[:, :, None, None]) <= 1e-5
     ours, x = _numpy_case(tmp_path, 'layer { name: "t" type: "Reshape" bottom: "data" top: "t" reshape_param { shape { dim: -1 dim: 10 } } }')
     assert ours.shape == (64, 10) and np.array_equal(ours, x.reshape(-1, 10))
+
+
+def test_fake_quant_model_file_exports(tmp_path):
+    """A fake-quant model amct_torch wrote, loaded back, exports too (Quant → Q/DQ, DeQuant →
+    Identity): ORT equals the loaded model except for a value on a rounding tie; the deploy
+    model's integer layers are refused with a message naming the layer."""
+    import torch
+    from export_helpers import SMALL_BODY, minmax_records, small_blobs
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.errors import ExportError
+    from amct_torch.export import save_quant_models
+    from amct_torch.export.onnx_qdq import export_float_onnx
+    proto, model = make_net(tmp_path, SMALL_BODY, {"data": [1, 3, 8, 8]}, small_blobs(np.random.default_rng(0)))
+    x = rand(4, 3, 8, 8, seed=2)
+    gm = load_caffe(proto, model)
+    save_quant_models(gm, minmax_records(gm, torch.from_numpy(x)), save_path=str(tmp_path / "q"))
+    fq_p, fq_m = str(tmp_path / "q_fake_quant_model.prototxt"), str(tmp_path / "q_fake_quant_weights.caffemodel")
+    _, path = export_and_run(fq_p, fq_m, {"data": x})
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    # with optimizations ORT fuses DQ → Conv(float weights) → Q into QLinearConv and quantizes
+    # the float weights itself (per tensor): other numbers (docs/export.md)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ours = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(["fc1"], {"data": x})[0]
+    with torch.no_grad():
+        want = load_caffe(fq_p, fq_m)(torch.from_numpy(x))["fc1"].numpy()
+    assert (np.abs(ours - want) <= 1e-4 * np.abs(want).max()).mean() >= 0.95
+    dep = load_caffe(str(tmp_path / "q_deploy_model.prototxt"), str(tmp_path / "q_deploy_weights.caffemodel"))
+    with pytest.raises(ExportError) as err:
+        export_float_onnx(dep, str(tmp_path / "d.onnx"))
+    assert "_quant_layer" in str(err.value) and "deploy" in str(err.value)

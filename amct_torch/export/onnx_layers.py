@@ -347,3 +347,26 @@ def _detection_output(b, mod, xs, ins, outs):
     from amct_torch.export.onnx_detection import write_detection_output
     return [write_detection_output(b, mod, xs)]
 
+
+# -- AMCT's own layers (a loaded fake-quant model) ------------------------------------------
+@mapping("Quant")
+def _quant(b, mod, xs, ins, outs):
+    """The file's Quant (round(x·scale) + offset, scale = 1/scale_d) as QuantizeLinear with
+    y_scale = 1/scale → DequantizeLinear (uint8, zero point offset + 128): the same grid; a value
+    within float rounding of a .5 boundary may round the other way. A deploy model's integer
+    layers have no ONNX mapping here (export the fake-quant model, or the float model + record)."""
+    if getattr(mod, "emit_codes", False):
+        b.fail(mod, "the deploy model's integer layers are not exported to ONNX; export the float "
+                    "model with its record (calibrate/convert --onnx) or the fake-quant model")
+    s = _const(b, f"{mod.caffe_name}_scale", np.float32(1.0 / mod.scale))
+    z = _const(b, f"{mod.caffe_name}_zero_point", mod.offset + 128, np.uint8)
+    q = b.node("QuantizeLinear", [xs[0], s, z], f"{mod.caffe_name}_q")[0]
+    return b.node("DequantizeLinear", [q, s, z], mod.caffe_name)
+
+
+@mapping("DeQuant")
+def _dequant(b, mod, xs, ins, outs):
+    if getattr(mod, "deq_scale", None) is not None:
+        b.fail(mod, "the deploy model's integer layers are not exported to ONNX")
+    return b.node("Identity", xs, mod.caffe_name)
+

@@ -344,6 +344,10 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
     cpu = pr.gm
     chosen, needed = pick_outputs(cpu, outputs, file)
     b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
+    # the graph outputs carry the blob names: reserved, so no inner value takes them (an
+    # in-place last layer writes under its bottom's name)
+    inputs = {n.meta.get("caffe_blob", n.name) for n in cpu.graph.nodes if n.op == "placeholder"}
+    b.names.update(k for k in chosen if k not in inputs)
 
     value: dict[fx.Node, str] = {}
     g_inputs = []
@@ -375,8 +379,9 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
             raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
     outs = []
     for key, v in chosen.items():
-        src = value[v]
-        name = b.node("Identity", [src], key)[0] if src != key else src
+        src, name = value[v], key
+        if src != key:
+            b.nodes.append(helper.make_node("Identity", [src], [key], name=b.uniq(f"{key}_output")))
         shape = _shapes(v)[0]
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                   _dims(shape, pr.dims(v, 0, spatial), "N", name)))
