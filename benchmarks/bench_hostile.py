@@ -217,6 +217,18 @@ def bench_memory(work: str) -> None:
     names = ["data/npz_bomb_1gb_default_batch", "data/images/png_100000", "data/npy_header_1e12",
              "data/images/declared_100000_input", "quant_cfg/search_step_1e-9",
              "quant_cfg/search_range_end_1e30", "prototxt/dims_2pow32", "json/int_5000_digits"]
+    # the largest image still accepted (just under MAX_IMAGE_PIXELS), a ~50 KB PNG
+    from amct_torch.calibration.data import MAX_IMAGE_PIXELS
+    side = int(MAX_IMAGE_PIXELS ** 0.5) - 1
+    big_dir = os.path.join(folder, "largest_allowed_image")
+    os.makedirs(big_dir, exist_ok=True)
+    with open(os.path.join(big_dir, "a.png"), "wb") as f:
+        f.write(hc._png(side, side, all_rows=True))
+    cases["data/largest_allowed_png"] = hc.Case("data/largest_allowed_png", "data",
+                                                hc._calibrate(hc.MODEL, hc.WEIGHTS, big_dir),
+                                                big_dir, expect_ok=True,
+                                                out=os.path.join(folder, "big", "m"))
+    names.append("data/largest_allowed_png")
     peaks = {}
     for c in [normal] + [cases[n] for n in names]:
         r = hc.run_cases([c], os.path.join(folder), mode="cli")[0]

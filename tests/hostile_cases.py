@@ -340,14 +340,16 @@ def record_cases(folder: str) -> list[Case]:
 
 
 # ---------------------------------------------------------------- data
-def _png(width: int, height: int, rows: Optional[bytes] = None) -> bytes:
-    """A grayscale PNG (compressed rows of zeros when ``rows`` is None: tiny file, huge image)."""
+def _png(width: int, height: int, rows: Optional[bytes] = None, all_rows: bool = False) -> bytes:
+    """A grayscale PNG (compressed rows of zeros when ``rows`` is None: tiny file, huge image;
+    only the first 4000 rows unless ``all_rows``)."""
     def chunk(kind, body):
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
     if rows is None:
         comp = zlib.compressobj(9)
         line = b"\x00" * (width + 1)
-        data = b"".join(comp.compress(line) for _ in range(min(height, 4000))) + comp.flush()
+        n = height if all_rows else min(height, 4000)
+        data = b"".join(comp.compress(line) for _ in range(n)) + comp.flush()
     else:
         data = zlib.compress(rows)
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
