@@ -106,7 +106,8 @@ def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
     cpu = copy.deepcopy(gm).to("cpu")
     decl = [[1] + list(s[1:]) if s else [1] for _, s in gm.caffe_inputs]
     batch: dict = {}
-    _diff(_run(cpu, decl), _run(cpu, [[2] + s[1:] for s in decl]), batch)
+    base = _run(cpu, decl, keep_meta=True)  # the declared size's tensor_meta stays on the nodes
+    _diff(base, _run(cpu, [[2] + s[1:] for s in decl]), batch)
     varying = {n: [set(d) for d in v] for n, v in batch.items()}
     spatial = False
     if try_spatial and all(len(s) == 4 for s in decl):
@@ -117,9 +118,7 @@ def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
         except Exception:  # noqa: BLE001 - any failure: the net has a fixed spatial size
             spatial = False
         if spatial:
-            base = _run(cpu, decl)
             _diff(base, other, varying)
-    _run(cpu, decl, keep_meta=True)
     return Probe(cpu, batch, varying, spatial)
 
 

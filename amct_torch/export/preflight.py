@@ -26,7 +26,9 @@ def onnx_preflight(gm: fx.GraphModule, model_file: str,
     when there is one (the user learns it before calibration, which continues)."""
     from amct_torch.export.onnx_qdq import _build
     try:
-        _build(gm, {}, "int8", model_file, "float", outputs=outputs)
+        # the fixed-size build: a symbolic spatial size only changes how sizes are written,
+        # never whether a layer maps, and skips the spatial probe's forward pass
+        _build(gm, {}, "uint8", model_file, "float", outputs=outputs, dynamic_spatial=False)
     except AmctError as err:  # a mapping, or a layer's own check while probing shapes
         msg = err.message if err.message.startswith("ONNX export") else f"ONNX export: {err.message}"
         problem = ExportError(msg, file=model_file, layer=err.layer)
