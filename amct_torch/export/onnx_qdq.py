@@ -27,7 +27,6 @@ ORT runs QLinearAdd and the whole ResNet stays int8 between blocks.
 """
 from __future__ import annotations
 
-import copy
 import operator
 import os
 from typing import Mapping, NoReturn, Optional, Sequence

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amct_torch.caffe.layers.base import CaffeLayer, Shape, canonical_axis, register, to_numpy
+from amct_torch.caffe.layers.base import CaffeLayer, canonical_axis, register, to_numpy
 from amct_torch.caffe.layers.integer import integer_blobs, set_integer
 
 
