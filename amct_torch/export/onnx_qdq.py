@@ -14,8 +14,13 @@ torch fake-quant model to float rounding; ORT's own bias quantization (scale sca
 turns it into the int32 bias of QLinearConv when it fuses int8 kernels. ``bias="int32"`` writes
 round(b/(scale_d·scale_w)) behind ``DequantizeLinear`` instead (the deploy model's bias; for
 runtimes that want it explicit; the torch model then differs by up to half an accumulator unit).
-int8 activations use zero point offset_d; ``activations="uint8"`` writes the same grid as uint8
-with zero point offset_d + 128 (ORT's U8S8 kernels).
+``activations="uint8"`` (default) writes the grid as uint8 with zero point offset_d + 128 (the
+same values; ORT fuses those pairs into int8 kernels more often); "int8" uses zero point
+offset_d. A quantized layer whose output nothing requantizes (ORT would keep it a float conv) is
+rewritten into ConvInteger/MatMulInteger form by ``onnx_integer`` (``integer_ops``, default on),
+so every quantized layer runs as an int8 kernel. Layer types beyond the quantizable core are
+written by ``onnx_layers`` (DetectionOutput: ``onnx_detection``); symbolic sizes and the output
+cut come from ``onnx_shapes``.
 
 ``quantize_residual_outputs`` (opt-in, NOT AMCT semantics): a quantized Conv/InnerProduct whose
 output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
