@@ -177,6 +177,7 @@ def caffemodel_blobs() -> dict[str, bytes]:
     out["blob_dims_2pow62"] = variant(set_dims([2 ** 62, 4]))
     out["weights_nan"] = variant(set_data([float("nan")]))
     out["weights_inf"] = variant(set_data([float("inf")] * 3))
+    out["weights_3e38"] = variant(set_data([3e38] * 9))
 
     def fc2_huge(n):  # finite but far too large: scale_w would leave the plausible range
         b = next(l for l in (n.layer if len(n.layer) else n.layers) if l.name == "fc2").blobs[0]

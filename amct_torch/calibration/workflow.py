@@ -141,15 +141,25 @@ def check_writable(path: str, what: str) -> None:
 
 
 def check_finite_weights(model: Any, weights_file: str) -> None:
-    """Refuse NaN/Inf weights up front (``ModelError`` naming the caffemodel and the layer):
-    found later they surface as NaN activations of another layer or as a bad record entry."""
+    """Refuse NaN/Inf weights, and weights so large that scale_w would leave the record's
+    plausible range, up front (``ModelError`` naming the caffemodel and the layer): found later
+    they surface as NaN activations of another layer or as a bad record entry."""
     from amct_torch.caffe.graph import layer_modules
+
+    from amct_torch.record.validate import SCALE_MAX
 
     for name, mod in layer_modules(model).items():
         for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
             if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                 raise ModelError("the weights hold NaN or Inf values", file=weights_file,
                                  layer=name)
+        w = getattr(mod, "weight", None)
+        if isinstance(w, torch.Tensor) and w.is_floating_point() and w.numel():
+            peak = float(w.detach().abs().max())
+            if peak > 127 * SCALE_MAX:  # scale_w = peak/127 would break the record's rule
+                raise ModelError(f"weights reach {peak:.3g}: beyond what int8 weights with a "
+                                 f"plausible scale (at most {SCALE_MAX:g}) can represent",
+                                 file=weights_file, layer=name)
 
 
 def device_of(module: torch.nn.Module) -> torch.device:
