@@ -111,6 +111,7 @@ def prototxt_texts() -> dict[str, str]:
         "not_utf8": "name: \"\xff\xfe\"",
         "nul_bytes": good.replace("conv1", "conv\x001", 1),
         "float_in_int": good.replace("num_output: 16", "num_output: 1e9", 1),
+        "nan_eps": good.replace("eps: 1e-05", "eps: nan", 1),
         "duplicate_layer": good + good[good.index("layer {\n  name: \"conv1\""):],
         "input_dim_legacy_huge": 'input: "data"\ninput_dim: 1\ninput_dim: 1\ninput_dim: 2147483647\ninput_dim: 2147483647\n'
                                  + good[good.index("layer {\n  name: \"conv1\""):],

@@ -83,6 +83,7 @@ def parse_prototxt(path: str) -> pb.NetParameter:
     except (text_format.ParseError, RecursionError):
         net = None
     if net is not None and net.ByteSize() > 0:
+        _ptx.refuse_nan(net, path)
         _LAST_PARSED[:] = [raw, _copy(net)]
         return net
     stripped, entries = _ptx.strip_unknown_fields(text, pb.NetParameter.DESCRIPTOR)
@@ -107,9 +108,11 @@ def parse_prototxt(path: str) -> pb.NetParameter:
         warnings.warn(f"{path}: unknown fields could not be kept and were dropped ({err})")
         if net.ByteSize() == 0:
             raise ModelError("empty prototxt (no net definition)", file=path)
+        _ptx.refuse_nan(net, path)
         return net  # not remembered: a later read warns again
     if net.ByteSize() == 0:
         raise ModelError("empty prototxt (no net definition)", file=path)
+    _ptx.refuse_nan(net, path)
     _LAST_PARSED[:] = [raw, _copy(net)]
     return net
 

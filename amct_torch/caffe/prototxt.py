@@ -262,3 +262,34 @@ def to_text(net: _message.Message) -> str:
     for path in wanted:
         warnings.warn(f"unknown prototxt fields at '{path}' dropped: the block they were in is gone")
     return "\n".join(out) + "\n"
+
+
+def find_nan(msg: _message.Message, path: str = "") -> Optional[str]:
+    """The path of the first float field holding NaN in ``msg`` (``layer[3]/batch_norm_param/
+    eps``), or None. A NaN parameter is never meaningful and only shows up later as NaN
+    activations blamed on the data."""
+    import math
+    for field, value in msg.ListFields():
+        where = f"{path}/{field.name}" if path else field.name
+        repeated = field.is_repeated
+        if field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE:
+            for i, item in enumerate(value if repeated else [value]):
+                found = find_nan(item, f"{where}[{i}]" if repeated else where)
+                if found:
+                    return found
+        elif field.type in (_descriptor.FieldDescriptor.TYPE_FLOAT,
+                            _descriptor.FieldDescriptor.TYPE_DOUBLE):
+            if any(math.isnan(v) for v in (value if repeated else [value])):
+                return where
+    return None
+
+
+def refuse_nan(net: _message.Message, file: str) -> None:
+    """``ModelError`` naming the file and layer when a float parameter of ``net`` is NaN."""
+    from amct_torch.errors import ModelError
+    where = find_nan(net)
+    if where is None:
+        return
+    m = re.match(r"layer\[(\d+)\]", where)
+    layer = net.layer[int(m.group(1))].name if m and int(m.group(1)) < len(net.layer) else None
+    raise ModelError(f"parameter {where} is NaN", file=file, layer=layer)
