@@ -136,7 +136,11 @@ def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
         file = weights_file if weights_file is not None and blobs else model_file
         try:
             module = cls(layer, blobs, bshapes if known else None, file=file)
-        except AmctError:
+        except AmctError as err:
+            if weights_file is not None and err.file in (model_file, weights_file):
+                # issue 16: a blob problem names the caffemodel, a parameter problem the prototxt
+                blob = "blob" in err.message or "caffemodel" in err.message
+                err.with_file(weights_file if blob else model_file)
             raise
         except (ValueError, RuntimeError, TypeError, IndexError) as err:
             raise ModelError(f"cannot build {layer.type}: {err}", file=file, layer=layer.name) from None
