@@ -153,7 +153,8 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
     if _staged:
         return export_models(graph, checked_records(graph), save_type, save_path)
     inputs = [graph.model_file, graph.weights_file, graph.config_file, graph.record_file]
-    with OutputTransaction(output_paths(save_path, save_type), inputs) as tx:
+    with OutputTransaction(output_paths(save_path, save_type), inputs,
+                           name=os.path.basename(save_path)) as tx:
         records = checked_records(graph)
         staged = export_models(graph, records, save_type, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])
@@ -168,8 +169,8 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     weights_file = _need_file(weights_file, "weights file")
     record_file = _need_file(scale_offset_record_file, "record file", RecordError)
     save_path = _output_path(save_path, "save_path")
-    with OutputTransaction(output_paths(save_path, "Both"),
-                           [model_file, weights_file, record_file]) as tx:
+    with OutputTransaction(output_paths(save_path, "Both"), [model_file, weights_file, record_file],
+                           name=os.path.basename(save_path)) as tx:
         staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])
 

@@ -138,12 +138,14 @@ class OutputTransaction:
     """The files one command writes under one folder, committed together.
 
     ``finals``: every path the command may write (all in one folder); ``inputs``: the user's
-    input files, which no output may name. ``begin()`` checks, creates the folder, recovers a
+    input files, which no output may name; ``name``: the output prefix's file name (names the
+    staging folder ``.{name}.amct-partial``). ``begin()`` checks, creates the folder, recovers a
     killed run's leftovers and makes the staging folder; write each output at
     ``staged(final)``; ``commit(finals_written)`` publishes them; ``abort()`` (or leaving the
     ``with`` block with an error) discards them."""
 
-    def __init__(self, finals: Sequence[str], inputs: Iterable[Optional[str]] = ()) -> None:
+    def __init__(self, finals: Sequence[str], inputs: Iterable[Optional[str]] = (),
+                 name: Optional[str] = None) -> None:
         self.finals = [os.path.abspath(os.fspath(p)) for p in finals]
         if not self.finals:
             raise ValueError("an output transaction needs at least one output")
@@ -151,6 +153,7 @@ class OutputTransaction:
         if any(os.path.dirname(p) != self.folder for p in self.finals):
             raise ValueError("all outputs of one transaction must be in one folder")
         self.inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
+        self.name = name
         self.staging: Optional[str] = None
         self._lock: Optional[int] = None
         self._created: list[str] = []
@@ -160,7 +163,8 @@ class OutputTransaction:
         a fresh one named after ``name`` (default: the first output's file name)."""
         check_outputs(self.finals, self.inputs)
         self._created = make_folder(self.folder)
-        staging = staging_folder(os.path.join(self.folder, name or os.path.basename(self.finals[0])))
+        name = name or self.name or os.path.basename(self.finals[0])
+        staging = staging_folder(os.path.join(self.folder, name))
         recover(staging)
         try:
             os.mkdir(staging, 0o700)
