@@ -485,11 +485,54 @@ def output_cases(folder: str) -> list[Case]:
     return cases
 
 
+class _Pickled:
+    """Any pickled object: a checkpoint must never unpickle it."""
+
+
+def checkpoint_cases(folder: str) -> list[Case]:
+    """--checkpoint files that do not belong to the run or are not checkpoints at all."""
+    import torch
+    import amct_torch
+    from amct_torch.calibration.checkpoint import save_checkpoint
+    cases = []
+
+    def add(name, path):
+        cases.append(Case(f"checkpoint/{name}", "checkpoint",
+                          _calibrate(MODEL, WEIGHTS, DATA, "--checkpoint", path), path))
+    add("garbage", _bytes(os.path.join(folder, "garbage.ckpt"), b"\x80\x04garbage" * 10))
+    add("empty", _bytes(os.path.join(folder, "empty.ckpt"), b""))
+    p = os.path.join(folder, "pickled.ckpt")
+    torch.save({"meta": _Pickled()}, p)
+    add("pickled_object", p)
+    work = os.path.join(folder, "run")
+    os.makedirs(work, exist_ok=True)
+    cfg = os.path.join(work, "c.json")
+    amct_torch.create_quant_config(cfg, MODEL, WEIGHTS, batch_num=4)
+    graph = amct_torch.init(cfg, MODEL, WEIGHTS, os.path.join(work, "r.txt"))
+    m = amct_torch.quantize_model(graph, os.path.join(work, "m.prototxt"), os.path.join(work, "m.caffemodel"))
+    with np.load(DATA) as z:
+        x = torch.from_numpy(np.ascontiguousarray(z["inputs"][:8]))
+    with torch.no_grad():
+        m(x)
+    real = os.path.join(folder, "real.ckpt")
+    save_checkpoint(graph.session, real)
+    for name, edit in (("batches_seen_1e12", lambda st: st.__setitem__("batches_seen", torch.tensor(10 ** 12))),
+                       ("batches_seen_negative", lambda st: st.__setitem__("batches_seen", torch.tensor(-1))),
+                       ("state_wrong_length", lambda st: st.__setitem__("g0/top", torch.zeros(7))),
+                       ("unknown_key", lambda st: st.__setitem__("g5x/top", torch.zeros(1)))):
+        st = torch.load(real, weights_only=True)
+        edit(st)
+        p = os.path.join(folder, f"{name}.ckpt")
+        torch.save(st, p)
+        add(name, p)
+    return cases
+
+
 def all_cases(folder: str) -> list[Case]:
     """Every hand-written case, files written under ``folder``."""
     out = []
     for make in (prototxt_cases, caffemodel_cases, quant_cfg_cases, json_cases, record_cases,
-                 data_cases, output_cases):
+                 data_cases, output_cases, checkpoint_cases):
         sub = os.path.join(folder, make.__name__)
         os.makedirs(sub, exist_ok=True)
         out += make(sub)
@@ -519,6 +562,7 @@ def api_call(argv: list):
         cfg = opts.get("-c")
         return lambda: amct_torch.quantize(
             pos[0], pos[1], pos[2], config=cfg, output=out, device="cpu", quiet=True,
+            checkpoint=opts.get("--checkpoint"),
             batch_num=int(opts["--batch-num"]) if "--batch-num" in opts else None,
             batch_size=int(opts["--batch-size"]) if "--batch-size" in opts else None,
             report=opts.get("--report-batches", "1") != "0")

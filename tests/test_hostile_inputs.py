@@ -34,7 +34,8 @@ def test_every_hostile_case_is_one_clean_error(cases, mode):
 def test_cases_cover_each_class(cases):
     _, all_cases = cases
     kinds = {c.kind for c in all_cases}
-    assert kinds == {"prototxt", "caffemodel", "quant_cfg", "json", "record", "data", "outputs"}
+    assert kinds == {"prototxt", "caffemodel", "quant_cfg", "json", "record", "data", "outputs",
+                     "checkpoint"}
     assert len({c.name for c in all_cases}) == len(all_cases) >= 100
 
 
