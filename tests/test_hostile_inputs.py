@@ -20,6 +20,7 @@ def cases(tmp_path_factory):
     return work, hc.all_cases(work)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cli", "api"])
 def test_every_hostile_case_is_one_clean_error(cases, mode):
     work, all_cases = cases

@@ -97,6 +97,7 @@ def _fresh(case_dir: str, refs: dict) -> str:
     return os.path.join(case_dir, "m")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["other_fs", "same_fs"])
 def test_kills_leave_one_complete_set(tmp_path, references, layout):
     refs = references
