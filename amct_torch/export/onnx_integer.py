@@ -6,7 +6,7 @@ but in AMCT's model the output of a convolution that feeds an Eltwise, a graph o
 layer that is not quantized has no Q: ORT then keeps a float Conv over dequantized tensors
 (on a ResNet, 20 of 53 convolutions; on an SSD backbone, every head). The same arithmetic
 written with integer operators is ``ConvInteger(q_x, q_w)`` (or ``MatMulInteger``) → int32
-accumulator → ``Cast`` → × scale_d·scale_w (per output channel) → + bias: the fake-quant
+accumulator → ``DequantizeLinear`` (× scale_d·scale_w per output channel) → + bias: the fake-quant
 model's numbers with the exact integer sum instead of a float one (the two differ by float
 rounding only), and no Q added (AMCT's semantics kept). ORT's ``ConvInteger`` takes a scalar
 weight zero point, which ARQ's symmetric weights satisfy (0).
@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 
 def _inputs(n: onnx.NodeProto) -> list[str]:
@@ -148,11 +148,12 @@ def _integer(b, node, xdq, wdq, flat, inits: dict, prod: dict) -> None:
         new.append(helper.make_node("Add", [acc, b.init(f"{name}_bias_int32_v", b32)], [summed],
                                     name=b.uniq(f"{name}_AddInt")))
         acc, bias_in = summed, None
-    f = b.uniq(f"{name}_acc_f")
-    new.append(helper.make_node("Cast", [acc], [f], name=b.uniq(f"{name}_Cast"), to=TensorProto.FLOAT))
-    dq = b.init(f"{name}_deq_scale", deq.reshape(view) if deq.size > 1 else deq.reshape(()))
+    # int32 → float × scale_d·scale_w in one DequantizeLinear (per output channel on axis 1)
     y = node.output[0] if bias_in is None else b.uniq(f"{name}_scaled")
-    new.append(helper.make_node("Mul", [f, dq], [y], name=b.uniq(f"{name}_Mul")))
+    dq = b.init(f"{name}_deq_scale", deq.reshape(-1) if deq.size > 1 else deq.reshape(()))
+    zp = b.init(f"{name}_acc_zero", np.zeros(deq.size, np.int32) if deq.size > 1 else np.array(0, np.int32))
+    new.append(helper.make_node("DequantizeLinear", [acc, dq, zp], [y], name=b.uniq(f"{name}_Dequantize"),
+                                **({"axis": 1} if deq.size > 1 else {})))
     if bias_in is not None:
         bias = numpy_helper.to_array(inits[bias_in]).astype(np.float32).reshape(view)
         new.append(helper.make_node("Add", [y, b.init(f"{name}_bias_v", bias)], [node.output[0]],
