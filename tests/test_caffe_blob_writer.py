@@ -42,3 +42,41 @@ def test_prototxt_parse_is_remembered_by_content_and_callers_get_copies(tmp_path
     c = parse_prototxt(str(edited))
     assert "first_conv" in [l.name for l in c.layer] and "conv_1" not in [l.name for l in c.layer]
     assert [l.name for l in parse_prototxt(nsfw_model[0]).layer] == [l.name for l in b.layer]
+
+
+def _old_text(net):
+    """The text as written before (a full copy of the net, blobs cleared)."""
+    from amct_torch.caffe import prototxt as ptx
+    clean = pb.NetParameter()
+    clean.CopyFrom(net)
+    for layer in list(clean.layer) + list(clean.layers):
+        layer.ClearField("blobs")
+    return ptx.to_text(clean)
+
+
+def test_text_and_binary_without_copying_blobs_equal_the_copying_way(tmp_path):
+    """Unknown fields (kept from a fork's prototxt), V1 layers, legacy blob shapes: the text and
+    the caffemodel bytes are what the full-copy way gave."""
+    from amct_torch.caffe.netio import _binary, caffemodel_bytes, net_to_prototxt_text, parse_prototxt
+    from amct_torch.examples import example_model
+
+    text = open(example_model()[0]).read().replace("convolution_param {", "my_fork_param { level: 3 }\n  convolution_param {", 1)
+    path = tmp_path / "fork.prototxt"
+    path.write_text(text)
+    net = parse_prototxt(str(path))
+    assert "my_fork_param" in net_to_prototxt_text(net)
+    for i, layer in enumerate(net.layer[:4]):
+        array_to_blob(np.arange(6, dtype=np.float32).reshape(2, 3) + i, layer.blobs.add())
+    legacy = net.layer[1].blobs.add()
+    legacy.num, legacy.channels, legacy.height, legacy.width = 1, 1, 2, 2
+    legacy.data.extend([1.0, 2.0, 3.0, 4.0])
+    v1 = net.layers.add()
+    v1.name = "old_style"
+    v1.bottom.append("data")
+    v1.blobs.add().data.extend([5.0])
+    assert net_to_prototxt_text(net) == _old_text(net)
+    assert caffemodel_bytes(net) == _binary(net)
+    plain = pb.NetParameter()
+    plain.layer.add().name = "conv"
+    array_to_blob(np.ones((2, 2), np.float32), plain.layer[0].blobs.add())
+    assert caffemodel_bytes(plain) == _binary(plain) == plain.SerializeToString()

@@ -312,13 +312,52 @@ def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
 
 def net_to_prototxt_text(net: pb.NetParameter) -> str:
     """Text prototxt of ``net`` without blobs, unknown fields put back where they were read."""
+    return _ptx.to_text(_without_blobs(net))
+
+
+def _without_blobs(net: pb.NetParameter) -> pb.NetParameter:
+    """A copy of ``net`` whose layers have no blobs, made field by field so that the blobs
+    are never copied (copying them took ~0.1 s per ResNet-50 caffemodel written)."""
     clean = pb.NetParameter()
-    clean.CopyFrom(net)
-    for layer in clean.layer:
-        layer.ClearField("blobs")
-    for layer in clean.layers:
-        layer.ClearField("blobs")
-    return _ptx.to_text(clean)
+    _copy_fields(net, clean, skip=("layer", "layers"))
+    for src, dst in ((net.layer, clean.layer), (net.layers, clean.layers)):
+        for layer in src:
+            _copy_fields(layer, dst.add(), skip=("blobs",))
+    return clean
+
+
+def _copy_fields(src: Any, dst: Any, skip: tuple) -> None:
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def caffemodel_bytes(net: pb.NetParameter) -> bytes:
+    """Serialized caffemodel: internal fields dropped, legacy blob shapes rewritten as shape.
+    A net with neither is serialised as it is (no copy of its blobs)."""
+    if not _needs_cleaning(net):
+        return net.SerializeToString()
+    return _binary(net)
+
+
+_LEGACY_DIMS = ("num", "channels", "height", "width")
+
+
+def _needs_cleaning(net: pb.NetParameter) -> bool:
+    if len(getattr(net, _ptx.UNKNOWN_FIELD)):
+        return True
+    for layer in list(net.layer) + list(net.layers):
+        if len(getattr(layer, _ptx.UNKNOWN_FIELD, ())):
+            return True
+        if any(blob.HasField(f) for blob in layer.blobs for f in _LEGACY_DIMS):
+            return True
+    return False
 
 
 def _binary(net: pb.NetParameter) -> bytes:
@@ -341,7 +380,7 @@ def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optiona
     """Write ``net`` as a text prototxt (no blobs) and, if a path is given, a binary caffemodel
     (with blobs). Both contents are built before any file is touched; each file is atomic."""
     text = net_to_prototxt_text(net).encode("utf-8")
-    binary = _binary(net) if caffemodel_path is not None else None
+    binary = caffemodel_bytes(net) if caffemodel_path is not None else None
     atomic_write_bytes(prototxt_path, text)
     if caffemodel_path is not None:
         atomic_write_bytes(caffemodel_path, binary)

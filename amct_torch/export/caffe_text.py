@@ -14,8 +14,7 @@ from typing import Optional
 
 from google.protobuf import text_encoding
 
-from amct_torch.caffe.netio import net_to_prototxt_text
-from amct_torch.caffe.prototxt import clear_unknown
+from amct_torch.caffe.netio import caffemodel_bytes, net_to_prototxt_text
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.atomic import atomic_write_bytes, atomic_write_text
 
@@ -47,10 +46,7 @@ def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optio
     text = prototxt_text(net, offset_form)
     binary = None
     if caffemodel_path is not None:
-        out = pb.NetParameter()
-        out.CopyFrom(net)
-        clear_unknown(out)
-        binary = out.SerializeToString()
+        binary = caffemodel_bytes(net)  # unknown-field entries dropped, blobs not copied
     atomic_write_text(prototxt_path, text)
     if binary is not None:
         atomic_write_bytes(caffemodel_path, binary)
