@@ -210,7 +210,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         cfg = _config_json(config, staged["config"], model_file, weights_file, skip_layers,
                            batch_num or 1, activation_offset)
         graph = init(cfg, model_file, weights_file, staged["record"])
-        onnx_problem = onnx_preflight(graph.model, model_file, onnx_outputs) if onnx else None  # before calibrating
+        onnx_problem = onnx_preflight(graph.model, model_file, onnx_outputs, graph.config) if onnx else None  # before calibrating
         if batch_num is not None:
             graph.config.batch_num = int(batch_num)
         n = graph.config.batch_num

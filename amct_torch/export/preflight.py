@@ -11,7 +11,7 @@ end (exit 2 in the CLI) with ``raise_if``.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from torch import fx
 
@@ -21,10 +21,16 @@ log = logging.getLogger("amct_torch")
 
 
 def onnx_preflight(gm: fx.GraphModule, model_file: str,
-                   outputs: Optional[Sequence[str]] = None) -> Optional[ExportError]:
+                   outputs: Optional[Sequence[str]] = None, config: Any = None) -> Optional[ExportError]:
     """The reason the ONNX models of ``gm`` cannot be written, or None. Logs a warning at once
-    when there is one (the user learns it before calibration, which continues)."""
+    when there is one (the user learns it before calibration, which continues). With the quant
+    ``config`` (a QuantConfig) the quantized model's own constraint is checked too: per-channel
+    Deconvolution weights with group > 1 have no single ONNX quantization axis."""
     from amct_torch.export.onnx_qdq import _build
+    problem = _quant_problem(gm, model_file, config) if config is not None else None
+    if problem is not None:
+        log.warning("%s -- the ONNX models will not be written; the other outputs will", problem)
+        return problem
     try:
         # the fixed-size build: a symbolic spatial size only changes how sizes are written,
         # never whether a layer maps, and skips the spatial probe's forward pass
@@ -36,6 +42,19 @@ def onnx_preflight(gm: fx.GraphModule, model_file: str,
         return None
     log.warning("%s -- the ONNX models will not be written; the other outputs will", problem)
     return problem
+
+
+def _quant_problem(gm: fx.GraphModule, model_file: str, config: Any) -> Optional[ExportError]:
+    from amct_torch.caffe.graph import layer_modules
+    mods = layer_modules(gm)
+    for name, lc in getattr(config, "layers", {}).items():
+        mod = mods.get(name)
+        if (mod is not None and lc.quant_enable and lc.channel_wise and mod.caffe_type == "Deconvolution"
+                and getattr(mod, "groups", 1) > 1):
+            return ExportError("ONNX export: per-channel Deconvolution weights with group > 1 have no "
+                               "single ONNX quantization axis; set channel_wise false for this layer "
+                               "(quant.cfg override_layer_configs) or skip it", file=model_file, layer=name)
+    return None
 
 
 def raise_if(problem: Optional[ExportError]) -> None:
