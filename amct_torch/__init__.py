@@ -23,9 +23,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_caffe": "amct_torch.caffe.graph",
     "save_caffe": "amct_torch.caffe.netio", "write_net": "amct_torch.caffe.netio",
-    **{n: "amct_torch.api" for n in ("Preprocess", "QuantGraph", "QuantizeResult", "convert_model",
-                                     "create_quant_config", "init", "quantize", "quantize_model",
-                                     "save_model")},
+    **{n: "amct_torch.api" for n in ("QuantGraph", "convert_model", "create_quant_config", "init",
+                                     "quantize_model", "save_model")},
+    **{n: "amct_torch.workflow" for n in ("QuantizeOptions", "QuantizeResult", "quantize")},
+    "Preprocess": "amct_torch.calibration.data",
     "AutoCalibrationEvaluatorBase": "amct_torch.auto_calibration",
     "accuracy_based_auto_calibration": "amct_torch.auto_calibration",
     "export_onnx": "amct_torch.export", "fake_quant_graph": "amct_torch.export",
@@ -40,7 +41,7 @@ __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportE
            "load_caffe", "save_caffe", "write_net",
            "create_quant_config", "init", "quantize_model", "save_model", "convert_model",
            "accuracy_based_auto_calibration", "AutoCalibrationEvaluatorBase",
-           "quantize", "Preprocess", "QuantGraph", "QuantizeResult",
+           "quantize", "QuantizeOptions", "Preprocess", "QuantGraph", "QuantizeResult",
            "export_onnx", "fake_quant_graph", "fuse_bn", "read_record", "write_record",
            "LayerStat", "format_table", "layer_report"]
 
@@ -59,8 +60,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from amct_torch.api import (Preprocess, QuantGraph, QuantizeResult, convert_model,
-                                create_quant_config, init, quantize, quantize_model, save_model)
+    from amct_torch.api import (QuantGraph, convert_model, create_quant_config, init, quantize_model,
+                                save_model)
+    from amct_torch.calibration.data import Preprocess
+    from amct_torch.workflow import QuantizeOptions, QuantizeResult, quantize
     from amct_torch.auto_calibration import (AutoCalibrationEvaluatorBase,
                                              accuracy_based_auto_calibration)
     from amct_torch.caffe.graph import load_caffe

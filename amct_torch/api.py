@@ -1,6 +1,7 @@
 """The AMCT-compatible Python API (SPEC §1): ``create_quant_config``, ``init``,
 ``quantize_model``, ``save_model``, ``convert_model`` — same names, arguments and files as
-``amct_caffe`` — plus ``quantize``, the one-call API (``amct_torch.oneshot``).
+``amct_caffe``. The one-call ``quantize`` is the workflow layer above this one
+(``amct_torch.workflow``).
 
 Typical AMCT script::
 
@@ -23,15 +24,14 @@ from amct_torch.calibration.workflow import (QuantGraph, check_finite_weights, f
                                              start_calibration, write_weights)
 from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
+from amct_torch.output_names import SAVE_TYPES, model_paths
 from amct_torch.record import empty_record, read_record
 from amct_torch.transaction import OutputTransaction, check_outputs, make_folder
 
 log = logging.getLogger("amct_torch")
 
-SAVE_TYPES = ("Fakequant", "Deploy", "Both")
-
 __all__ = ["create_quant_config", "init", "quantize_model", "save_model", "convert_model",
-           "quantize", "QuantGraph", "QuantizeResult", "Preprocess", "SAVE_TYPES"]
+           "QuantGraph", "SAVE_TYPES"]
 
 
 def _need_file(path: str, what: str, err: type = ModelError) -> str:
@@ -141,7 +141,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
     Returns the paths written. The files are committed together (``amct_torch.transaction``):
     an error or a kill leaves the previous files as they were. (``_staged``: the caller's own
     transaction already stages ``save_path``.)"""
-    from amct_torch.calibration.outputs import export_models, output_paths
+    from amct_torch.export.graph_outputs import export_models
 
     graph = _check_graph(graph, "save_model")
     if save_type not in SAVE_TYPES:
@@ -153,7 +153,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
     if _staged:
         return export_models(graph, checked_records(graph), save_type, save_path)
     inputs = [graph.model_file, graph.weights_file, graph.config_file, graph.record_file]
-    with OutputTransaction(output_paths(save_path, save_type), inputs,
+    with OutputTransaction(model_paths(save_path, save_type), inputs,
                            name=os.path.basename(save_path)) as tx:
         records = checked_records(graph)
         staged = export_models(graph, records, save_type, tx.staged_prefix(save_path))
@@ -164,16 +164,13 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
                   save_path: str) -> list[str]:
     """Build the fake-quant and deploy models from a record the user supplies (no
     calibration); honours each record's ``skip_fusion``."""
-    from amct_torch.calibration.outputs import convert, output_paths
+    from amct_torch.export.graph_outputs import convert
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
     record_file = _need_file(scale_offset_record_file, "record file", RecordError)
     save_path = _output_path(save_path, "save_path")
-    with OutputTransaction(output_paths(save_path, "Both"), [model_file, weights_file, record_file],
+    with OutputTransaction(model_paths(save_path, "Both"), [model_file, weights_file, record_file],
                            name=os.path.basename(save_path)) as tx:
         staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])
 
-
-from amct_torch.calibration.data import Preprocess  # noqa: E402  (public re-exports)
-from amct_torch.calibration.oneshot import QuantizeResult, quantize  # noqa: E402

@@ -172,7 +172,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     from amct_torch.api import checked_records, init, quantize_model
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.export import fake_quant_graph
-    from amct_torch.calibration.outputs import export_models
+    from amct_torch.export.graph_outputs import export_models
     from amct_torch.config.json_config import write_quant_config_json
     from amct_torch.record import write_record
     from amct_torch.atomic import atomic_write_text

@@ -15,6 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
+from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
 
 log = logging.getLogger("amct_torch")
 
@@ -130,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--crop", type=_sizes, help="centre crop H,W or one number for a square")
     c.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
                    help="comma-separated layers not to quantize (without --config)")
-    c.add_argument("--save-type", choices=("Fakequant", "Deploy", "Both"), default="Both",
+    c.add_argument("--save-type", choices=SAVE_TYPES, default="Both",
                    help="Caffe models to write (default: %(default)s)")
     c.add_argument("--onnx", action="store_true", help="also write the float and the QDQ ONNX model")
-    c.add_argument("--onnx-activations", choices=("int8", "uint8"), default="uint8",
+    c.add_argument("--onnx-activations", choices=ONNX_ACTIVATIONS, default="uint8",
                    help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: "
                         "the same numbers as int8, and ONNX Runtime fuses more int8 kernels) or "
                         "int8 (zero point = offset_d)")
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "an int8 kernel; use with --onnx-activations uint8")
     c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
                    help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
-    c.add_argument("--improve", choices=("bias_correction",),
+    c.add_argument("--improve", choices=IMPROVEMENTS,
                    help="opt-in improvement beyond AMCT (default: none, AMCT's result): "
                         "bias_correction folds the per-channel mean output error of each quantized "
                         "layer into its bias (sequential, on the calibration data)")
@@ -255,7 +256,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
     from amct_torch.calibration.data import Preprocess
-    from amct_torch.calibration.oneshot import quantize
+    from amct_torch.workflow import quantize
 
     pre = Preprocess(channel_order=args.channel_order, mean=args.mean, scale=args.scale,
                      resize=args.resize, crop=args.crop)
@@ -299,7 +300,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from amct_torch.calibration.demo import run_demo
+    from amct_torch.workflow.demo import run_demo
     return run_demo(output=args.output, batch_num=args.batch_num, device=args.device,
                     quiet=args.quiet)
 

@@ -199,7 +199,7 @@ def ort_methods(float_path, calib, held, ref, tmp, methods, types) -> list[dict]
 # -- example model ------------------------------------------------------------------------
 def example_accuracy(tmp, improve=None) -> None:
     from amct_torch.caffe.graph import load_caffe
-    from amct_torch.calibration.demo import accuracy
+    from amct_torch.workflow.demo import accuracy
     from amct_torch.examples import example_data, example_model
     proto, weights = example_model()
     xc, _ = example_data("calib")

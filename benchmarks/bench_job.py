@@ -166,7 +166,7 @@ def phases_child(argv: list[str]) -> None:
     import torch  # noqa: F401
     t_torch = time.perf_counter() - t0
     from amct_torch import cli
-    from amct_torch.calibration import oneshot
+    from amct_torch.workflow import job as oneshot
     times: dict[str, float] = {"import_torch": t_torch, "import_rest": time.perf_counter() - t0 - t_torch}
 
     def wrap(mod: Any, attr: str, phase: str) -> None:
@@ -194,7 +194,7 @@ def phases_child(argv: list[str]) -> None:
         wrap(mod, "save_model", "write_caffe_outputs")
     wrap(oneshot, "calibration_batches", "data_setup")
     wrap(oneshot, "run_calibration", "calibration")
-    wrap(oneshot, "_records", "records")
+    wrap(oneshot, "checked_records", "records")
     wrap(oneshot, "fake_quant_graph", "fake_quant_graph")
     wrap(oneshot, "_move", "move_outputs")
     import amct_torch.report as report

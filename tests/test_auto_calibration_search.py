@@ -118,7 +118,7 @@ def test_written_fake_quant_model_meets_metric(auto):
 def test_fewer_float_layers_fail(tmp_path):
     """All int8, or only the worst layer (conv2) in float: the metric is not met — checked with
     the one-call API, not with the search."""
-    from amct_torch.calibration.oneshot import quantize
+    from amct_torch.workflow import quantize
     model, weights = example_model()
     ev = OutputSqnr()
     calib = torch.from_numpy(ev.calib[:180])

@@ -29,7 +29,7 @@ def data(tmp_path_factory):
 
 
 def test_cli_torchrun_matches_single_process(data, tmp_path):
-    from amct_torch.calibration.oneshot import quantize
+    from amct_torch.workflow import quantize
     from amct_torch.record import read_record
     model, weights = example_model()
     out = tmp_path / "out"
@@ -61,7 +61,7 @@ def test_quantize_resumes_from_checkpoint(data, tmp_path):
 
     from amct_torch.api import init, quantize_model
     from amct_torch.calibration.checkpoint import save_checkpoint
-    from amct_torch.calibration.oneshot import quantize
+    from amct_torch.workflow import quantize
     from amct_torch.config import create_quant_config
     model, weights = example_model()
     x = torch.from_numpy(np.load(data))

@@ -37,11 +37,12 @@ def test_import_and_loading_do_not_import_onnx_or_opencv(nsfw_model):
 
 def test_every_public_name_resolves_to_its_module():
     import amct_torch.api
+    import amct_torch.workflow
     import amct_torch.caffe.graph
     for name in amct_torch.__all__:
         assert getattr(amct_torch, name) is not None, name
     assert amct_torch.load_caffe is amct_torch.caffe.graph.load_caffe
-    assert amct_torch.quantize is amct_torch.api.quantize
+    assert amct_torch.quantize is amct_torch.workflow.quantize
     assert set(amct_torch.__all__) <= set(dir(amct_torch))
     try:
         amct_torch.no_such_name

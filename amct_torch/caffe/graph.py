@@ -20,6 +20,7 @@ from torch import fx, nn
 from torch.func import functional_call
 
 from amct_torch.caffe.layers import CaffeLayer, layer_class
+from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
 from amct_torch.errors import AmctError, ModelError
 
 
@@ -241,17 +242,6 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
     from amct_torch.caffe.netio import read_net
     parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
     gm = build_graph(parsed)
-    from amct_torch.caffe.layers.integer import mark_integer_quants
+    from amct_torch.caffe.layers.quant import mark_integer_quants
     mark_integer_quants(gm)  # a deploy model runs with integer semantics (layers/integer.py)
     return gm
-
-
-def layer_modules(gm: fx.GraphModule) -> dict[str, CaffeLayer]:
-    """Caffe layer name -> its CaffeLayer module, in graph order."""
-    out: dict[str, CaffeLayer] = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            if isinstance(mod, CaffeLayer):
-                out.setdefault(mod.caffe_name, mod)
-    return out

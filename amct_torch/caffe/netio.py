@@ -388,18 +388,8 @@ def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optiona
 
 def _graph_layers(gm: Any) -> list[Any]:
     """The CaffeLayer modules of a graph in graph order (contract in docs/design.md)."""
-    try:
-        from amct_torch.caffe.graph import layer_modules  # the graph engineer's helper
-    except ImportError:
-        layer_modules = None
-    if layer_modules is not None:
-        return list(layer_modules(gm).values())
-    mods, seen = [], set()
-    for node in gm.graph.nodes:
-        if node.op == "call_module" and "caffe_layer" in node.meta and node.target not in seen:
-            seen.add(node.target)
-            mods.append(gm.get_submodule(node.target))
-    return mods
+    from amct_torch.caffe.layers.base import layer_modules
+    return list(layer_modules(gm).values())
 
 
 def graph_to_net(gm: Any) -> pb.NetParameter:

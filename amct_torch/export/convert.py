@@ -20,9 +20,9 @@ from amct_torch.errors import ExportError, ModelError
 from amct_torch.export.caffe_deploy import save_deploy
 from amct_torch.export.caffe_fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
+from amct_torch.output_names import SAVE_TYPES
 from amct_torch.record import LayerRecord, read_record, validate_record
 
-SAVE_TYPES = ("Fakequant", "Deploy", "Both")
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")
 _QUANT_TYPE_TEXT = re.compile(r'\btype\s*:\s*"(' + "|".join(_QUANT_TYPES) + r')"')
 _NAME_TEXT = re.compile(r'\bname\s*:\s*"([^"]*)"')

@@ -42,6 +42,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import fx
 
+from amct_torch.output_names import ONNX_ACTIVATIONS
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
 from amct_torch.export.onnx_eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
@@ -424,8 +425,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     layer quantizes is written as ConvInteger/MatMulInteger → int32 → × scale_d·scale_w (+ bias)
     (``onnx_integer``), so that ORT runs every quantized layer with int8 kernels; False keeps
     the plain QDQ form there (the speed mode ``quantize_eltwise`` keeps its own form). Opset 17; both models pass ``onnx.checker`` (full check)."""
-    if activations not in ("int8", "uint8"):
-        raise ValueError(f"activations must be 'int8' or 'uint8', got {activations!r}")
+    if activations not in ONNX_ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
     if bias not in ("float", "int32"):
         raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
     plan = plan_layers(graph, records, file)

@@ -142,3 +142,15 @@ def canonical_axis(axis: int, ndim: int, layer: CaffeLayer, what: str = "axis") 
 def to_numpy(t: Optional[torch.Tensor]) -> np.ndarray:
     """A parameter/buffer as a float32 numpy array on the host."""
     return t.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def layer_modules(gm: torch.nn.Module) -> dict[str, "CaffeLayer"]:
+    """Caffe layer name -> its CaffeLayer module, in graph order (the graph's call_module
+    nodes; here beside CaffeLayer so that the reader/writer can use it without the builder)."""
+    out: dict[str, CaffeLayer] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            if isinstance(mod, CaffeLayer):
+                out.setdefault(mod.caffe_name, mod)
+    return out

@@ -8,7 +8,7 @@ holds every int32 accumulator exactly, on CPU and CUDA alike with torch's own co
 DeQuant after it multiplies by deq_scale (float32 bits of ``uint64_data``) and returns float32.
 A Quant layer in front of such a layer emits the codes q − offset_d (AscendQuant:
 clamp(round(x·(1/scale_d)) + offset_d, −128, 127), the offset removed as the hardware does),
-set by ``mark_integer_quants`` once the graph is built.
+set by ``quant.mark_integer_quants`` once the graph is built.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch import fx
 
 SHIFT_MASK = 0xFF
 
@@ -53,23 +52,3 @@ def unpack_deq(blob: np.ndarray, layer) -> np.ndarray:
     if np.any(shift != 0):
         layer.fail("DeQuant shift_bit other than 0 is not supported")
     return (v & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32).copy()
-
-
-def mark_integer_quants(gm: fx.GraphModule) -> int:
-    """Let each Quant layer whose consumers all end in an integer DeQuant (a deploy model) emit
-    codes instead of dequantized values; returns how many were marked."""
-    from amct_torch.caffe.layers.quant import DeQuantLayer, QuantLayer
-    marked = 0
-    for node in gm.graph.nodes:
-        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), QuantLayer):
-            continue
-        users = list(node.users)
-
-        def integer_user(u: fx.Node) -> bool:
-            return u.op == "call_module" and any(
-                v.op == "call_module" and isinstance(gm.get_submodule(v.target), DeQuantLayer)
-                and gm.get_submodule(v.target).deq_scale is not None for v in u.users)
-        if users and all(integer_user(u) for u in users):
-            gm.get_submodule(node.target).emit_codes = True
-            marked += 1
-    return marked

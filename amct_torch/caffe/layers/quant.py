@@ -6,6 +6,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch import fx
 
 from amct_torch.algorithms.quant import fake_quant
 
@@ -84,3 +85,22 @@ class DeQuantLayer(CaffeLayer):
 
     def caffe_blobs(self) -> list[np.ndarray]:
         return [b.copy() for b in self._blobs]
+
+
+def mark_integer_quants(gm: fx.GraphModule) -> int:
+    """Let each Quant layer whose consumers all end in an integer DeQuant (a deploy model) emit
+    codes instead of dequantized values; returns how many were marked."""
+    marked = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), QuantLayer):
+            continue
+        users = list(node.users)
+
+        def integer_user(u: fx.Node) -> bool:
+            return u.op == "call_module" and any(
+                v.op == "call_module" and isinstance(gm.get_submodule(v.target), DeQuantLayer)
+                and gm.get_submodule(v.target).deq_scale is not None for v in u.users)
+        if users and all(integer_user(u) for u in users):
+            gm.get_submodule(node.target).emit_codes = True
+            marked += 1
+    return marked

@@ -1,8 +1,8 @@
-"""The output models of a calibration, written by the exporters (``amct_torch.export``).
+"""The output models of a calibrated graph, written by the exporters.
 
-Why here: ``save_model``, the one-call API and auto calibration all write the same set of
-files from a calibrated graph (fused float model + record); this file names those files and
-calls the exporters with the graph's fusion map and record path.
+Why here: ``save_model``, the one-call job and auto calibration all write the same set of
+files from a calibrated graph (fused float model + record); this file calls the exporters
+with the graph's fusion map and record path (``amct_torch.output_names`` names the files).
 """
 from __future__ import annotations
 
@@ -10,16 +10,7 @@ import os
 from typing import Any, Mapping
 
 from amct_torch.export import convert_model, export_onnx, save_quant_models
-
-
-def output_paths(save_path: str, save_type: str) -> list[str]:
-    """The files ``save_model`` writes for ``save_type`` (SPEC §1)."""
-    out = []
-    if save_type in ("Fakequant", "Both"):
-        out += [f"{save_path}_fake_quant_model.prototxt", f"{save_path}_fake_quant_weights.caffemodel"]
-    if save_type in ("Deploy", "Both"):
-        out += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
-    return out + [f"{save_path}_quant.json"]
+from amct_torch.output_names import model_paths
 
 
 def export_models(graph: Any, records: Mapping[str, Any], save_type: str, save_path: str) -> list[str]:
@@ -27,13 +18,13 @@ def export_models(graph: Any, records: Mapping[str, Any], save_type: str, save_p
     graph; returns the paths written."""
     save_quant_models(graph.fused, records, save_type=save_type, save_path=save_path,
                       fused_layers=graph.fused_layers, record_file=graph.record_file)
-    return [p for p in output_paths(save_path, save_type) if os.path.exists(p)]
+    return [p for p in model_paths(save_path, save_type) if os.path.exists(p)]
 
 
 def convert(model_file: str, weights_file: str, record_file: str, save_path: str) -> list[str]:
     """``convert_model`` (record → models); returns the paths written."""
     convert_model(model_file, weights_file, record_file, save_path)
-    return [p for p in output_paths(save_path, "Both") if os.path.exists(p)]
+    return [p for p in model_paths(save_path, "Both") if os.path.exists(p)]
 
 
 def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,

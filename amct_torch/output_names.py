@@ -1,0 +1,25 @@
+"""Names of the files a save writes, and the choices that select them, in one place.
+
+Why a module of its own, without torch: the command line lists these choices in ``--help``
+(which must not import torch), the API validates them, and the exporters and the one-call
+job name the same files; one definition keeps them from drifting apart.
+"""
+from __future__ import annotations
+
+#: ``save_model``'s save_type values (AMCT's)
+SAVE_TYPES = ("Fakequant", "Deploy", "Both")
+#: activation types of the ONNX QDQ model
+ONNX_ACTIVATIONS = ("int8", "uint8")
+#: opt-in improvements beyond AMCT's result (``quantize(improve=...)``)
+IMPROVEMENTS = ("bias_correction",)
+
+
+def model_paths(save_path: str, save_type: str) -> list[str]:
+    """The files ``save_model`` writes for ``save_type``: the fake-quant and/or deploy Caffe
+    models and the quant info JSON."""
+    out = []
+    if save_type in ("Fakequant", "Both"):
+        out += [f"{save_path}_fake_quant_model.prototxt", f"{save_path}_fake_quant_weights.caffemodel"]
+    if save_type in ("Deploy", "Both"):
+        out += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
+    return out + [f"{save_path}_quant.json"]

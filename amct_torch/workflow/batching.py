@@ -1,0 +1,78 @@
+"""How the one-call job turns the user's data into calibration batches, and says what it used.
+
+Why: without an explicit batch size the job spreads every sample over ``batch_num`` batches
+(a single .npz of 180 digits must not calibrate on 2 of them), keeps only the batches that
+later steps read again, and tells the user how many samples calibrated.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Optional
+
+from amct_torch.calibration.data import IMAGE_EXTS, Preprocess, check_resize
+
+log = logging.getLogger("amct_torch")
+
+#: most samples in one batch when the batch size is derived from the data (documented in
+#: docs/workflow.md): beyond it the remaining samples stay unused, with a warning
+MAX_DEFAULT_BATCH = 256
+
+
+def default_batch_size(count: Optional[int], batch_num: int) -> Optional[int]:
+    """Spread ``count`` samples over ``batch_num`` batches (at most ``MAX_DEFAULT_BATCH`` per
+    batch); None (one sample per item) when the count is unknown."""
+    if not count:
+        return None
+    return max(1, min(MAX_DEFAULT_BATCH, -(-count // batch_num)))
+
+
+def check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model_file: str) -> None:
+    """Warn when --mean/--scale/--resize cannot apply (arrays are used as they are) and refuse
+    a resize target beyond the image budget before any image is read."""
+    if not isinstance(data, (str, os.PathLike)) or not inputs:
+        return
+    path = os.fspath(data)
+    names = os.listdir(path) if os.path.isdir(path) else [path]
+    images = any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names)
+    pre = pre or Preprocess()
+    if images:
+        shape = inputs[0][1]
+        hw = (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
+        check_resize(hw, pre, model_file)
+    elif pre.mean is not None or pre.scale != 1.0 or pre.resize is not None or pre.crop is not None:
+        log.warning("--mean/--scale/--resize/--crop apply to images only: the arrays of %s are "
+                    "used as they are", path)
+
+
+class Keep:
+    """Passes batches on, remembering the first ``n`` (at most ``limit`` of them when given:
+    what later steps read again) and counting their samples."""
+
+    def __init__(self, limit: Optional[int] = None) -> None:
+        self.cache: list = []
+        self.samples = 0
+        self.limit = limit
+
+    def __call__(self, batches: Iterable[Any], n: int) -> Iterable[Any]:
+        self.cache = []
+        self.samples = 0
+        for i, b in enumerate(batches):
+            if i < n:
+                if self.limit is None or len(self.cache) < self.limit:
+                    self.cache.append(b)
+                first = b[0] if isinstance(b, tuple) else b
+                self.samples += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
+            yield b
+
+
+def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[int]) -> None:
+    """Log how many samples calibrated and warn when some were left out."""
+    if count is None:
+        return
+    if keeper.samples < count:
+        log.warning("calibrated on %d of %d samples (%d batch(es) of %s): %d sample(s) unused; "
+                    "raise --batch-num or --batch-size to use them", keeper.samples, count,
+                    batch_num, bs, count - keeper.samples)
+    else:
+        log.info("calibrated on all %d samples", count)

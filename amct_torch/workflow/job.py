@@ -1,0 +1,344 @@
+"""``amct_torch.quantize``: the whole AMCT workflow in one call.
+
+Why: most users do not want five calls and two intermediate files. This runs
+create_quant_config → init → quantize_model → the calibration loop → save_model (+ ONNX, + the
+per-layer report) with sensible defaults, and writes every output under one prefix. The job
+has three steps over one ``QuantizeOptions``: plan (validate, refuse bad outputs, open the
+output transaction), calibrate, write. All work happens in a staging folder beside the
+outputs and the results are committed together at the end (``amct_torch.transaction``): a
+failure or a kill leaves no partial or mixed outputs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from amct_torch.api import checked_records, init, quantize_model, save_model
+from amct_torch.calibration.data import Preprocess, calibration_batches, count_samples
+from amct_torch.calibration.loop import resolve_device, run_calibration, take
+from amct_torch.calibration.workflow import QuantGraph
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError
+from amct_torch.export import fake_quant_graph
+from amct_torch.output_names import model_paths
+from amct_torch.transaction import OutputTransaction, check_outputs
+from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, report_use
+from amct_torch.workflow.options import QuantizeOptions
+from amct_torch.workflow.result import QuantizeResult
+
+log = logging.getLogger("amct_torch")
+
+
+def quantize(model_file: str, weights_file: str, calibration_data: Any,
+             config: Optional[str] = None, output: str = "amct_output/model", *,
+             batch_num: Optional[int] = None, batch_size: Optional[int] = None,
+             device: Optional[str] = None, preprocess: Optional[Preprocess] = None,
+             skip_layers: Optional[Sequence[str]] = None, activation_offset: bool = True,
+             save_type: Optional[str] = "Both", onnx: Union[bool, str] = False,
+             onnx_speed: bool = False, report: bool = True, report_data: Any = None,
+             report_batches: int = 2, ifmr_mode: str = "streaming",
+             quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
+             checkpoint: Optional[str] = None,
+             onnx_outputs: Optional[Sequence[str]] = None) -> QuantizeResult:
+    """Quantize a Caffe model in one call and write every output under the prefix ``output``.
+
+    ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
+    or a path (folder of images or .npy/.npz files, or one .npy/.npz file; images are
+    preprocessed by ``preprocess``). ``config``: None (defaults), a quant.cfg or a JSON quant
+    config. ``batch_num`` overrides the config's; for an array or folder the default
+    ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
+    when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` (True, "int8" or
+    "uint8": the activation type) also writes ``{output}_quant.onnx`` (QDQ) and
+    ``{output}_float.onnx``; ``onnx_outputs`` cuts them at named blobs; ``onnx_speed`` makes that
+    QDQ model the opt-in speed mode (``export_onnx(quantize_eltwise=True)``: residual outputs
+    and Eltwise SUMs quantized too so ONNX Runtime stays in int8 kernels — no longer
+    AMCT-exact); ``report`` compares every quantized layer's output with the float model on
+    ``report_data`` (default: up to ``report_batches`` batches of the calibration data not used
+    for calibration, else the calibration batches) and writes ``{output}_layer_report.json``.
+    ``improve``: None (AMCT's result) or an opt-in improvement beyond AMCT, one of
+    ``output_names.IMPROVEMENTS``: "bias_correction" folds the sequential empirical bias
+    correction of every quantized layer into the fused biases before anything is written
+    (``calibration/bias_correction.py``); the factors stay AMCT's, ``float_model`` stays the
+    uncorrected float model. ``distributed``: under ``torchrun``, each process calibrates its
+    share of the batches and rank 0 alone writes the outputs (docs/distributed.md);
+    ``checkpoint``: a path where the observer states are saved after each batch, and resumed
+    from when it exists. Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and
+    the models."""
+    return run(QuantizeOptions(
+        model_file=model_file, weights_file=weights_file, calibration_data=calibration_data,
+        config=config, output=output, batch_num=batch_num, batch_size=batch_size, device=device,
+        preprocess=preprocess, skip_layers=skip_layers, activation_offset=activation_offset,
+        save_type=save_type, onnx=onnx, onnx_speed=onnx_speed, onnx_outputs=onnx_outputs,
+        report=report, report_data=report_data, report_batches=report_batches, ifmr_mode=ifmr_mode,
+        quiet=quiet, improve=improve, distributed=distributed, checkpoint=checkpoint))
+
+
+@dataclass
+class _Plan:
+    """Where the job runs and writes: the distributed context, the device, the final and
+    staged path of every output, the transaction (None on ranks > 0) and the work folder."""
+
+    ctx: Any
+    device: torch.device
+    finals: dict
+    staged: dict
+    tx: Optional[OutputTransaction]
+    tmp: str
+    prefix: str
+
+
+@dataclass
+class _Calibrated:
+    """What calibration leaves for the writing step."""
+
+    graph: QuantGraph
+    model: Any
+    keeper: Keep
+    rest: Any
+    batch_size: Optional[int]
+    count: Optional[int]
+    config_file: str
+    onnx_problem: Any = None
+    records: dict = field(default_factory=dict)
+
+
+def run(opts: QuantizeOptions) -> QuantizeResult:
+    """The job for ``opts``: plan, calibrate, write; every error names the user's files."""
+    from amct_torch.progress import JobProgress, progress_enabled
+
+    plan = _plan(opts.validate())
+    prog = JobProgress(5 + bool(opts.improve) + bool(opts.onnx) + bool(opts.report) + (opts.save_type is not None),
+                       progress_enabled(opts.quiet))
+    try:
+        cal = _calibrate(opts, plan, prog)
+        if plan.tx is None:  # only rank 0 writes; its work folder is removed below
+            return QuantizeResult(files={}, records=checked_records(cal.graph), float_model=cal.model,
+                                  quant_model=None, graph=cal.graph, device=plan.device, rank=plan.ctx.rank)
+        return _write(opts, plan, cal, prog)
+    except (CalibrationError, DataError) as err:
+        if err.file is None and opts.data_path:
+            # weights are checked for NaN/Inf up front: what is left comes from the data
+            raise err.with_file(opts.data_path) from None
+        raise _user_paths(err, plan, opts) from None
+    except AmctError as err:
+        raise _user_paths(err, plan, opts) from None
+    except OSError as err:
+        # a full disk or a vanished folder while writing: name the output, never the staging copy
+        where = err.filename if isinstance(err.filename, str) else None
+        ours = where is None or os.path.abspath(where).startswith(os.path.abspath(plan.tmp) + os.sep)
+        if where is not None and plan.tx is not None:
+            where = plan.tx.final_of(where)
+        what = "cannot write the outputs" if ours else "cannot read or write this file"
+        raise AmctError(f"{what}: {err.strerror or err}",
+                        file=where or os.path.dirname(os.path.abspath(opts.output))) from None
+    finally:
+        prog.close()
+        if plan.tx is not None:
+            plan.tx.abort()
+        else:
+            shutil.rmtree(plan.tmp, ignore_errors=True)
+
+
+def _plan(opts: QuantizeOptions) -> _Plan:
+    """The device and the outputs; refuses outputs that are inputs or folders before any work,
+    and opens the output transaction (rank 0 only)."""
+    ctx = None
+    if opts.distributed:
+        from amct_torch.calibration.distributed import init_distributed
+        ctx = init_distributed(opts.device)
+    dev = ctx.device if ctx is not None and ctx.active else resolve_device(opts.device)
+    finals = planned_outputs(opts.output, opts.save_type, opts.onnx, opts.report)
+    check_outputs(list(finals.values()), opts.inputs)
+    tx = None
+    if ctx is None or ctx.is_writer:
+        tx = OutputTransaction(list(finals.values()), opts.inputs).begin(os.path.basename(opts.output))
+        tmp = tx.staging
+    else:  # ranks > 0 write nothing: private work folder
+        tmp = tempfile.mkdtemp(prefix="amct_")
+    os.mkdir(os.path.join(tmp, "work"))
+    staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
+    return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)))
+
+
+def _calibrate(opts: QuantizeOptions, plan: _Plan, prog) -> _Calibrated:
+    """Read the model and config, fuse + ARQ, and run the calibration batches."""
+    from amct_torch.export.preflight import onnx_preflight
+
+    prog.start("reading the model")
+    cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
+                       opts.batch_num or 1, opts.activation_offset)
+    graph = init(cfg, opts.model_file, opts.weights_file, plan.staged["record"])
+    # whether the ONNX models can be written is known before calibrating
+    onnx_problem = onnx_preflight(graph.model, opts.model_file, opts.onnx_outputs, graph.config) if opts.onnx else None
+    if opts.batch_num is not None:
+        graph.config.batch_num = int(opts.batch_num)
+    n = graph.config.batch_num
+    prog.start("BN fusion + ARQ")
+    model = quantize_model(graph, None, None, ifmr_mode=opts.ifmr_mode)  # not kept: not written
+    model.to(plan.device)
+    prog.start("calibrating")
+    inputs_decl = graph.model.caffe_inputs
+    count = count_samples(opts.calibration_data, inputs_decl)
+    bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
+    check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
+    batches = calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess)
+    # all calibration batches only for what reads them again (bias correction, ONNX);
+    # otherwise the report's fallback at most: 256 images at 224x224 are 154 MB
+    keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
+    if opts.checkpoint is not None:
+        _fingerprint_run(graph, opts, n, bs)
+    if plan.ctx is not None or opts.checkpoint is not None:
+        from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
+        rest = run_sharded_calibration(model, graph.session, keeper(batches, n),
+                                       plan.ctx or DistContext(device=plan.device), quiet=opts.quiet,
+                                       checkpoint=opts.checkpoint)
+    else:
+        rest = run_calibration(model, graph.session, keeper(batches, n), plan.device, quiet=opts.quiet)
+    report_use(keeper, count, n, bs)
+    return _Calibrated(graph, model, keeper, rest, bs, count, cfg, onnx_problem)
+
+
+def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> QuantizeResult:
+    """Every output into the staging folder, then one commit; the ONNX problem found before
+    calibration (if any) is raised once the other outputs are in place."""
+    from amct_torch.export.graph_outputs import export_onnx_model
+    from amct_torch.export.preflight import raise_if
+
+    graph, model, staged = cal.graph, cal.model, plan.staged
+    files = {"config": staged["config"], "record": staged["record"]}
+    if cal.config_file != staged["config"]:  # the user's JSON config, copied as it was read
+        shutil.copyfile(cal.config_file, staged["config"])
+    records = checked_records(graph)
+    if opts.improve == "bias_correction":
+        prog.start("bias correction")
+        model = _bias_correct(graph, records, cal.keeper.cache, plan.device)
+    if opts.save_type is not None:
+        prog.start("writing the Caffe models")
+        for p in save_model(graph, opts.save_type, plan.prefix, _staged=True):
+            files[_kind(p, plan.prefix)] = p
+    prog.start("building the fake-quant model")
+    quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(plan.device)
+    if opts.onnx and cal.onnx_problem is None:
+        prog.start("writing the ONNX models")
+        calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
+        files["onnx_float"], files["onnx"] = export_onnx_model(
+            graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
+            calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs)
+    stats = None
+    if opts.report:
+        prog.start("per-layer report")
+        stats = _report(opts, plan, cal, model, quant_model, records, files)
+    graph.record_file = plan.finals["record"]
+    prog.start("committing the outputs")
+    plan.tx.commit([plan.finals[k] for k in files])
+    final = {k: plan.finals[k] for k in files}
+    raise_if(cal.onnx_problem)  # the other outputs are written: now the ONNX problem (exit 2)
+    return QuantizeResult(files=final, records=records, float_model=model,
+                          quant_model=quant_model, graph=graph, report=stats, device=plan.device,
+                          samples_used=cal.keeper.samples, samples_total=cal.count)
+
+
+def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files) -> list:
+    """The per-layer report on held-out batches (else the calibration batches), written."""
+    from amct_torch.report import layer_report, write_report
+
+    held = take(cal.rest, opts.report_batches) if opts.report_data is None else list(
+        calibration_batches(opts.report_data, cal.graph.model.caffe_inputs, cal.batch_size, opts.preprocess))
+    held_out = bool(held) or opts.report_data is not None
+    if not held:
+        held = cal.keeper.cache[:opts.report_batches]
+    stats = layer_report(model, quant_model, held, list(records), device=plan.device)
+    files["report"] = plan.staged["report"]
+    write_report(files["report"], stats, {"model": opts.model_file, "held_out": held_out, "batches": len(held)})
+    return stats
+
+
+def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:
+    """kind → final path of every file ``quantize`` may write under the prefix ``output``."""
+    out = {"config": output + "_quant_config.json", "record": output + "_record.txt"}
+    if save_type is not None:
+        for p in model_paths(output, save_type):
+            out[_kind(p, output)] = p
+    if onnx:
+        out["onnx_float"], out["onnx"] = output + "_float.onnx", output + "_quant.onnx"
+    if report:
+        out["report"] = output + "_layer_report.json"
+    return {k: os.path.abspath(p) for k, p in out.items()}
+
+
+def _config_json(config: Optional[str], path: str, model_file: str, weights_file: str,
+                 skip_layers: Optional[Sequence[str]], batch_num: int,
+                 activation_offset: bool) -> str:
+    """The JSON quant config to use: written at ``path`` from a quant.cfg or defaults, or the
+    user's JSON file itself (read in place, so that its errors name it)."""
+    from amct_torch.config import create_quant_config
+
+    if config is None:
+        create_quant_config(path, model_file, weights_file, skip_layers=skip_layers,
+                            batch_num=batch_num, activation_offset=activation_offset)
+        return path
+    if not os.path.isfile(config):
+        raise ConfigError("quant config not found", file=config)
+    if config.lower().endswith(".json"):
+        return config
+    if skip_layers:
+        log.warning("skip_layers is ignored: the quant.cfg %s decides what is skipped", config)
+    create_quant_config(path, model_file, weights_file, config_defination=config)
+    return path
+
+
+def _fingerprint_run(graph: QuantGraph, opts: QuantizeOptions, batch_num: int, batch_size: Optional[int]) -> None:
+    """What a checkpoint must share with this run to be resumed (checkpoint.py)."""
+    import dataclasses
+    import hashlib
+    from amct_torch.calibration.checkpoint import describe_data, set_run_fingerprint
+    from amct_torch.config.json_config import quant_config_to_json
+    with open(opts.model_file, "rb") as f:
+        model_sha = hashlib.sha256(f.read()).hexdigest()
+    pre = opts.preprocess
+    set_run_fingerprint(graph.session, model=model_sha, config=quant_config_to_json(graph.config),
+                        batch_num=batch_num, batch_size=batch_size, ifmr_mode=opts.ifmr_mode,
+                        preprocess=dataclasses.asdict(pre) if pre is not None else None,
+                        data=describe_data(opts.calibration_data))
+
+
+def _user_paths(err: AmctError, plan: _Plan, opts: QuantizeOptions) -> AmctError:
+    """An error that names a file of the private work folder names the user's file instead:
+    the config it was made from; for the record this run computes, the weights (weight
+    factors) or the data (activation factors) its values came from; else the final path."""
+    tmp, finals = plan.tmp, plan.finals
+    if err.file is None or os.path.dirname(os.path.abspath(err.file)) not in (
+            os.path.abspath(tmp), os.path.join(os.path.abspath(tmp), "work")):
+        return err
+    base = os.path.basename(err.file)
+    if base == os.path.basename(finals["config"]) and opts.config is not None:
+        return err.with_file(opts.config)
+    if base == os.path.basename(finals["record"]):
+        source = opts.weights_file if ("scale_w" in err.message or "offset_w" in err.message) else opts.data_path
+        err.message = f"computed factors: {err.message}"
+        return err.with_file(source)
+    for p in finals.values():
+        if os.path.basename(p) == base:
+            return err.with_file(p)
+    return err.with_file(None)
+
+
+def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.device) -> Any:
+    """Fold the bias correction into ``graph.fused`` (what every output is written from) and
+    return an uncorrected copy of it: the float model the report and the caller compare with."""
+    import copy
+    from amct_torch.calibration.bias_correction import correct_biases
+
+    float_model = copy.deepcopy(graph.fused)
+    correct_biases(graph.fused, records, batches, dev)
+    return float_model
+
+
+def _kind(path: str, prefix: str) -> str:
+    tail = path[len(prefix) + 1:] if path.startswith(prefix + "_") else os.path.basename(path)
+    return tail.rsplit(".", 1)[0]

@@ -1,0 +1,78 @@
+"""The settings of one ``quantize`` job, checked before any work.
+
+Why an object: the one-call job has some twenty settings; carrying them as one validated
+value keeps the steps (plan, calibrate, write) short and lets each read only what it needs.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+from amct_torch.calibration.data import Preprocess
+from amct_torch.errors import AmctError, ConfigError, ModelError
+from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
+
+
+@dataclass
+class QuantizeOptions:
+    """Everything ``quantize`` takes (its docstring says what each does)."""
+
+    model_file: str
+    weights_file: str
+    calibration_data: Any
+    config: Optional[str] = None
+    output: str = "amct_output/model"
+    batch_num: Optional[int] = None
+    batch_size: Optional[int] = None
+    device: Optional[str] = None
+    preprocess: Optional[Preprocess] = None
+    skip_layers: Optional[Sequence[str]] = None
+    activation_offset: bool = True
+    save_type: Optional[str] = "Both"
+    onnx: Union[bool, str] = False
+    onnx_speed: bool = False
+    onnx_outputs: Optional[Sequence[str]] = None
+    report: bool = True
+    report_data: Any = None
+    report_batches: int = 2
+    ifmr_mode: str = "streaming"
+    quiet: bool = False
+    improve: Optional[str] = None
+    distributed: bool = False
+    checkpoint: Optional[str] = None
+
+    def validate(self) -> "QuantizeOptions":
+        """Refuse bad settings (before any file is read or written); returns self."""
+        for p, what in ((self.model_file, "model file"), (self.weights_file, "weights file")):
+            if not isinstance(p, (str, os.PathLike)) or not os.path.isfile(p):
+                raise ModelError(f"{what} not found", file=str(p))
+        if self.save_type is not None and self.save_type not in SAVE_TYPES:
+            raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {self.save_type!r}")
+        if self.onnx not in (False, None, True) + ONNX_ACTIVATIONS:
+            raise AmctError(f"onnx must be True, False, 'int8' or 'uint8', got {self.onnx!r}")
+        if self.batch_num is not None and (isinstance(self.batch_num, bool) or int(self.batch_num) < 1):
+            raise ConfigError(f"batch_num must be >= 1, got {self.batch_num!r}")
+        if self.improve is not None and self.improve not in IMPROVEMENTS:
+            raise AmctError(f"improve must be one of {', '.join(IMPROVEMENTS)} or None, got {self.improve!r}")
+        self.output = os.fspath(self.output)
+        if not os.path.basename(self.output) or self.output.endswith(os.sep):
+            raise AmctError("output must be a path prefix such as out/model, not a folder", file=self.output)
+        return self
+
+    @property
+    def data_path(self) -> Optional[str]:
+        """The calibration data as a path, when it is one."""
+        d = self.calibration_data
+        return os.fspath(d) if isinstance(d, (str, os.PathLike)) else None
+
+    @property
+    def inputs(self) -> list:
+        """Every file the job reads (no output may be one of them)."""
+        return [self.model_file, self.weights_file, self.config, self.checkpoint] + \
+            ([self.data_path] if self.data_path else [])
+
+    @property
+    def onnx_activations(self) -> str:
+        """The ONNX model's activation type (uint8 unless asked: same values, faster in ORT)."""
+        return self.onnx if isinstance(self.onnx, str) else "uint8"
