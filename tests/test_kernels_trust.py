@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +188,19 @@ def test_kernel_wrappers_check_lengths_at_the_boundary():
         cnt = torch.zeros(9, dtype=torch.int64)
         native.hfmg_losses(torch.zeros(3, 9, dtype=torch.int64), cnt, torch.tensor([0]), torch.tensor([50]),
                            0.1, 1e-7)
+
+
+@pytest.mark.parametrize("env,rc,says", [({}, 0, "ready"), ({"AMCT_TORCH_NATIVE": "0"}, 0, "turned off"),
+                                         ({"CC": "/no/such/compiler"}, 1, "was not found")])
+def test_build_kernels_command(env, rc, says, tmp_path):
+    """`amct-torch build-kernels` builds into the cache and says so, or says why not."""
+    import sys
+    if "CC" not in env and "AMCT_TORCH_NATIVE" not in env and CC is None:
+        pytest.skip("needs a C compiler (cc, gcc, clang or $CC) to build the CPU kernels")
+    full = dict(os.environ, AMCT_TORCH_CACHE=str(tmp_path / "cache"), **env)
+    res = subprocess.run([sys.executable, "-m", "amct_torch.cli", "build-kernels"], env=full,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == rc and says in res.stdout, (res.stdout, res.stderr)
+    if says == "ready":
+        built = res.stdout.split("ready:")[1].strip()
+        assert os.path.exists(built) and native_build.verified(Path(built))
