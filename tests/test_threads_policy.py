@@ -1,5 +1,5 @@
-"""prefer_passive_waits: sets OpenMP's wait policy only before torch loads and never over the
-user's choice; the calibrate command reaches it before anything imports torch."""
+"""prefer_passive_waits: passive OpenMP waits only on a busy machine, only before torch loads,
+never over the user's choice; the calibrate command reaches it before anything imports torch."""
 from __future__ import annotations
 
 import os
@@ -16,21 +16,26 @@ def _run(code: str, **env: str) -> str:
                           env=e, cwd=ROOT).stdout.strip()
 
 
-def test_set_before_torch_and_kept_when_the_user_chose():
-    code = ("import os\nfrom amct_torch.threads import prefer_passive_waits\n"
-            "print(prefer_passive_waits(), os.environ.get('OMP_WAIT_POLICY'))")
-    assert _run(code) == "True PASSIVE"
-    assert _run(code, OMP_WAIT_POLICY="ACTIVE") == "False ACTIVE"
-    late = "import torch\n" + code
-    assert _run(late) == "False None"
+def _call(load: str) -> str:
+    return ("import os\nfrom amct_torch.threads import prefer_passive_waits\n"
+            f"print(prefer_passive_waits({load}), os.environ.get('OMP_WAIT_POLICY'))")
+
+
+def test_passive_only_when_busy_before_torch_and_never_over_the_user():
+    busy = "10.0 * (os.cpu_count() or 1)"
+    assert _run(_call(busy)) == "True PASSIVE"
+    assert _run(_call("0.0")) == "False None"
+    assert _run(_call(busy), OMP_WAIT_POLICY="ACTIVE") == "False ACTIVE"
+    assert _run("import torch\n" + _call(busy)) == "False None"
 
 
 def test_calibrate_sets_it_before_torch_is_imported(tmp_path):
     """The command fails on a missing model file, after its process set-up: torch must not have
-    been imported before the policy was set."""
+    been imported when the policy is decided (here on a machine declared busy)."""
     code = ("import os, sys\nfrom amct_torch import cli\n"
             "import amct_torch.threads as t\norig = t.prefer_passive_waits\n"
-            "def spy():\n    print('torch loaded:', 'torch' in sys.modules)\n    return orig()\n"
+            "def spy():\n    print('torch loaded:', 'torch' in sys.modules)\n"
+            "    return orig(load=1e9)\n"
             "t.prefer_passive_waits = spy\n"
             f"rc = cli.main(['calibrate', {str(tmp_path / 'no.prototxt')!r}, 'w', 'd'])\n"
             "print('policy:', os.environ.get('OMP_WAIT_POLICY'), 'rc:', rc)")
