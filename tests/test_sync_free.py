@@ -122,3 +122,20 @@ def test_updates_keep_the_state_storage(factory, cpu_backend):
     assert {k: t.data_ptr() for k, t in _state_tensors(obs).items()} == ptrs
     with pytest.raises(Exception, match="batch 6"):
         obs.compute()
+
+
+@pytest.mark.parametrize("factory", OBSERVERS, ids=IDS)
+def test_channels_last_batches_give_the_same_factors(factory, cpu_backend):
+    """A channels-last activation (a faster CPU forward) calibrates exactly like its NCHW
+    twin; the order-free observers read it in memory order, without copying it."""
+    from amct_torch.calibration.observers import _flat
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.relu(torch.randn(4, 16, 9, 7, generator=g) * s) for s in (1.0, 3.0, 0.5)]
+    a, b = factory(), factory()
+    for x in xs:
+        a.update(x)
+        b.update(x.to(memory_format=torch.channels_last))
+    assert a.compute() == b.compute()
+    cl = xs[0].to(memory_format=torch.channels_last)
+    flat = _flat(cl, a.order_free)
+    assert (flat.data_ptr() == cl.data_ptr()) == a.order_free

@@ -34,13 +34,22 @@ STREAM_BINS = 16384
 MAX_COUNT = 1 << 56
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    x = x.detach().reshape(-1)
+def _flat(x: torch.Tensor, order_free: bool = False) -> torch.Tensor:
+    """``x`` as a flat float32 tensor. ``order_free`` (statistics that do not depend on the
+    order of the elements): a channels-last batch is flattened in its memory order, a view
+    instead of a copy of the whole activation."""
+    x = x.detach()
+    if order_free and x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        x = x.permute(0, 2, 3, 1)
+    x = x.reshape(-1)
     return x if x.dtype == torch.float32 else x.float()
 
 
 class Observer:
     """Common interface; ``layer`` names the layer in errors."""
+
+    #: the statistics do not depend on the order of the elements (histograms, extremes)
+    order_free = False
 
     def __init__(self, layer: str) -> None:
         self.layer = layer
@@ -52,7 +61,7 @@ class Observer:
         """Feed one batch of the layer's input (any shape and float dtype; computed in float32
         on its device) without reading anything back. ``batch``: the calibration batch's
         number (0-based) for the NaN/Inf message; default the count of updates."""
-        xf = _flat(x)
+        xf = _flat(x, self.order_free)
         index = self._batch if batch is None else batch
         self._batch += 1
         if xf.numel() == 0:
@@ -199,6 +208,8 @@ class IfmrStreamingObserver(Observer):
     power-of-two-grid histogram with per-bin offset sums (algorithms/histogram.py,
     algorithms/streaming.py). Fixed size whatever batch_num is."""
 
+    order_free = True
+
     def __init__(self, layer: str, max_percentile: float = 0.999999, min_percentile: float = 0.999999,
                  search_range=(0.7, 1.3), search_step: float = 0.01, asymmetric: bool = True,
                  nbins: int = STREAM_BINS, topk: int = TOPK) -> None:
@@ -341,6 +352,8 @@ class HfmgObserver(Observer):
     ``merge`` of a histogram built on another range redistributes *both* histograms onto the
     union range with the same rule (floor lower share) and adds them; counts are preserved
     exactly, bin positions approximately (docs/algorithms.md measures the deviation)."""
+
+    order_free = True
 
     def __init__(self, layer: str, num_of_bins: int = 4096, asymmetric: bool = True) -> None:
         super().__init__(layer)
