@@ -68,8 +68,11 @@ class Observer:
             return
         self._flag(self._update(xf), index)
 
-    def _flag(self, bad: torch.Tensor, index: int) -> None:
-        """Remember (on the device) whether this batch held NaN/Inf, and the first such batch."""
+    def _flag(self, bad: Optional[torch.Tensor], index: int) -> None:
+        """Remember (on the device) whether this batch held NaN/Inf, and the first such batch
+        (``bad`` None: a CPU backend saw on the host that the batch was clean)."""
+        if bad is None:
+            return
         if self._bad is None:
             self._bad = torch.zeros((), dtype=torch.bool, device=bad.device)
             self._first_bad = torch.full((), -1, dtype=torch.int64, device=bad.device)

@@ -11,7 +11,9 @@ torch formulas on the same state, which give the same integers.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
 from amct_torch.algorithms import hfmg, histogram
@@ -40,15 +42,17 @@ class KernelBackend:
         self.fallback = fallback
 
     # -- streaming IFMR ---------------------------------------------------------------
-    def stream_update(self, st: StreamState, x: torch.Tensor) -> torch.Tensor:
-        if not (_cpu_f32(x) and _state_ok(st)):
+    def stream_update(self, st: StreamState, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Returns None when the batch was clean (known here without a device), else the
+        torch path's NaN/Inf flag."""
+        if not (_cpu_f32(x) and st.top.device.type == "cpu"):
             return self.fallback.stream_update(st, x)
         threads = torch.get_num_threads()
-        count = int(st.count)
-        if count and not all(math.isfinite(v) for v in st.range.tolist()):   # after NaN/Inf (flagged)
+        count = int(_views(st).count)          # CPU state: plain memory, read through numpy views
+        if count and not np.isfinite(_views(st).range).all():   # after NaN/Inf (flagged)
             return self.fallback.stream_update(st, x)
         if count and self._fused(st, x, threads):
-            return _false()
+            return None
         k = st.top.numel()
         b = native.chunk_bounds(x, FINE_CHUNK, k, threads)
         if b.nans or not (math.isfinite(b.lo) and math.isfinite(b.hi)):
@@ -57,25 +61,27 @@ class KernelBackend:
         _widen(st, b.lo, b.hi)
         _fold_bounds(st, b.kth_hi, b.kth_lo)
         if self._fused(st, x, threads):
-            return _false()
+            return None
         _restore(st, before)                                  # the general path starts from scratch
         return self.fallback.stream_update(st, x)
 
     def _fused(self, st: StreamState, x: torch.Tensor, threads: int) -> bool:
         """One compiled call that bins the batch, merges its candidates and commits — when
         the batch keeps the frame and its candidates fit; False leaves ``st`` untouched."""
-        e, base = (int(v) for v in st.frame.tolist())
-        gmin, gmax = st.range.tolist()
+        v = _views(st)
+        e, base = v.frame.tolist()
+        rng = v.range
+        gmin, gmax = rng.tolist()
         nbins, k = st.nbins, st.top.numel()
         commit = native.Commit(gmin, gmax, e, nbins, histogram.REL_BITS, histogram.MIN_EXP,
                                st.top, st.bottom, st.counts, st.dsum, INSERT_MAX)
         r = native.stream_update(x, math.ldexp(1.0, -e), float(base), nbins + 1, histogram.OFFSET_BITS,
-                                 float(st.top[-1]), float(st.bottom[-1]), k * FINE_CHUNK, histogram.MAX_SLICE,
-                                 threads, commit)
+                                 float(v.top[-1]), float(v.bottom[-1]), k * FINE_CHUNK,
+                                 histogram.MAX_SLICE, threads, commit)
         if not r.committed:
             return False
-        st.range.copy_(torch.tensor(r.committed[2:], dtype=torch.float64))
-        st.count.add_(x.numel())
+        rng[:] = r.committed[2:]
+        np.add(v.count, x.numel(), out=v.count)
         return True
 
     # -- HFMG -------------------------------------------------------------------------
@@ -95,7 +101,7 @@ class KernelBackend:
         else:                                  # no range yet, or a constant one: the extremes
             r = native.hfmg_pass(x, math.inf, -math.inf, 0.0, nbins, threads)
         if not r.outside:
-            return counts, rng, _false()
+            return counts, rng, None
         lo, hi = min(r.lo, mn), max(r.hi, mx)
         if r.nans or not (math.isfinite(lo) and math.isfinite(hi)):
             return self.fallback.hfmg_update(counts, rng, seen, x)
@@ -108,7 +114,7 @@ class KernelBackend:
                 native.hfmg_pass(x, lo, hi, hfmg.bin_width(lo, hi, nbins), nbins, threads, into=new)
             else:
                 new = new + hfmg.histogram(x, lo, hi, nbins)
-        return new, torch.tensor([lo, hi], dtype=torch.float64), _false()
+        return new, torch.tensor([lo, hi], dtype=torch.float64), None
 
     def hfmg_search(self, counts: torch.Tensor, width: float):
         """The literal walk and the per-candidate losses in C (microseconds)."""
@@ -127,17 +133,26 @@ class KernelBackend:
         return native.ifmr_hist_losses(counts, dsum, float(bin_lo[0]), width, m_lo, k, s64)
 
 
-def _false() -> torch.Tensor:
-    return torch.zeros((), dtype=torch.bool)
+class _Views(NamedTuple):
+    """numpy views of a CPU state's small tensors (the same memory)."""
+
+    tensors: tuple
+    count: np.ndarray
+    frame: np.ndarray
+    range: np.ndarray
+    top: np.ndarray
+    bottom: np.ndarray
 
 
-def _state_ok(st: StreamState) -> bool:
-    """The state tensors the fused call writes into are what the C code assumes."""
-    return (st.top.device.type == "cpu" and st.top.dtype == st.bottom.dtype == torch.float32
-            and st.counts.dtype == torch.int64 and st.dsum.dtype == torch.float64
-            and st.top.is_contiguous() and st.bottom.is_contiguous() and st.counts.is_contiguous()
-            and st.dsum.is_contiguous() and st.top.numel() == st.bottom.numel()
-            and st.counts.numel() == st.dsum.numel() >= 2)
+def _views(st: StreamState) -> _Views:
+    """The state's numpy views, made once per set of tensors: the updates write the tensors
+    in place, so the views stay valid until a tensor is replaced (merge, load)."""
+    tensors = (st.count, st.frame, st.range, st.top, st.bottom)
+    v = getattr(st, "_views", None)
+    if v is None or any(a is not b for a, b in zip(v.tensors, tensors)):
+        v = _Views(tensors, *(t.numpy() for t in tensors))
+        st._views = v
+    return v
 
 
 def _restore(st: StreamState, before: StreamState) -> None:
