@@ -208,7 +208,7 @@ def test_redistribute_kernel_gives_the_torch_formulas_integers():
     bins (splits exactly on edges), by a factor that puts many old bins into one, and on huge
     counts."""
     from test_algo_hfmg import ref_redistribute
-    impls = [hfmg.redistribute_torch] + ([native.hfmg_redistribute] if native.library() is not None else [])
+    impls = [hfmg.redistribute] + ([native.hfmg_redistribute] if native.library() is not None else [])
     rng = np.random.default_rng(11)
     cases = [(-1.0, 1.0, -1.0, 3.0), (-1.0, 1.0, -2.0, 1.0), (0.0, 2.0, -0.5, 2.5),
              (0.0, 1.0, 0.0, 1000.0), (0.25, 0.75, -3.0, 0.75)]

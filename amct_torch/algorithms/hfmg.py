@@ -32,12 +32,6 @@ def histogram(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor
                               torch.tensor(mx, dtype=torch.float64, device=dev), nbins)
 
 
-#: the torch formula under the name the kernel tests compare against
-def histogram_torch(x: torch.Tensor, mn: float, mx: float, nbins: int) -> torch.Tensor:
-    """``histogram`` (the reference of the compiled kernel)."""
-    return histogram(x, mn, mx, nbins)
-
-
 def histogram_in_range(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, nbins: int) -> torch.Tensor:
     """``histogram`` with the range as 0-d float64 device tensors: no host read. Bins are
     clamped to [0, nbins) so that NaN/Inf (flagged by the caller) cannot index outside."""
@@ -77,12 +71,6 @@ def redistribute(counts: torch.Tensor, old_min: float, old_max: float,
     dev = counts.device
     t = [torch.tensor(v, dtype=torch.float64, device=dev) for v in (old_min, old_max, new_min, new_max)]
     return redistribute_in_range(counts, *t)
-
-
-def redistribute_torch(counts: torch.Tensor, old_min: float, old_max: float,
-                       new_min: float, new_max: float) -> torch.Tensor:
-    """``redistribute`` (the reference of the compiled kernel)."""
-    return redistribute(counts, old_min, old_max, new_min, new_max)
 
 
 def redistribute_in_range(counts: torch.Tensor, old_min: torch.Tensor, old_max: torch.Tensor,

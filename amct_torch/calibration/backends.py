@@ -97,13 +97,6 @@ def prepare(device) -> str:
     return backend_for(torch.device(device)).name
 
 
-def reset() -> None:
-    """Forget the choices (tests switch the kernels on and off)."""
-    with _lock:
-        _chosen.clear()
-        _fallback.update(used=False, warned=False)
-
-
 def warn_if_slow() -> None:
     """One warning per process when CPU calibration used the torch formulas because the
     kernels were unavailable (not turned off): same results, several times slower."""

@@ -55,8 +55,8 @@ class CalibrationSession:
         self.on_finish = on_finish
         self.observers = [_make_observer(g.layers[0], g.config, ifmr_mode) for g in self.groups]
         # choose (on a CPU: build and verify) the observers' backend now, never inside a hook
-        for dev in {t.device for t in list(model.parameters())[:1] + list(model.buffers())[:1]} or {torch.device("cpu")}:
-            backends.prepare(dev)
+        first = next(iter(model.parameters()), None)
+        backends.prepare(first.device if first is not None else torch.device("cpu"))
         self.batches_seen = 0
         self.factors: Optional[Factors] = None
         self._handles: list = []
