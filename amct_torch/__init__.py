@@ -26,14 +26,14 @@ _LAZY = {
     **{n: "amct_torch.api" for n in ("QuantGraph", "convert_model", "create_quant_config", "init",
                                      "quantize_model", "save_model")},
     **{n: "amct_torch.workflow" for n in ("QuantizeOptions", "QuantizeResult", "quantize")},
-    "Preprocess": "amct_torch.calibration.data",
-    "AutoCalibrationEvaluatorBase": "amct_torch.auto_calibration",
-    "accuracy_based_auto_calibration": "amct_torch.auto_calibration",
+    "Preprocess": "amct_torch.inputs.data",
+    "AutoCalibrationEvaluatorBase": "amct_torch.quality.auto_calibration",
+    "accuracy_based_auto_calibration": "amct_torch.quality.auto_calibration",
     "export_onnx": "amct_torch.export", "fake_quant_graph": "amct_torch.export",
     "fuse_bn": "amct_torch.fusion",
     "read_record": "amct_torch.record", "write_record": "amct_torch.record",
-    "LayerStat": "amct_torch.report", "format_table": "amct_torch.report",
-    "layer_report": "amct_torch.report",
+    "LayerStat": "amct_torch.quality.report", "format_table": "amct_torch.quality.report",
+    "layer_report": "amct_torch.quality.report",
 }
 
 __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportError",
@@ -62,13 +62,13 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.api import (QuantGraph, convert_model, create_quant_config, init, quantize_model,
                                 save_model)
-    from amct_torch.calibration.data import Preprocess
+    from amct_torch.inputs.data import Preprocess
     from amct_torch.workflow import QuantizeOptions, QuantizeResult, quantize
-    from amct_torch.auto_calibration import (AutoCalibrationEvaluatorBase,
+    from amct_torch.quality.auto_calibration import (AutoCalibrationEvaluatorBase,
                                              accuracy_based_auto_calibration)
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.caffe.netio import save_caffe, write_net
     from amct_torch.export import export_onnx, fake_quant_graph
     from amct_torch.fusion import fuse_bn
     from amct_torch.record import read_record, write_record
-    from amct_torch.report import LayerStat, format_table, layer_report
+    from amct_torch.quality.report import LayerStat, format_table, layer_report

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from amct_torch.calibration.workflow import (QuantGraph, check_finite_weights, fuse,
+from amct_torch.steps.quant_graph import (QuantGraph, check_finite_weights, fuse,
                                              start_calibration, write_weights)
 from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError

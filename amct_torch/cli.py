@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Calibration does this itself before its first batch; run it once in a "
                                    "Docker build step or before many parallel jobs.")
     _common(k)
-    from amct_torch.evaluate import add_parser as add_evaluate
-    add_evaluate(sub)  # amct_torch/evaluate.py: its own options
+    from amct_torch.quality.evaluate import add_parser as add_evaluate
+    add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
     return parser
 
 
@@ -239,7 +239,7 @@ def _summary(result, out=None) -> None:
 
 def _print_report(result, rows: int) -> None:
     if result.report:
-        from amct_torch.report import format_table
+        from amct_torch.quality.report import format_table
         print("\nper-layer accuracy (fake-quant vs float output, worst first):")
         print(format_table(result.report, limit=rows))
 
@@ -255,7 +255,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from amct_torch.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
-    from amct_torch.calibration.data import Preprocess
+    from amct_torch.inputs.data import Preprocess
     from amct_torch.workflow import quantize
 
     pre = Preprocess(channel_order=args.channel_order, mean=args.mean, scale=args.scale,
@@ -317,7 +317,7 @@ def cmd_build_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from amct_torch.evaluate import cmd_evaluate as run
+    from amct_torch.quality.evaluate import cmd_evaluate as run
     return run(args)
 
 

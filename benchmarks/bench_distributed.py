@@ -70,7 +70,7 @@ def worker(args) -> None:
         create_quant_config(cfg, model, weights, batch_num=args.batches)
         if mode == "hfmg":
             sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-            from config_helpers import use_hfmg
+            from helpers.configs import use_hfmg
             use_hfmg(cfg, num_of_bins=4096)
         graph = init(cfg, model, weights, os.path.join(tmp, f"r{ctx.rank}.txt"))
         m = quantize_model(graph, os.path.join(tmp, f"m{ctx.rank}.prototxt"),

@@ -2,7 +2,7 @@
 the PReLU cascade's P-Net and R-Net):
 
 - ``float_onnx_vs_opencv``: max |ORT − OpenCV| / max(1, max|OpenCV|) of the float ONNX model
-  on every output (SSD: detections as sets, see tests/onnx_layer_helpers.py);
+  on every output (SSD: detections as sets, see tests/helpers/onnx_layers.py);
 - ``qdq_vs_fake_quant``: share of output elements of the default QDQ model in ORT within
   1e-4·max|out| of the torch fake-quant model, graph optimizations off and on, and the SQNR
   between them (ORT's int8 kernels requantize their own way);
@@ -13,7 +13,7 @@ the PReLU cascade's P-Net and R-Net):
   (integer semantics) within one quantization step (scale_d) of the last quantized layer of the
   fake-quant model, and the SQNR between them.
 
-Activation factors: asymmetric min/max on 4 natural images (tests/export_helpers.py), weights
+Activation factors: asymmetric min/max on 4 natural images (tests/helpers/exports.py), weights
 ARQ; evaluation on other images. Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export_models.py
 [--threads 2] [--rounds 10]
 """
@@ -35,11 +35,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from caffe_net_helpers import run_cv  # noqa: E402
+from helpers.caffe_nets import run_cv  # noqa: E402
 from conftest import natural_images_bgr, nsfw_dir  # noqa: E402
-from export_helpers import minmax_records  # noqa: E402
-from onnx_layer_helpers import detection_sets_match  # noqa: E402
-from ssd_helpers import ssd_net  # noqa: E402
+from helpers.exports import minmax_records  # noqa: E402
+from helpers.onnx_layers import detection_sets_match  # noqa: E402
+from helpers.ssd import ssd_net  # noqa: E402
 from test_export_onnx_cascade import pnet, rnet  # noqa: E402
 
 from amct_torch.caffe.graph import layer_modules, load_caffe  # noqa: E402

@@ -1,6 +1,6 @@
 """Trust under faults and hostile files (issue 16): prints JSON lines.
 
-* ``hostile_inputs``: the hand-written cases of tests/hostile_cases.py plus generated ones
+* ``hostile_inputs``: the hand-written cases of tests/helpers/hostile_cases.py plus generated ones
   (cuts of the example caffemodel, prototxt, record and quant.cfg at many points, byte flips),
   each through the CLI and through the API in a memory-limited child (2.5 GB address space);
   ``clean`` = exit 2 with one line naming one of the case's input files (or a success where
@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
-import hostile_cases as hc  # noqa: E402
+import helpers.hostile_cases as hc  # noqa: E402
 
 
 def emit(**kw) -> None:
@@ -108,7 +108,7 @@ def bench_fuzz(work: str, n: int) -> None:
     """Seeded mutations straight into each reader."""
     import numpy as np
     from amct_torch.caffe.netio import read_net
-    from amct_torch.calibration.data import Preprocess, calibration_batches, load_image
+    from amct_torch.inputs.data import Preprocess, calibration_batches, load_image
     from amct_torch.config import parse_quant_cfg, read_quant_config_json, resolve_quant_cfg
     from amct_torch.config.create import model_layer_infos
     from amct_torch.errors import AmctError
@@ -165,7 +165,7 @@ def bench_fuzz(work: str, n: int) -> None:
 
 
 def bench_kills(work: str, per_layout: int) -> None:
-    from kill_helpers import final_set, run_cli
+    from helpers.kill import final_set, run_cli
     from test_kill_outputs import _args, _env, _other_fs_tmp, check_after_kill
     refs = {}
     tmp0 = os.path.join(work, "kill_tmp0")
@@ -218,7 +218,7 @@ def bench_memory(work: str) -> None:
              "data/images/declared_100000_input", "quant_cfg/search_step_1e-9",
              "quant_cfg/search_range_end_1e30", "prototxt/dims_2pow32", "json/int_5000_digits"]
     # the largest image still accepted (just under MAX_IMAGE_PIXELS), a ~50 KB PNG
-    from amct_torch.calibration.data import MAX_IMAGE_PIXELS
+    from amct_torch.inputs.data import MAX_IMAGE_PIXELS
     side = int(MAX_IMAGE_PIXELS ** 0.5) - 1
     big_dir = os.path.join(folder, "largest_allowed_image")
     os.makedirs(big_dir, exist_ok=True)

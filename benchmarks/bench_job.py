@@ -189,7 +189,7 @@ def phases_child(argv: list[str]) -> None:
     wrap(oneshot, "checked_records", "records")
     wrap(oneshot, "fake_quant_graph", "fake_quant_graph")
     wrap(oneshot, "_move", "move_outputs")
-    import amct_torch.report as report
+    import amct_torch.quality.report as report
     wrap(report, "layer_report", "report")
     wrap(report, "write_report", "report_write")
     t = time.perf_counter()

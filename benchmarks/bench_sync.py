@@ -3,7 +3,7 @@
 Prints JSON lines:
 - ``host_reads_per_batch`` per observer kind and for a whole nsfw ResNet-50 calibration forward
   (hooks feeding 53 observers), counted on real tensors with the torch backend — the path
-  every non-CPU device takes (tests/sync_helpers.SyncCounter: ``.item()``, ``.tolist()``,
+  every non-CPU device takes (tests/helpers/sync.SyncCounter: ``.item()``, ``.tolist()``,
   ``float()/bool()`` of a tensor, nonzero/masked gathers);
 - with ``--device cuda``: calibration forward time / float forward time at batch 32 (goal
   ≤ 1.1), and whether one observer update can be captured in a CUDA graph.
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from conftest import nsfw_dir  # noqa: E402
-from sync_helpers import calibration_model, count_syncs  # noqa: E402
+from helpers.sync import calibration_model, count_syncs  # noqa: E402
 
 from amct_torch.calibration import backends  # noqa: E402
 from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver  # noqa: E402

@@ -71,7 +71,7 @@ def describe_data(data: Any) -> Any:
 
 
 def _fingerprint(session: Any) -> dict:
-    from amct_torch.calibration.plan import act_key
+    from amct_torch.calibration.observer_plan import act_key
     digest = getattr(session, "amct_model_digest", None)
     if digest is None:  # computed once per session: the weights do not change while calibrating
         digest = model_digest(session.model)
@@ -134,7 +134,7 @@ def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = No
     does not belong to this run — another model, other weights, config, settings or data, a
     count out of range, unknown keys, a state of the wrong shape — is a ``CalibrationError``
     naming the checkpoint file."""
-    from amct_torch.calibration.workflow import device_of
+    from amct_torch.steps.quant_graph import device_of
 
     if session.done:
         raise CalibrationError("the calibration has already finished: cannot resume it", file=path)

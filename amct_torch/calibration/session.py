@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from amct_torch.calibration import backends
-from amct_torch.calibration.plan import CalibGroup
+from amct_torch.calibration.observer_plan import CalibGroup
 from amct_torch.errors import AmctError, CalibrationError
 
 log = logging.getLogger("amct_torch.calibration")

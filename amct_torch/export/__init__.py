@@ -1,15 +1,15 @@
 """The output models: fake-quant and deploy Caffe, quant info JSON, ONNX QDQ, convert_model.
 See docs/export.md."""
-from amct_torch.export.caffe_deploy import deploy_net, pack_deq_scale, save_deploy, unpack_deq_scale
-from amct_torch.export.caffe_fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
+from amct_torch.export.caffe.deploy import deploy_net, pack_deq_scale, save_deploy, unpack_deq_scale
+from amct_torch.export.caffe.fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
 from amct_torch.export.convert import convert_model, refuse_quantized_model, save_quant_models
 from amct_torch.export.quant_info import quant_info, write_quant_info
 
 
 def export_onnx(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """``amct_torch.export.onnx_qdq.export_onnx`` (same arguments, see there), imported on first
+    """``amct_torch.export.onnx.qdq.export_onnx`` (same arguments, see there), imported on first
     call: the ``onnx`` package costs ~0.5 s to import and most jobs write no ONNX model."""
-    from amct_torch.export.onnx_qdq import export_onnx as impl
+    from amct_torch.export.onnx.qdq import export_onnx as impl
     return impl(*args, **kwargs)
 
 

@@ -17,8 +17,8 @@ from amct_torch.caffe.graph import build_graph
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt, read_net
 from amct_torch.config import layer_infos_from_net
 from amct_torch.errors import ExportError, ModelError
-from amct_torch.export.caffe_deploy import save_deploy
-from amct_torch.export.caffe_fakequant import save_fake_quant
+from amct_torch.export.caffe.deploy import save_deploy
+from amct_torch.export.caffe.fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
 from amct_torch.output_names import SAVE_TYPES
 from amct_torch.record import LayerRecord, read_record, validate_record
@@ -68,8 +68,8 @@ def save_quant_models(fused: torch.fx.GraphModule, records: Mapping[str, LayerRe
     bias overflow) leaves no partial output."""
     if save_type not in SAVE_TYPES:
         raise ExportError(f"save_type must be one of {', '.join(SAVE_TYPES)}, got {save_type!r}")
-    from amct_torch.export.caffe_deploy import deploy_net
-    from amct_torch.export.plan import plan_layers
+    from amct_torch.export.caffe.deploy import deploy_net
+    from amct_torch.export.layer_quant import plan_layers
     plan_layers(fused, records, record_file)  # raises before anything is written
     fused_map = dict(fused_layers) if fused_layers is not None else fused_layers_of(fused)
     paths: list[str] = []

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from amct_torch.caffe.graph import layer_modules
-from amct_torch.export.netbuild import EmittedNet
+from amct_torch.export.caffe.netbuild import EmittedNet
 from amct_torch.atomic import atomic_write_text
 
 

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any, Iterable, Optional
 
-from amct_torch.calibration.data import IMAGE_EXTS, Preprocess, check_resize
+from amct_torch.inputs.data import IMAGE_EXTS, Preprocess, check_resize
 
 log = logging.getLogger("amct_torch")
 

@@ -32,7 +32,7 @@ def run_demo(output: str = "amct_demo/lenet_digits", batch_num: int = 4,
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.workflow import quantize
     from amct_torch.examples import example_data, example_model
-    from amct_torch.report import format_table
+    from amct_torch.quality.report import format_table
 
     out = out or sys.stdout
     model_file, weights_file = example_model()

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from amct_torch.api import checked_records, init, quantize_model, save_model
-from amct_torch.calibration.data import Preprocess, calibration_batches, count_samples
+from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
-from amct_torch.calibration.workflow import QuantGraph
+from amct_torch.steps.quant_graph import QuantGraph
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError
 from amct_torch.export import fake_quant_graph
 from amct_torch.output_names import model_paths
@@ -167,7 +167,7 @@ def _plan(opts: QuantizeOptions) -> _Plan:
 
 def _calibrate(opts: QuantizeOptions, plan: _Plan, prog) -> _Calibrated:
     """Read the model and config, fuse + ARQ, and run the calibration batches."""
-    from amct_torch.export.preflight import onnx_preflight
+    from amct_torch.export.onnx.preflight import onnx_preflight
 
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
@@ -207,7 +207,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> Quanti
     """Every output into the staging folder, then one commit; the ONNX problem found before
     calibration (if any) is raised once the other outputs are in place."""
     from amct_torch.export.graph_outputs import export_onnx_model
-    from amct_torch.export.preflight import raise_if
+    from amct_torch.export.onnx.preflight import raise_if
 
     graph, model, staged = cal.graph, cal.model, plan.staged
     files = {"config": staged["config"], "record": staged["record"]}
@@ -245,7 +245,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> Quanti
 
 def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files) -> list:
     """The per-layer report on held-out batches (else the calibration batches), written."""
-    from amct_torch.report import layer_report, write_report
+    from amct_torch.quality.report import layer_report, write_report
 
     held = take(cal.rest, opts.report_batches) if opts.report_data is None else list(
         calibration_batches(opts.report_data, cal.graph.model.caffe_inputs, cal.batch_size, opts.preprocess))
@@ -332,7 +332,7 @@ def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.de
     """Fold the bias correction into ``graph.fused`` (what every output is written from) and
     return an uncorrected copy of it: the float model the report and the caller compare with."""
     import copy
-    from amct_torch.calibration.bias_correction import correct_biases
+    from amct_torch.improve.bias_correction import correct_biases
 
     float_model = copy.deepcopy(graph.fused)
     correct_biases(graph.fused, records, batches, dev)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from amct_torch.calibration.data import Preprocess
+from amct_torch.inputs.data import Preprocess
 from amct_torch.errors import AmctError, ConfigError, ModelError
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
 

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from amct_torch.calibration.workflow import QuantGraph
+from amct_torch.steps.quant_graph import QuantGraph
 
 
 @dataclass

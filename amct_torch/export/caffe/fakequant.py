@@ -1,0 +1,87 @@
+"""The fake-quant Caffe model (SPEC §7) and the torch model built from it.
+
+The fake-quant net is the (fused) float net with a ``Quant`` layer before each quantized layer
+(computes SPEC §5.4), fake-quantized weights (ARQ grid with the record's scale_w) in the layer,
+and an in-place ``DeQuant`` layer after it (identity in float; blobs deq_scale = scale_d·scale_w
+per output channel, shift_bit 0, offset_w 0). ``fake_quant_graph`` builds the torch model from
+that same NetParameter with the loader's graph builder, so torch, the written files and
+OpenCV run one definition of the model.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+import torch
+
+from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
+from amct_torch.caffe.layers import CaffeLayer, QuantLayer
+from amct_torch.caffe.netio import ParsedNet
+from amct_torch.export.caffe.text import write_caffe
+from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
+from amct_torch.export.layer_quant import LayerQuant, plan_layers
+from amct_torch.record import LayerRecord
+
+
+def _fake_blobs(lq: Optional[LayerQuant], mod: CaffeLayer) -> list[np.ndarray]:
+    blobs = [np.asarray(b, np.float32) for b in mod.caffe_blobs()]
+    if lq is not None and lq.weighted:
+        blobs[0] = lq.fake_weight.reshape(blobs[0].shape)
+    return blobs
+
+
+def _fake_dequant_blobs(lq: LayerQuant) -> list[np.ndarray]:
+    c = lq.deq_scale.size
+    return [lq.deq_scale.astype(np.float32), np.zeros(c, np.float32), np.zeros(c, np.float32)]
+
+
+def fake_quant_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
+                   file: Optional[str] = None) -> EmittedNet:
+    """The fake-quant NetParameter (with blobs) of a (fused) graph and its record."""
+    plan = plan_layers(gm, records, file)
+    return emit_net(gm, plan, _fake_blobs, _fake_dequant_blobs, file)
+
+
+def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
+                   model_file: Optional[str] = None) -> CaffeGraphModule:
+    """Build a graph from an in-memory NetParameter and its float blobs by layer name."""
+    blobs = {k: [np.asarray(a, np.float32) for a in v] for k, v in blobs.items() if v}
+    clean = type(net)()
+    clean.CopyFrom(net)
+    for l in clean.layer:
+        l.ClearField("blobs")
+    parsed = ParsedNet(net=clean, inputs=[(n, list(s)) for n, s in inputs],
+                       layers=[l for l in clean.layer if l.type != "Input"], blobs=blobs,
+                       model_file=model_file, weights_file=None)
+    return build_graph(parsed)
+
+
+def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
+                     file: Optional[str] = None) -> CaffeGraphModule:
+    """The torch fake-quant model: the fake-quant NetParameter built with ``build_graph``.
+
+    Each Quant module keeps the record's exact scale_d (the file holds float32(1/scale_d),
+    whose inverse can differ in the last bit), so the model computes SPEC §5.4 exactly:
+    q = clamp(round(x/scale_d) + offset_d, −128, 127), y = (q − offset_d)·scale_d.
+    The result is on the device of ``fused_gm``'s first parameter."""
+    emitted = fake_quant_net(fused_gm, records, file)
+    gm = graph_from_net(emitted.net, fused_gm.caffe_inputs, emitted.arrays, file)
+    exact = {q.name: (q.scale_d, q.offset_d) for q in emitted.quants}
+    for name, mod in layer_modules(gm).items():
+        if isinstance(mod, QuantLayer) and name in exact:
+            mod.set_exact_scale(*exact[name])
+    gm.meta["quant_layers"] = [q.name for q in emitted.quants]
+    try:
+        device = next(fused_gm.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    return gm.to(device)
+
+
+def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
+                    offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
+    """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
+    emitted = fake_quant_net(gm, records, file).attach_blobs()
+    write_caffe(emitted.net, f"{save_path}_fake_quant_model.prototxt",
+                f"{save_path}_fake_quant_weights.caffemodel", offset_form)
+    return emitted

@@ -1,0 +1,6 @@
+"""The ONNX output models: the (BN-fused) float model and its QDQ model, with the layer
+mappings, the integer form, the opt-in residual/eltwise Q/DQ and the preflight that finds an
+unexportable graph before calibration. See docs/export.md.
+
+Nothing is imported here: the ``onnx`` package costs ~0.5 s to import and most jobs write no
+ONNX model; import the module you need (``amct_torch.export.onnx.qdq``)."""

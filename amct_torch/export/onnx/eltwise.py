@@ -1,0 +1,125 @@
+"""Where the opt-in ``quantize_eltwise`` ONNX export (speed mode, NOT AMCT semantics) puts its
+extra Q/DQ pairs around each Eltwise SUM.
+
+Why: ONNX Runtime runs an ``Add`` as the int8 kernel ``QLinearAdd`` only when every input comes
+from a ``DequantizeLinear`` and the output goes to a ``QuantizeLinear``; otherwise the float Add
+between ResNet blocks forces DQ/Q and NCHW↔NHWC conversions around every block. AMCT's model
+has float Eltwise inputs and outputs, so this mode adds quantizers, choosing for each the factors
+that cost the least accuracy:
+
+inputs
+  ``keep``      the input is a ``quantize_residual_outputs`` conv output, already Q/DQ'd;
+  ``consumer``  the value is quantized anyway by a later layer's Quant (e.g. the shortcut of an
+                identity block is the previous block's ReLU output, which the next convolution
+                quantizes): the Add reads that same DQ output (one rounding of the shortcut,
+                which AMCT keeps float);
+  ``calib``     otherwise: min/max factors of the producing layer's output on calibration data.
+output
+  ``consumer``  every consumer quantizes the sum with one factor: the Add output gets that very
+                Q/DQ (the one the consumers would apply: no extra rounding);
+  ``relu``      the sole consumer is a plain ReLU whose output is quantized by one factor with
+                zero at the grid minimum (offset −128): nothing is added; Q(ReLU(s)) = Q(s) for
+                such a grid, and ORT drops the ReLU before the Q (no extra rounding);
+  ``calib``     otherwise: a Q/DQ with min/max factors of the sum on calibration data (one extra
+                rounding).
+Joint-quant Eltwise entries (already quantized inputs) and PROD/MAX are left alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from torch import fx
+
+from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.export.layer_quant import LayerQuant
+
+_SUM = 1
+Factor = tuple[str, float, int]  # (name of the Q/DQ pair, scale_d, offset_d)
+
+
+@dataclass
+class EltwiseQuant:
+    """Per input: (kind, payload); output: (kind, payload). Payload: a Factor for ``consumer``,
+    the layer whose output is calibrated for ``calib``, None for ``keep``/``relu``/``float``."""
+
+    inputs: list[tuple[str, object]] = field(default_factory=list)
+    output: tuple[str, object] = ("calib", None)
+
+
+def _layer(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
+    if node.op != "call_module":
+        return None
+    mod = gm.get_submodule(node.target)
+    return mod if isinstance(mod, CaffeLayer) else None
+
+
+def _is_free_sum(mod: CaffeLayer, plan: Mapping[str, LayerQuant]) -> bool:
+    """An Eltwise SUM without a joint-quant entry (the ones this mode quantizes)."""
+    return mod.caffe_type == "Eltwise" and mod.operation == _SUM and mod.caffe_name not in plan
+
+
+def _consumer_factors(gm: fx.GraphModule, node: fx.Node, plan: Mapping[str, LayerQuant]) -> list[Optional[Factor]]:
+    """For each user of ``node``: the factor with which that user quantizes ``node``'s value, or
+    None where the user reads it in float. Users that are themselves speed-mode Eltwise SUMs are
+    left out: in this mode they read the value through its Q/DQ."""
+    out: list[Optional[Factor]] = []
+    for user in node.users:
+        mod = _layer(gm, user)
+        lq = plan.get(mod.caffe_name) if mod is not None else None
+        if lq is None and mod is not None and _is_free_sum(mod, plan):
+            continue
+        if lq is not None and (lq.joint or user.args[0] is node):
+            out.append((lq.name, float(lq.scale_d), int(lq.offset_d)))
+        else:
+            out.append(None)
+    return out
+
+
+def _single(factors: list[Optional[Factor]]) -> Optional[Factor]:
+    """The one factor shared by all consumers (by value), or None."""
+    if not factors or any(f is None for f in factors):
+        return None
+    vals = {(f[1], f[2]) for f in factors}  # type: ignore[index]
+    return factors[0] if len(vals) == 1 else None
+
+
+def eltwise_plan(gm: fx.GraphModule, plan: Mapping[str, LayerQuant],
+                 residual: set[str]) -> dict[str, EltwiseQuant]:
+    """{Eltwise name: EltwiseQuant} for every non-joint Eltwise SUM of ``gm``."""
+    out: dict[str, EltwiseQuant] = {}
+    for node in gm.graph.nodes:
+        mod = _layer(gm, node)
+        if mod is None or not _is_free_sum(mod, plan):
+            continue
+        eq = EltwiseQuant()
+        for arg in node.args:
+            src = _layer(gm, arg)
+            if src is not None and src.caffe_name in residual:
+                eq.inputs.append(("keep", None))
+                continue
+            first = next((f for f in _consumer_factors(gm, arg, plan) if f is not None), None)
+            if first is not None:
+                eq.inputs.append(("consumer", first))
+            elif src is not None:
+                eq.inputs.append(("calib", src.caffe_name))
+            else:
+                eq.inputs.append(("float", None))  # a network input: left as is
+        own = _single(_consumer_factors(gm, node, plan))
+        users = list(node.users)
+        relu = _layer(gm, users[0]) if len(users) == 1 else None
+        if own is not None:
+            eq.output = ("consumer", own)
+        elif relu is not None and relu.caffe_type == "ReLU" and relu.negative_slope == 0.0 \
+                and (f := _single(_consumer_factors(gm, users[0], plan))) is not None and f[2] == -128:
+            eq.output = ("relu", None)
+        else:
+            eq.output = ("calib", mod.caffe_name)
+        out[mod.caffe_name] = eq
+    return out
+
+
+def calibrated_layers(eplan: Mapping[str, EltwiseQuant]) -> list[str]:
+    """Layers whose output needs min/max factors from calibration data."""
+    names = [p for eq in eplan.values() for k, p in eq.inputs + [eq.output] if k == "calib"]
+    return list(dict.fromkeys(names))  # type: ignore[arg-type]

@@ -1,0 +1,468 @@
+"""ONNX export: the (fused) float model and its fake-quant model as standard QDQ.
+
+Why a direct builder and not ``torch.onnx.export``: the graph is a Caffe graph whose every
+node is one Caffe layer, so mapping layer → ONNX ops (Conv, Gemm, pools, Relu, Add, Softmax …)
+is short, needs no tracing or extra dependencies, and puts the Q/DQ nodes exactly where the
+Caffe fake-quant model has its Quant layers.
+
+Quant model (SPEC §5.4, §7): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
+DequantizeLinear`` (one pair per distinct input and factors, shared like the Caffe Quant);
+weights are int8 initializers (ARQ grid with the record's scale_w) behind ``DequantizeLinear``
+(per channel through ``axis``). A bias stays float by default (``bias="float"``), as in the
+fake-quant Caffe/torch model, so that ONNX Runtime with graph optimizations disabled computes the
+torch fake-quant model to float rounding; ORT's own bias quantization (scale scale_d·scale_w)
+turns it into the int32 bias of QLinearConv when it fuses int8 kernels. ``bias="int32"`` writes
+round(b/(scale_d·scale_w)) behind ``DequantizeLinear`` instead (the deploy model's bias; for
+runtimes that want it explicit; the torch model then differs by up to half an accumulator unit).
+``activations="uint8"`` (default) writes the grid as uint8 with zero point offset_d + 128 (the
+same values; ORT fuses those pairs into int8 kernels more often); "int8" uses zero point
+offset_d. A quantized layer whose output nothing requantizes (ORT would keep it a float conv) is
+rewritten into ConvInteger/MatMulInteger form by ``onnx_integer`` (``integer_ops``, default on),
+so every quantized layer runs as an int8 kernel. Layer types beyond the quantizable core are
+written by ``onnx_layers`` (DetectionOutput: ``onnx_detection``); symbolic sizes and the output
+cut come from ``onnx_shapes``.
+
+``quantize_residual_outputs`` (opt-in, NOT AMCT semantics): a quantized Conv/InnerProduct whose
+output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
+this option adds a Q/DQ pair on that output with factors from calibration data
+(``onnx_residual``), which lets ORT run those convolutions with int8 kernels too.
+``quantize_eltwise`` (opt-in speed mode, NOT AMCT semantics, implies the former) also puts
+Q/DQ around each Eltwise SUM (``onnx_eltwise`` decides where and with which factors) so that
+ORT runs QLinearAdd and the whole ResNet stays int8 between blocks.
+"""
+from __future__ import annotations
+
+import operator
+import os
+from typing import Mapping, NoReturn, Optional, Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import fx
+
+from amct_torch.output_names import ONNX_ACTIVATIONS
+from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
+from amct_torch.errors import ExportError
+from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
+from amct_torch.export.onnx.integer import rewrite
+from amct_torch.export.onnx.layers import write_layer
+from amct_torch.export.onnx.shapes import Probe, _shapes, pick_outputs, probe
+from amct_torch.export.layer_quant import LayerQuant, plan_layers
+from amct_torch.record import LayerRecord
+
+OPSET = 17
+_MAX, _AVE = 0, 1
+_SUM, _PROD = 1, 0
+
+
+class _Builder:
+    """Collects nodes and initializers; one instance per written model."""
+
+    def __init__(self, gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
+                 file: Optional[str], bias: str = "float",
+                 out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+                 eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
+                 elt_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> None:
+        self.gm, self.plan, self.act, self.file = gm, plan, activations, file
+        self.bias_form = bias
+        self.out_factors = dict(out_factors or {})
+        self.eltwise = dict(eltwise or {})
+        self.elt_factors = dict(elt_factors or {})
+        self.dq_factors: dict[str, tuple[float, int]] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.names: set[str] = set()
+        self.qcache: dict[tuple, str] = {}
+        self.constants: dict[str, np.ndarray] = {}  # folded values (PriorBox) by ONNX name
+        self.static_layers: list[str] = []  # layers that fixed the spatial size as constants
+        self.static_batch: list[str] = []  # layers that fixed the batch size
+
+    def fold(self, mod: CaffeLayer, xs: list[str]) -> str:
+        """A layer whose inputs are all constants, computed here and written as a constant."""
+        with torch.no_grad():
+            y = mod(*[torch.from_numpy(self.constants[x]) for x in xs])
+        arr = y.detach().cpu().float().numpy()
+        name = self.init(f"{mod.caffe_name}_folded", arr)
+        self.constants[name] = arr
+        return name
+
+    def static(self, mod: CaffeLayer, batch: bool = False) -> None:
+        """Record that ``mod``'s mapping wrote a spatial (or batch) size as a constant."""
+        (self.static_batch if batch else self.static_layers).append(mod.caffe_name)
+
+    def uniq(self, base: str) -> str:
+        out, i = base, 1
+        while out in self.names:
+            i += 1
+            out = f"{base}_{i}"
+        self.names.add(out)
+        return out
+
+    def init(self, base: str, arr: np.ndarray) -> str:
+        name = self.uniq(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], base: str, n_out: int = 1, **attrs) -> list[str]:
+        outs = [self.uniq(base if n_out == 1 else f"{base}_{k}") for k in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=self.uniq(f"{base}_{op}"), **attrs))
+        return outs
+
+    def fail(self, mod: CaffeLayer, msg: str) -> NoReturn:
+        raise ExportError(f"ONNX export: {msg}", file=self.file or getattr(mod, "_file", None),
+                          layer=mod.caffe_name)
+
+    # -- quantization ------------------------------------------------------------------
+    def quant_act(self, x: str, lq: LayerQuant) -> str:
+        return self.qdq(x, lq.name, "in", lq.scale_d, lq.offset_d)
+
+    def qdq(self, x: str, name: str, where: str, scale_d: float, offset_d: int) -> str:
+        """``QuantizeLinear → DequantizeLinear`` of SPEC §5.4 on ``x`` (one pair per value and
+        factors), named ``{name}_{where}_q`` / ``_dq``."""
+        key = (x, float(scale_d), int(offset_d))
+        if key in self.qcache:
+            return self.qcache[key]
+        if self.dq_factors.get(x) == key[1:]:  # already the DQ output of these very factors
+            return x
+        if self.act == "uint8":
+            zp = np.array(offset_d + 128, np.uint8)
+        else:
+            zp = np.array(offset_d, np.int8)
+        s = self.init(f"{name}_{where}_scale", np.array(scale_d, np.float32))
+        z = self.init(f"{name}_{where}_zero_point", zp)
+        q = self.node("QuantizeLinear", [x, s, z], f"{name}_{where}_q")[0]
+        dq = self.node("DequantizeLinear", [q, s, z], f"{name}_{where}_dq")[0]
+        self.qcache[key] = dq
+        self.dq_factors[dq] = key[1:]
+        return dq
+
+    def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int) -> str:
+        qw = self.init(f"{lq.name}_weight_int8", w_int8.astype(np.int8))
+        if lq.per_channel:
+            s = self.init(f"{lq.name}_weight_scale", lq.scale_w.astype(np.float32))
+            z = self.init(f"{lq.name}_weight_zero_point", np.zeros(lq.scale_w.size, np.int8))
+            return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight", axis=axis)[0]
+        s = self.init(f"{lq.name}_weight_scale", np.array(lq.scale_w[0], np.float32))
+        z = self.init(f"{lq.name}_weight_zero_point", np.array(0, np.int8))
+        return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight")[0]
+
+    def quant_bias(self, lq: LayerQuant) -> str:
+        if self.bias_form == "float":
+            return self.init(f"{lq.name}_bias", lq.bias.astype(np.float32))
+        qb = self.init(f"{lq.name}_bias_int32", lq.bias_int32.astype(np.int32))
+        s = self.init(f"{lq.name}_bias_scale", lq.deq_scale.astype(np.float32))
+        z = self.init(f"{lq.name}_bias_zero_point", np.zeros(lq.deq_scale.size, np.int32))
+        return self.node("DequantizeLinear", [qb, s, z], f"{lq.name}_bias", axis=0)[0]
+
+    # -- layers ------------------------------------------------------------------------
+    def layer(self, mod: CaffeLayer, xs: list[str], in_shapes: list, lq: Optional[LayerQuant],
+              out_shapes: Sequence = ()) -> list[str]:
+        t, name = mod.caffe_type, mod.caffe_name
+        if lq is not None:
+            n_q = len(xs) if lq.joint else 1
+            xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
+        if t in ("Convolution", "Deconvolution", "InnerProduct"):
+            y = self._conv(mod, xs[0], lq) if t != "InnerProduct" else self._fc(mod, xs[0], in_shapes[0], lq)
+            if name in self.out_factors:
+                y = self.qdq(y, name, "out", *self.out_factors[name])
+            return [y]
+        if t == "Pooling":
+            return [self._pool(mod, xs[0], in_shapes[0])]
+        if t == "ReLU":
+            if mod.negative_slope != 0.0:
+                return self.node("LeakyRelu", xs, name, alpha=mod.negative_slope)
+            return self.node("Relu", xs, name)
+        if t in ("Sigmoid", "TanH", "AbsVal"):
+            return self.node({"Sigmoid": "Sigmoid", "TanH": "Tanh", "AbsVal": "Abs"}[t], xs, name)
+        if t == "Dropout":
+            return self.node("Identity", xs, name)
+        if t == "Softmax":
+            axis = int(mod.layer_param.softmax_param.axis)
+            return self.node("Softmax", xs, name, axis=axis)
+        if t == "Eltwise" and name in self.eltwise:
+            return [self._quant_eltwise(mod, xs, self.eltwise[name])]
+        if t == "Eltwise":
+            return [self._eltwise(mod, xs)]
+        if t == "Concat":
+            return self.node("Concat", xs, name, axis=int(mod.axis))
+        if t == "BatchNorm" and not mod.uses_batch_stats:
+            return [self._affine(mod, xs[0], in_shapes[0],
+                                 (1.0 / torch.sqrt(mod.var + mod.eps)),
+                                 -mod.mean / torch.sqrt(mod.var + mod.eps))]
+        if t == "Scale" and len(xs) == 1 and mod.axis % len(in_shapes[0]) == 1 and mod.num_axes == 1 \
+                and mod.weight is not None and mod.weight.dim() == 1:
+            return [self._affine(mod, xs[0], in_shapes[0], mod.weight, mod.bias)]
+        outs = write_layer(self, mod, xs, in_shapes, out_shapes)
+        if outs is None:
+            self.fail(mod, f"layer type {t} (with these parameters) has no ONNX mapping here")
+        return outs
+
+    def _affine(self, mod, x: str, shape, gamma, beta) -> str:
+        view = [-1] + [1] * (len(shape) - 2)
+        g = self.init(f"{mod.caffe_name}_gamma", gamma.detach().cpu().float().reshape(view).numpy())
+        y = self.node("Mul", [x, g], f"{mod.caffe_name}_mul")[0]
+        if beta is None:
+            return y
+        b = self.init(f"{mod.caffe_name}_beta", beta.detach().cpu().float().reshape(view).numpy())
+        return self.node("Add", [y, b], mod.caffe_name)[0]
+
+    def _conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
+        deconv = mod.caffe_type == "Deconvolution"
+        if lq is not None and deconv and lq.per_channel and mod.groups > 1:
+            self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
+                           "ONNX quantization axis; quantize this layer per tensor")
+        ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0)
+        (ph, pw), kernel = mod.padding, list(mod.kernel_size)
+        return self.node("ConvTranspose" if deconv else "Conv", ins, mod.caffe_name,
+                         kernel_shape=kernel, strides=list(mod.stride), pads=[ph, pw, ph, pw],
+                         dilations=list(mod.dilation), group=int(mod.groups))[0]
+
+    def _fc(self, mod, x: str, shape, lq: Optional[LayerQuant]) -> str:
+        # the module keeps W as (N, K) whatever ``transpose`` says, so Gemm(transB=1) fits both
+        ax = mod.axis % len(shape)
+        if ax != 1:
+            if lq is not None:
+                self.fail(mod, "a quantized InnerProduct must have axis 1")
+            shp = self.init(f"{mod.caffe_name}_shape", np.array([0] * ax + [-1], np.int64))
+            x = self.node("Reshape", [x, shp], f"{mod.caffe_name}_flatten")[0]
+            w = self.init(f"{mod.caffe_name}_weight_t", mod.weight.detach().cpu().float().numpy().T.copy())
+            y = self.node("MatMul", [x, w], f"{mod.caffe_name}_matmul" if mod.bias is not None else mod.caffe_name)[0]
+            if mod.bias is None:
+                return y
+            bias = self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy())
+            return self.node("Add", [y, bias], mod.caffe_name)[0]
+        if len(shape) != 2:
+            x = self.node("Flatten", [x], f"{mod.caffe_name}_flatten", axis=1)[0]
+            if lq is not None and self.eltwise:
+                # speed mode: the same Q/DQ again after the Flatten (Q(DQ(q)) = q, no new
+                # rounding) so that ORT sees DQ → Gemm and can fuse QGemm
+                x = self.qdq(x, mod.caffe_name, "flat", lq.scale_d, lq.offset_d)
+        ins = [x] + self._weight_and_bias(mod, lq, axis=0)
+        return self.node("Gemm", ins, mod.caffe_name, transB=1)[0]
+
+    def _weight_and_bias(self, mod, lq: Optional[LayerQuant], axis: int) -> list:
+        """The weight (DequantizeLinear of int8 along ``axis`` when quantized, else float) and
+        the bias inputs (if any) of a Conv/ConvTranspose/Gemm node."""
+        if lq is not None:
+            ins = [self.quant_weight(lq, lq.int8_weight, axis=axis)]
+        else:
+            ins = [self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())]
+        if mod.bias is not None:
+            ins.append(self.quant_bias(lq) if lq is not None else
+                       self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
+        return ins
+
+    def _pool(self, mod, x: str, shape) -> str:
+        if mod.method not in (_MAX, _AVE):
+            self.fail(mod, "STOCHASTIC pooling has no ONNX mapping")
+        if mod.global_pooling:
+            return self.node("GlobalMaxPool" if mod.method == _MAX else "GlobalAveragePool", [x],
+                             mod.caffe_name)[0]
+        (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
+        if ph == 0 and pw == 0:
+            # without padding Caffe's ceil/floor output size and divisor are ONNX's ceil_mode
+            # with count_include_pad 0: valid at any input size
+            kw_ = dict(kernel_shape=[kh, kw], strides=[sh, sw], ceil_mode=int(mod.ceil))
+            if mod.method == _MAX:
+                return self.node("MaxPool", [x], mod.caffe_name, **kw_)[0]
+            return self.node("AveragePool", [x], mod.caffe_name, count_include_pad=0, **kw_)[0]
+        self.static(mod)
+        h, w = int(shape[-2]), int(shape[-1])
+        oh, ow = (caffe_pooled_size(h, kh, sh, ph, mod.ceil), caffe_pooled_size(w, kw, sw, pw, mod.ceil))
+        eh, ew = max(0, (oh - 1) * sh + kh - h - ph), max(0, (ow - 1) * sw + kw - w - pw)
+        if mod.method == _MAX:
+            return self.node("MaxPool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
+                             pads=[ph, pw, eh, ew])[0]
+        if ph == 0 and pw == 0 and eh == 0 and ew == 0:
+            return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw],
+                             strides=[sh, sw])[0]
+        # Caffe's divisor counts the zero padding but not the ceil overhang beyond H + pad:
+        # pad with zeros explicitly, then average without counting the (remaining) overhang.
+        if ph or pw:
+            pads = self.init(f"{mod.caffe_name}_pads", np.array([0, 0, ph, pw, 0, 0, ph, pw], np.int64))
+            x = self.node("Pad", [x, pads], f"{mod.caffe_name}_pad")[0]
+        eh2, ew2 = max(0, eh - ph), max(0, ew - pw)
+        return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
+                         pads=[0, 0, eh2, ew2], count_include_pad=0)[0]
+
+    def _quant_eltwise(self, mod, xs: list[str], eq: EltwiseQuant) -> str:
+        """Speed mode: Q/DQ on the inputs and output as ``onnx_eltwise`` decided."""
+        def quantized(x: str, spec: tuple[str, object]) -> str:
+            kind, p = spec
+            if kind == "consumer":
+                return self.qdq(x, p[0], "in", p[1], p[2])  # type: ignore[index]
+            if kind == "calib":
+                return self.qdq(x, p, "out", *self.elt_factors[p])  # type: ignore[arg-type]
+            return x
+        y = self._eltwise(mod, [quantized(x, sp) for x, sp in zip(xs, eq.inputs)] + xs[len(eq.inputs):])
+        return quantized(y, eq.output)
+
+    def _eltwise(self, mod, xs: list[str]) -> str:
+        name = mod.caffe_name
+        if mod.operation == _SUM:
+            terms = list(xs)
+            if mod.coeff is not None:
+                terms = [self.node("Mul", [x, self.init(f"{name}_coeff{k}", np.array(c, np.float32))],
+                                   f"{name}_mul{k}")[0] for k, (x, c) in enumerate(zip(xs, mod.coeff))]
+            op = "Add"
+        else:
+            terms, op = list(xs), ("Mul" if mod.operation == _PROD else "Max")
+        y = terms[0]
+        for k, t in enumerate(terms[1:]):
+            y = self.node(op, [y, t], name if k == len(terms) - 2 else f"{name}_{k}")[0]
+        return y
+
+
+def _dims(shape: tuple, varying: set, batch_name: str, prefix: str) -> list:
+    return [(batch_name if i == 0 else f"{prefix}_d{i}") if i in varying else int(d)
+            for i, d in enumerate(shape)]
+
+
+def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
+           file: Optional[str], graph_name: str, bias: str = "float",
+           out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+           eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
+           elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+           outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
+           probed: Optional[Probe] = None, integer_ops: bool = True) -> onnx.ModelProto:
+    """One ONNX model of ``gm`` (float when ``plan`` is empty). The batch is symbolic; the
+    spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
+    ``onnx_shapes``), otherwise the declared size is fixed."""
+    pr = probed or probe(gm, try_spatial=dynamic_spatial is not False)
+    want_spatial = pr.spatial and dynamic_spatial is not False
+    model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
+                     elt_factors, outputs, want_spatial, integer_ops)
+    if want_spatial and b.static_layers:
+        if dynamic_spatial:
+            raise ExportError(f"ONNX export: the net has a fixed spatial size (layer "
+                              f"'{b.static_layers[0]}' needs it as a constant)", file=file)
+        model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
+                         elt_factors, outputs, False, integer_ops)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
+          outputs, spatial: bool, integer_ops: bool = True) -> tuple[onnx.ModelProto, "_Builder"]:
+    cpu = pr.gm
+    chosen, needed = pick_outputs(cpu, outputs, file)
+    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
+    # the graph outputs carry the blob names: reserved, so no inner value takes them (an
+    # in-place last layer writes under its bottom's name)
+    inputs = {n.meta.get("caffe_blob", n.name) for n in cpu.graph.nodes if n.op == "placeholder"}
+    b.names.update(k for k in chosen if k not in inputs)
+
+    value: dict[fx.Node, str] = {}
+    g_inputs = []
+    for node in cpu.graph.nodes:
+        if node.op == "placeholder":
+            name = b.uniq(node.meta.get("caffe_blob", node.name))
+            value[node] = name
+            shape = tuple(node.meta["tensor_meta"].shape)
+            dims = ["N"] + [("H" if i == 2 else "W") if spatial and len(shape) == 4 and i >= 2 else int(d)
+                            for i, d in enumerate(shape) if i > 0]
+            g_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+        elif node not in needed:
+            continue
+        elif node.op == "call_module":
+            mod = cpu.get_submodule(node.target)
+            if not isinstance(mod, CaffeLayer):
+                raise ExportError(f"graph node '{node.name}' is not a Caffe layer", file=file)
+            shapes = [a.meta["tensor_meta"].shape for a in node.args]
+            ins = [value[a] for a in node.args]
+            if ins and all(isinstance(x, str) and x in b.constants for x in ins):
+                value[node] = b.fold(mod, ins)  # e.g. the Concat of folded priors
+                continue
+            outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name),
+                           [s for s in _shapes(node)])
+            value[node] = outs[0] if len(outs) == 1 else outs  # type: ignore[assignment]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            value[node] = value[node.args[0]][node.args[1]]  # type: ignore[index]
+        elif node.op != "output":
+            raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
+    outs = []
+    for key, v in chosen.items():
+        src, name = value[v], key
+        if src != key:
+            b.nodes.append(helper.make_node("Identity", [src], [key], name=b.uniq(f"{key}_output")))
+        shape = _shapes(v)[0]
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                  _dims(shape, pr.dims(v, 0, spatial), "N", name)))
+    if plan and integer_ops:
+        rewrite(b, {o.name for o in outs})
+    graph = helper.make_graph(b.nodes, graph_name, g_inputs, outs, initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="amct_torch")
+    model.ir_version = min(model.ir_version, 8)
+    return model, b
+
+
+def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
+                activations: str = "uint8", bias: str = "float",
+                quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
+                calibration_data=None, file: Optional[str] = None,
+                outputs: Optional[Sequence[str]] = None,
+                dynamic_spatial: Optional[bool] = None, integer_ops: bool = True) -> tuple[str, str]:
+    """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
+    ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
+
+    ``activations``: "uint8" (default; zero point offset_d + 128: the same values as int8,
+    and the form ORT fuses into QLinearConv most often) or "int8" (zero point offset_d). ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8
+    kernels) or "int32" (round(b/(scale_d·scale_w)) behind DequantizeLinear).
+    ``quantize_residual_outputs`` (opt-in, departs from AMCT: one more rounding per residual
+    branch): Q/DQ after quantized layers that feed an Eltwise, factors from min/max of
+    ``calibration_data`` (an N×C×H×W array or an iterable of them) in the torch fake-quant
+    model. ``quantize_eltwise`` (opt-in speed mode, departs from AMCT; implies
+    ``quantize_residual_outputs``): Q/DQ on the inputs and output of every Eltwise SUM without a
+    joint-quant entry, so that ONNX Runtime runs QLinearAdd and stays in int8 between blocks
+    (factors chosen by ``onnx_eltwise``: a consumer's own Quant where there is one, otherwise
+    min/max on ``calibration_data``). ``outputs``: blob names to cut the net at (default: the
+    net's outputs). ``dynamic_spatial``: None (symbolic H/W when the net runs at other sizes and
+    no mapping needs them as constants), True (required) or False. The batch is always
+    symbolic. ``integer_ops`` (default): a quantized Conv/InnerProduct whose output no later
+    layer quantizes is written as ConvInteger/MatMulInteger → int32 → × scale_d·scale_w (+ bias)
+    (``onnx_integer``), so that ORT runs every quantized layer with int8 kernels; False keeps
+    the plain QDQ form there (the speed mode ``quantize_eltwise`` keeps its own form). Opset 17; both models pass ``onnx.checker`` (full check)."""
+    if activations not in ONNX_ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
+    if bias not in ("float", "int32"):
+        raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
+    plan = plan_layers(graph, records, file)
+    out_factors, eplan, elt_factors = None, None, None
+    if quantize_residual_outputs or quantize_eltwise:
+        if calibration_data is None:
+            raise ValueError("quantize_residual_outputs / quantize_eltwise need calibration_data")
+        from amct_torch.export.caffe.fakequant import fake_quant_graph
+        from amct_torch.export.onnx.residual import residual_layers, residual_output_factors
+        res = residual_layers(graph, plan)
+        eplan = eltwise_plan(graph, plan, set(res)) if quantize_eltwise else {}
+        extra = calibrated_layers(eplan)
+        factors = residual_output_factors(fake_quant_graph(graph, records, file), res + extra,
+                                          calibration_data, file)
+        out_factors = {n: factors[n] for n in res}
+        elt_factors = {n: factors[n] for n in extra}
+    float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
+    pr = probe(graph, try_spatial=dynamic_spatial is not False)
+    models = [(_build(graph, {}, activations, file, "float", outputs=outputs,
+                      dynamic_spatial=dynamic_spatial, probed=pr), float_path),
+              (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors,
+                      outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
+                      integer_ops=integer_ops and not quantize_eltwise), quant_path)]
+    for model, path in models:
+        tmp = f"{path}.tmp{os.getpid()}"
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    return float_path, quant_path
+
+
+def export_float_onnx(graph: fx.GraphModule, path: str, *, outputs: Optional[Sequence[str]] = None,
+                      dynamic_spatial: Optional[bool] = None, file: Optional[str] = None) -> str:
+    """Write only the float model of ``graph`` to ``path`` (atomically); same options as
+    ``export_onnx``. Returns ``path``."""
+    model = _build(graph, {}, "int8", file, "float", outputs=outputs, dynamic_spatial=dynamic_spatial)
+    tmp = f"{path}.tmp{os.getpid()}"
+    onnx.save(model, tmp)
+    os.replace(tmp, path)
+    return path

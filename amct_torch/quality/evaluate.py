@@ -1,0 +1,149 @@
+"""``amct-torch evaluate``: run any Caffe model amct_torch loads (float, fake-quant or the
+deploy model with its integer semantics) on data and compare each output with a reference
+model (normally the float one): SQNR and cosine similarity per output blob.
+
+Why here and not in report.py: the per-layer report compares two torch graphs built in one
+calibration; this compares two models from files, as a user would check the exact files they
+ship, and works for the deploy model, which has no float weights to report per layer.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from amct_torch.errors import DataError
+
+if TYPE_CHECKING:  # torch loads when a model runs: the CLI builds this parser for --help too
+    import torch
+
+
+@dataclass
+class OutputStats:
+    """Per output blob: its shape (first batch), and against the reference (None without one
+    or when the shapes differ, e.g. a DetectionOutput): SQNR in dB and cosine similarity."""
+    name: str
+    shape: tuple
+    sqnr_db: Optional[float] = None
+    cosine: Optional[float] = None
+    max_abs_diff: Optional[float] = None
+    note: str = ""
+
+
+class _Sums:
+    """Running sums over batches, so that any number of batches takes constant memory."""
+
+    def __init__(self) -> None:
+        self.sig = self.err = self.dot = self.nx = self.ny = 0.0
+        self.maxdiff = 0.0
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
+        o, r = out.double().flatten(), ref.double().flatten()
+        d = o - r
+        self.sig += float((r * r).sum())
+        self.err += float((d * d).sum())
+        self.dot += float((o * r).sum())
+        self.nx += float((o * o).sum())
+        self.ny += float((r * r).sum())
+        self.maxdiff = max(self.maxdiff, float(d.abs().max()) if d.numel() else 0.0)
+
+    def sqnr(self) -> float:
+        if self.err == 0:
+            return math.inf
+        return 10 * math.log10(self.sig / self.err) if self.sig > 0 else -math.inf
+
+    def cosine(self) -> float:
+        den = math.sqrt(self.nx * self.ny)
+        return self.dot / den if den > 0 else (1.0 if self.nx == self.ny else 0.0)
+
+
+def evaluate(model_file: str, weights_file: str, data: Any,
+             reference: Optional[Sequence[str]] = None, *, batch_size: Optional[int] = None,
+             max_batches: Optional[int] = None, preprocess: Any = None,
+             device: Optional[str] = None) -> list[OutputStats]:
+    """Run ``model_file``/``weights_file`` on ``data`` (what ``calibrate`` accepts: a folder of
+    images or arrays, a .npy/.npz file, an array) and, with ``reference`` = (prototxt,
+    caffemodel), compare every output blob the two models share."""
+    import torch
+
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.inputs.data import calibration_batches
+
+    dev = torch.device(device or "cpu")
+    model = load_caffe(model_file, weights_file).to(dev)
+    ref = load_caffe(*reference).to(dev) if reference else None
+    sums: dict[str, _Sums] = {}
+    stats: dict[str, OutputStats] = {}
+    n = 0
+    with torch.no_grad():
+        for batch in calibration_batches(data, model.caffe_inputs, batch_size, preprocess):
+            if max_batches is not None and n >= max_batches:
+                break
+            xs = batch if isinstance(batch, tuple) else (batch,)
+            xs = tuple(x.to(dev) for x in xs)
+            out = model(*xs)
+            want = ref(*xs) if ref is not None else {}
+            for k, v in out.items():
+                st = stats.setdefault(k, OutputStats(k, tuple(v.shape)))
+                if ref is None:
+                    continue
+                if k not in want:
+                    st.note = "not an output of the reference"
+                elif tuple(want[k].shape) != tuple(v.shape):
+                    st.note = f"shape {list(v.shape)} vs reference {list(want[k].shape)}"
+                    sums.pop(k, None)
+                elif not st.note:
+                    sums.setdefault(k, _Sums()).add(v, want[k])
+            n += 1
+    if n == 0:
+        raise DataError("no data to evaluate on", file=str(data) if isinstance(data, str) else None)
+    for k, s in sums.items():
+        if not stats[k].note:
+            stats[k].sqnr_db, stats[k].cosine, stats[k].max_abs_diff = s.sqnr(), s.cosine(), s.maxdiff
+    return list(stats.values())
+
+
+def format_stats(stats: Sequence[OutputStats]) -> str:
+    """The table the CLI prints: one line per output blob."""
+    lines = [f"{'output':<28} {'shape':<20} {'SQNR dB':>9} {'cosine':>10} {'max |diff|':>11}"]
+    for s in stats:
+        if s.sqnr_db is None:
+            lines.append(f"{s.name:<28} {str(list(s.shape)):<20} {'-':>9} {'-':>10} {'-':>11}  {s.note}")
+        else:
+            lines.append(f"{s.name:<28} {str(list(s.shape)):<20} {s.sqnr_db:>9.2f} {s.cosine:>10.6f} "
+                         f"{s.max_abs_diff:>11.4g}")
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``evaluate`` subcommand (registered by ``amct_torch.cli``)."""
+    e = sub.add_parser("evaluate", help="run a float, fake-quant or deploy model on data; SQNR/cosine "
+                                        "per output against a reference model",
+                       description="Run MODEL WEIGHTS (any model amct_torch loads, the deploy model "
+                                   "with its integer semantics included) on DATA and print, per "
+                                   "output blob, SQNR and cosine similarity against --reference.")
+    e.add_argument("model", help="prototxt")
+    e.add_argument("weights", help="caffemodel")
+    e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
+    e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
+                   help="the model to compare with (normally the float model)")
+    e.add_argument("--batch-size", type=int, default=None, help="samples per batch (default 1)")
+    e.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    e.add_argument("--device", default=None, help="cpu (default) or cuda[:N]")
+    e.add_argument("--mean", default=None, help="mean per channel for images, e.g. 104,117,123")
+    e.add_argument("--scale", type=float, default=1.0, help="multiplier after the mean (images)")
+    e.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+    return e
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """CLI entry: prints the table; exit 0."""
+    from amct_torch.inputs.data import Preprocess
+    mean = None if args.mean is None else [float(v) for v in str(args.mean).split(",") if v]
+    pre = Preprocess(mean=mean, scale=args.scale)
+    stats = evaluate(args.model, args.weights, args.data, args.reference, batch_size=args.batch_size,
+                     max_batches=args.max_batches, preprocess=pre, device=args.device)
+    print(format_stats(stats))
+    return 0

@@ -1,0 +1,1 @@
+"""Shared test helpers: nets built by code, reference runners, data."""
