@@ -134,11 +134,10 @@ def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = No
     does not belong to this run — another model, other weights, config, settings or data, a
     count out of range, unknown keys, a state of the wrong shape — is a ``CalibrationError``
     naming the checkpoint file."""
-    from amct_torch.steps.quant_graph import device_of
-
     if session.done:
         raise CalibrationError("the calibration has already finished: cannot resume it", file=path)
-    dev = device or device_of(session.model)
+    dev = device or next((t.device for t in [*session.model.parameters(), *session.model.buffers()]),
+                         torch.device("cpu"))
     try:
         state = torch.load(path, map_location=dev, weights_only=True)
     except FileNotFoundError:
