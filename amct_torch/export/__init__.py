@@ -6,7 +6,7 @@ from amct_torch.export.convert import convert_model, refuse_quantized_model, sav
 from amct_torch.export.quant_info import quant_info, write_quant_info
 
 
-def export_onnx(*args, **kwargs):  # type: ignore[no-untyped-def]
+def export_onnx(*args, **kwargs):
     """``amct_torch.export.onnx.qdq.export_onnx`` (same arguments, see there), imported on first
     call: the ``onnx`` package costs ~0.5 s to import and most jobs write no ONNX model."""
     from amct_torch.export.onnx.qdq import export_onnx as impl
