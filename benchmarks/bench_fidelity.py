@@ -4,9 +4,9 @@ calibration, side by side with ONNX Runtime's ``quantize_static``. One JSON line
 
 How each side is scored (each in its own product's semantics):
 - ours (AMCT default IFMR asymmetric + ARQ per channel, HFMG, and the opt-in bias
-  correction): the torch fake-quant model ``quantize()`` returns (``.quant_model``, SPEC §5.4
-  exactly); on the first batch it is checked against the exporters' ``fake_quant_graph`` of the
-  fused graph and record (so what is scored is what the Caffe outputs compute).
+  correction): the torch fake-quant model ``quantize()`` returns (``.quant_model``, the fake
+  quantization exactly); on the first batch it is checked against the exporters'
+  ``fake_quant_graph`` of the fused graph and record (so what is scored is what the Caffe outputs compute).
 - ONNX Runtime: ``quantize_static`` (QDQ, per-channel weights, reduce_range False, the same 32
   calibration crops; MinMax, Percentile, Entropy; activations QUInt8 or QInt8 with QInt8
   weights, i.e. U8S8 and S8S8) on the float ONNX of the BN-fused model cut at ``fc_nsfw``
@@ -231,7 +231,7 @@ def _fake_quant_weight(mod, r) -> None:
 
 def _inputs_quantized(fm, recs):
     """A copy of the float model where only the inputs of ``recs``' layers are fake-quantized
-    (SPEC §5.4); the weights stay float."""
+    (the fake quantization); the weights stay float."""
     m = copy.deepcopy(fm)
     mods = layer_modules(m)
     for n, r in recs.items():

@@ -1,4 +1,4 @@
-"""HFMG merge vs the sequential rule (SPEC §5.3): how far merging shard observers (several
+"""HFMG merge vs the sequential rule (docs/algorithms.md, "HFMG"): how far merging shard observers (several
 GPUs, resume) lands from one observer fed every batch in order. Prints JSON lines.
 
     python benchmarks/bench_hfmg_merge.py

@@ -1,4 +1,4 @@
-"""ARQ weight quantization (SPEC §5.1): symmetric int8, per output channel or per tensor.
+"""ARQ weight quantization (docs/algorithms.md, "ARQ"): symmetric int8, per output channel or per tensor.
 
 Pure tensor function; batched over channels (no Python loop over channels), runs on the
 weight's device.
@@ -11,7 +11,7 @@ import torch
 
 from amct_torch.algorithms.quant import FLT_EPS, QMAX, QMIN, channel_view, quantize
 
-_LAYOUTS = ("Convolution", "Deconvolution", "InnerProduct")
+_LAYOUTS = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""HFMG activation calibration (SPEC §5.3) as tensor functions.
+"""HFMG activation calibration (docs/algorithms.md, "HFMG") as tensor functions.
 
 Histogram build and the sequential merge rule, the greedy candidate ranges, the analytic L2
 loss of every candidate (one batched tensor evaluation), and the factors.
@@ -45,7 +45,7 @@ def histogram_in_range(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, nbin
 
 def update(counts: torch.Tensor, rng: torch.Tensor, seen: torch.Tensor,
            x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One batch of the sequential rule of SPEC §5.3 in tensor ops, no host read: the
+    """One batch of the sequential rule (HFMG step 1) in tensor ops, no host read: the
     histogram (int64 [nbins]) of [mn, mx] (``rng`` float64 [2]) grows to the union with the
     batch's range (old counts redistributed, ``redistribute``), then the batch is added.
     ``seen``: 0-d bool, false before the first batch (the range is then the batch's).
@@ -101,8 +101,8 @@ def redistribute_in_range(counts: torch.Tensor, old_min: torch.Tensor, old_max: 
 
 
 def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Candidate bin ranges (left, right) of the greedy walk of SPEC §5.3 step 2, in walk
-    order (one recorded after each trim, as SPEC says). Compact tensors on counts' device;
+    """Candidate bin ranges (left, right) of the greedy walk (HFMG step 2), in walk
+    order (one recorded after each trim). Compact tensors on counts' device;
     this public form reads the valid count back (the search itself does not: see
     ``hfmg_factors``)."""
     lefts, rights, valid, unfinished = _walk_table(counts)
@@ -135,7 +135,7 @@ def _host_walk(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _walk_table(counts: torch.Tensor):
-    """The greedy walk of SPEC §5.3 step 2 as fixed-size tensor ops (no host reads).
+    """The greedy walk (HFMG step 2) as fixed-size tensor ops (no host reads).
 
     Returns (lefts, rights, valid, unfinished): candidate ranges in walk order where
     ``valid`` marks the real ones (the rest is padding), and a 0-d flag that is true only if
@@ -223,7 +223,7 @@ def prefix_moments(counts: torch.Tensor) -> torch.Tensor:
 
 def losses(counts: torch.Tensor, width: float, lefts: torch.Tensor, rights: torch.Tensor,
            block: int = 1 << 20) -> torch.Tensor:
-    """Analytic L2 loss (SPEC §5.3 step 3) of every candidate, float64, O(256) per candidate.
+    """Analytic L2 loss (HFMG step 3) of every candidate, float64, O(256) per candidate.
 
     In units of one source bin (loss = width² · that), destination bin d of candidate (l, r)
     spans [y_d, y_{d+1}) with y_k = l + k·D, D = (r − l + 1)/256, except y_0 = 0 and
@@ -288,7 +288,7 @@ class HfmgResult:
 
 def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = True,
                  search: Optional[Callable] = None) -> HfmgResult:
-    """Search the histogram of [mn, mx] and return the factors (SPEC §5.3 steps 2–4).
+    """Search the histogram of [mn, mx] and return the factors (HFMG steps 2–4).
     ``search(counts, width) -> (lefts, rights, losses)``: an accelerator's walk and losses
     (the same candidates and formula; amct_torch/kernels); without it, or when it finds no
     candidate, the tensor walk and losses."""
@@ -316,7 +316,7 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
 
 
 def factors_of_range(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
-    """SPEC §5.3 step 4: the chosen bin range [left, right] → scale and offset."""
+    """HFMG step 4: the chosen bin range [left, right] → scale and offset."""
     clip_min = to_float32(mn + left * width)
     clip_max = to_float32(mn + (right + 1) * width)
     if asymmetric:

@@ -1,4 +1,4 @@
-"""IFMR activation calibration (SPEC §5.2) as pure tensor functions.
+"""IFMR activation calibration (docs/algorithms.md, "IFMR") as pure tensor functions.
 
 Two ways to get each candidate's loss, one search:
 
@@ -79,7 +79,7 @@ def kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def candidate_grid(max_init: torch.Tensor, min_init: torch.Tensor, ratios: torch.Tensor,
                    asymmetric: bool):
-    """Clip bounds and scales of every candidate (SPEC §5.2 step 3), float32 tensors [n]:
+    """Clip bounds and scales of every candidate (IFMR step 3), float32 tensors [n]:
     returns (lo, hi, scale). Scales below FLT_EPS become 1.0."""
     zero = torch.zeros((), dtype=torch.float32, device=ratios.device)
     max_init = torch.maximum(max_init.float(), zero)
@@ -129,7 +129,7 @@ def exact_losses(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, s: torch.T
 def level_thresholds(lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor):
     """Exact level edges of every candidate: (levels, thresholds, valid, ok).
 
-    An element's level is round(clip(x, lo, hi)/s) in float32 (SPEC §5.2) — a monotone step
+    An element's level is round(clip(x, lo, hi)/s) in float32 (IFMR step 3) — a monotone step
     function of x, so each level is an interval of x. ``levels`` [n, m] are the integer levels
     j_lo … j_hi of each candidate (padded rows repeat nothing: ``valid`` marks real entries);
     ``thresholds`` [n, m−1] holds, for level j, the smallest float32 T whose level exceeds j,
@@ -242,7 +242,7 @@ def asymmetric_lo(lo: torch.Tensor) -> bool:
 def finish(losses: torch.Tensor, ratios: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
            s: torch.Tensor, max_init: torch.Tensor, min_init: torch.Tensor,
            asymmetric: bool) -> IfmrResult:
-    """First argmin → factors (SPEC §5.2 step 4); the only host sync of a search."""
+    """First argmin → factors (IFMR step 4); the only host sync of a search."""
     idx = torch.argmin(losses)
     scale = s[idx]
     if asymmetric:

@@ -1,4 +1,4 @@
-"""Fake-quantization arithmetic shared by calibration, export and tests (SPEC §5.4).
+"""Fake-quantization arithmetic shared by calibration, export and tests (docs/algorithms.md).
 
 One definition of the int8 grid so that the torch fake-quant model, the deploy int8 weights
 and ONNX Runtime's QuantizeLinear agree bit for bit: ``round`` is half-to-even (``torch.round``)
@@ -36,7 +36,7 @@ def quantize(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor
 
 
 def fake_quant(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor:
-    """Activation fake-quant of SPEC §5.4: ``(clamp(round(x/s) + o, -128, 127) - o) * s``.
+    """Activation fake-quant: ``(clamp(round(x/s) + o, -128, 127) - o) * s``.
 
     Computed in float32 whatever ``x``'s dtype (fp16/bf16 data is upcast), result in x's dtype.
     """

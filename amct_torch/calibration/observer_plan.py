@@ -1,6 +1,6 @@
 """Which activations are calibrated, and which layers share them.
 
-Why a plan: SPEC §3.3 says layers reading the same blob with the same activation config share
+Why a plan: layers reading the same blob with the same activation config share
 one calibration (same data, same factors, computed once), and with ``joint_quant`` the inputs
 of every Eltwise SUM share one factor calibrated on all of them together. Deciding that once,
 from the graph and the per-layer configs, keeps the hooks trivial: one observer per group, fed

@@ -350,7 +350,7 @@ class IfmrStreamingObserver(Observer):
 
 
 class HfmgObserver(Observer):
-    """HFMG: a ``num_of_bins`` histogram whose range follows SPEC §5.3's sequential rule.
+    """HFMG: a ``num_of_bins`` histogram whose range follows the sequential rule.
 
     ``merge`` of a histogram built on another range redistributes *both* histograms onto the
     union range with the same rule (floor lower share) and adds them; counts are preserved

@@ -1,4 +1,4 @@
-"""Range checks shared by the quant.cfg and JSON readers (SPEC §3.1), so both file forms
+"""Range checks shared by the quant.cfg and JSON readers (docs/config_and_record.md), so both file forms
 refuse the same values with the same words. Each check returns an error text or None; the
 caller adds the file and the layer/section."""
 from __future__ import annotations

@@ -67,7 +67,7 @@ def create_quant_config(config_file: str, model_file: str, weights_file: str,
                         skip_layers: Optional[Sequence[str]] = None, batch_num: int = 1,
                         activation_offset: bool = True,
                         config_defination: Optional[str] = None) -> None:
-    """Write the JSON quant config (SPEC §3.2) of the Caffe model to ``config_file``.
+    """Write the JSON quant config (docs/config_and_record.md) of the Caffe model to ``config_file``.
 
     With ``config_defination`` (a quant.cfg) that file decides everything and ``skip_layers``,
     ``batch_num`` and ``activation_offset`` are ignored, as in AMCT. The file is written

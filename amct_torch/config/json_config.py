@@ -1,4 +1,4 @@
-"""The JSON quant config of SPEC §3.2: the file ``create_quant_config`` writes and ``init``
+"""The JSON quant config (docs/config_and_record.md): the file ``create_quant_config`` writes and ``init``
 reads. Writing is atomic; reading validates everything a user may have edited by hand
 (duplicate keys, unknown layers and parameters, wrong types, out-of-range values) and names the
 file, the layer and the field in every error."""
@@ -24,7 +24,7 @@ _WTS_KEYS = ("num_bits", "wts_algo", "channel_wise")
 
 
 def layer_config_to_json(c: LayerQuantConfig) -> dict:
-    """The JSON object of one layer (key order as SPEC §3.2)."""
+    """The JSON object of one layer (key order as in docs/config_and_record.md, "JSON quant config")."""
     act: dict[str, Any] = {"num_bits": c.num_bits, "act_algo": c.act_algo}
     if c.act_algo == "hfmg":
         act["num_of_bins"] = c.num_of_bins

@@ -2,19 +2,21 @@
 
 Keeping this small record separate from the torch graph lets quant.cfg, JSON config and record
 validation run (and be tested) without loading weights. ``layer_infos_from_net`` derives the
-list from a Caffe ``NetParameter`` using SPEC §3.3's quantizability rules.
+list from a Caffe ``NetParameter`` with the rules of docs/config_and_record.md, "Quantizable layers".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-#: Caffe types that can be quantized (subject to the per-layer constraints of SPEC §3.3).
-QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling")
+#: Caffe types that can be quantized (subject to the per-layer constraints in docs/config_and_record.md).
+#: The forks' depthwise types, quantized exactly as Convolution.
+DEPTHWISE_TYPES = ("DepthwiseConvolution", "ConvolutionDepthwise")
+QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling") + DEPTHWISE_TYPES
 #: Types whose weights may be quantized per channel.
-CHANNEL_WISE_TYPES = ("Convolution", "Deconvolution")
+CHANNEL_WISE_TYPES = ("Convolution", "Deconvolution") + DEPTHWISE_TYPES
 #: Types that carry weights (scale_w / offset_w in the record).
-WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
+WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct") + DEPTHWISE_TYPES
 
 # V1 (`layers`) enum values of the quantizable types, mapped to their type strings.
 _V1_TYPES = {4: "Convolution", 39: "Deconvolution", 14: "InnerProduct", 17: "Pooling"}
@@ -55,9 +57,10 @@ def _conv_is_2d(p: Any) -> bool:
 
 def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
     quantizable, weighted, out_c = False, ltype in WEIGHTED_TYPES, None
-    if ltype in ("Convolution", "Deconvolution"):
+    if ltype in ("Convolution", "Deconvolution") + DEPTHWISE_TYPES:
         p = layer.convolution_param
-        out_c = int(p.num_output) if p.HasField("num_output") else None
+        # ConvolutionDepthwise ignores num_output (one filter per input channel)
+        out_c = int(p.num_output) if p.HasField("num_output") and ltype != "ConvolutionDepthwise" else None
         quantizable = _conv_is_2d(p)
         if ltype == "Deconvolution":
             quantizable = quantizable and all(d == 1 for d in p.dilation)

@@ -1,6 +1,6 @@
 """quant.cfg (protobuf text, message ``AMCTConfig``): parse, then resolve per layer.
 
-Resolution (SPEC §3.1, decisions written in docs/config_and_record.md):
+Resolution (docs/config_and_record.md, "quant.cfg resolution"):
 - For each quantizable layer the *whole* ``CalibrationConfig`` of the highest-precedence
   source applies: override_layer_configs > override_layer_types > common_config; missing parts
   take the defaults (IFMR 0.7/1.3/0.01/0.999999/0.999999, HFMG 4096 bins, channel_wise true for

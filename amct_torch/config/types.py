@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# Defaults of SPEC §3.1 / seed 003.
+# Defaults of AMCT's quant.cfg (docs/config_and_record.md, "quant.cfg resolution").
 IFMR_DEFAULTS = {"search_range_start": 0.7, "search_range_end": 1.3, "search_step": 0.01,
                  "max_percentile": 0.999999, "min_percentile": 0.999999}
 HFMG_DEFAULT_BINS = 4096

@@ -1,8 +1,8 @@
 """``convert_model`` and ``save_quant_models``: a record → the output model files.
 
-convert_model (SPEC §1) is AMCT's way to build the fake-quant and deploy models from a record
+convert_model is AMCT's way to build the fake-quant and deploy models from a record
 a user already has, without calibration: load the float model, validate the record against it
-(all SPEC §4 rules), fuse BN as quantize_model would (honouring each record's
+(every rule of validate_record), fuse BN as quantize_model would (honouring each record's
 ``skip_fusion``), then write both models and the quant info JSON.
 """
 from __future__ import annotations

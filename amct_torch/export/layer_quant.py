@@ -2,7 +2,7 @@
 
 Why one place: the fake-quant weights, the deploy int8 weights and int32 bias, the DeQuant
 factors and the ONNX initializers must be the same numbers, so they are computed once here
-from the graph's (fused) float weights and the record's factors (SPEC §5.1, §5.4, §7).
+from the graph's (fused) float weights and the record's factors (docs/algorithms.md, docs/export.md).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from amct_torch.errors import ExportError
 from amct_torch.record import LayerRecord
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct")
+WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 @dataclass
@@ -110,7 +110,7 @@ def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
                 file: Optional[str] = None) -> dict[str, LayerQuant]:
     """``LayerQuant`` of every record entry, in graph order. A record key that is not a
     quantizable layer of the graph, or lacks factors, is an ExportError (validate the record
-    first for the full SPEC §4 checks)."""
+    first for the full checks)."""
     mods = layer_modules(gm)
     for key in records:
         if key not in mods:
@@ -121,7 +121,7 @@ def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
         if rec is None:
             continue
         if mod.caffe_type == "Eltwise" and not rec.scale_w:
-            # joint_quant (SPEC §3.3): every input of the Eltwise SUM shares this factor
+            # joint_quant: every input of the Eltwise SUM shares this factor
             if rec.scale_d is None or rec.offset_d is None:
                 raise ExportError("joint Eltwise entry has no scale_d/offset_d", file=file, layer=name)
             out[name] = LayerQuant(name=name, type="Eltwise", module=mod, scale_d=float(rec.scale_d),

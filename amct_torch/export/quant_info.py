@@ -1,4 +1,4 @@
-"""The quant info JSON (``{save_path}_quant.json``, SPEC §7): which layers were inserted and
+"""The quant info JSON (``{save_path}_quant.json``, docs/export.md): which layers were inserted and
 which original layers each fused layer replaced, so a user can map the output model back to
 the model they gave.
 

@@ -1,4 +1,4 @@
-"""BN fusion on the torch.fx graph of a Caffe net (SPEC §6).
+"""BN fusion on the torch.fx graph of a Caffe net (docs/fusion.md).
 
 Patterns, matched on ``call_module`` nodes by Caffe type:
   output side  Convolution | Deconvolution | InnerProduct -> BatchNorm -> Scale
@@ -25,7 +25,7 @@ from amct_torch.fusion.fold import all_finite, bn_scale_affine, fold_input_side,
 
 log = logging.getLogger(__name__)
 
-OUTPUT_SIDE_TYPES = ("Convolution", "Deconvolution", "InnerProduct")
+OUTPUT_SIDE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The rules of SPEC §6 that decide whether a matched BN pattern may be folded.
+"""The rules (docs/fusion.md, "Eligibility") that decide whether a matched BN pattern may be folded.
 
 Each rule is a small function returning None (allowed) or a one-line reason (refused), so that
 ``fuse_bn`` can report why a layer was left alone and each rule can be tested on its own.
@@ -70,7 +70,7 @@ def output_layer_reason(layer: CaffeLayer, channels: int) -> Optional[str]:
 
 def input_side_reason(conv: CaffeLayer, channels: int) -> Optional[str]:
     """BN+Scale folded into the following convolution is exact only without padding (the pad
-    zeros would otherwise have to become −c/a) and with group 1 (as SPEC §6 asks)."""
+    zeros would otherwise have to become −c/a) and with group 1."""
     if conv.caffe_type != "Convolution":
         return f"input-side fusion only into Convolution, not {conv.caffe_type}"
     if getattr(conv, "groups", 1) != 1:

@@ -33,7 +33,7 @@
 
 #define BLOCK 1024                 /* a multiple of every vector width */
 #define AMCT_TRASH 8
-#define AMCT_DST 256               /* HFMG destination bins (SPEC §5.3) */
+#define AMCT_DST 256               /* HFMG destination bins (docs/algorithms.md) */
 /* The slices prefetch the line AMCT_AHEAD blocks ahead (into L2, hint 2) once per 16
  * values, spread through the vector loop: one 64-line burst at each block's start cost 15 %
  * on data in cache (it ties up the line-fill buffers that the scatter's misses need).
@@ -196,7 +196,7 @@ static void amct_stream_update(const float* x, int64_t n, float s, float base, i
  * w: j = min(trunc((x − mn)/w), nbins − 1), float32 maths, into cnt int32 [nbins + AMCT_TRASH]
  * (n < 2^31; cnt2, as large, is the second copy of scatter_count2, added into cnt at the end); res = {non-zero if a value lies outside
  * [mn, mx] or is NaN, NaN count}. When a value lies outside, the batch widens the range and
- * the caller histograms it again on the union (SPEC §5.3): the counts are then incomplete, and
+ * the caller histograms it again on the union (HFMG step 1): the counts are then incomplete, and
  * ext = {min, max} of the values from the first block with one outside on (NaN left out) —
  * the values before lie inside [mn, mx], so the union of [mn, mx] and ext is the union with
  * the batch's range. *stop is shared by the slices of one call: a slice that meets a value
@@ -378,7 +378,7 @@ int32_t amct_stream_step(int32_t np, int32_t nt, const float* x, const int64_t* 
     return 1;
 }
 
-/* HFMG: analytic L2 loss of every candidate range (SPEC §5.3 step 3), the formula of
+/* HFMG: analytic L2 loss of every candidate range (HFMG step 3, docs/algorithms.md), the formula of
  * hfmg.losses evaluated per candidate in registers instead of as ~45 passes over
  * [candidates, 257] tensors. pref: int64 [3][n + 1] prefix sums of c_j, c_j·j, c_j·j²;
  * cnt: int64 [n + 1] counts with cnt[n] = 0. In source-bin units, destination bin d of
@@ -439,7 +439,7 @@ void amct_hfmg_redistribute(const int64_t* counts, int64_t n, double old_min, do
     }
 }
 
-/* HFMG: the greedy walk of SPEC §5.3 step 2, literally (hfmg._host_walk in C). pre: int64
+/* HFMG: the greedy walk (HFMG step 2), literally (hfmg._host_walk in C). pre: int64
  * [n + 1] prefix sums (pre[t] = mass of bins [0, t)). Writes the candidate (left, right)
  * recorded after each trim; returns their number (at most n). */
 static int64_t lower_bound(const int64_t* a, int64_t x, int64_t lo, int64_t hi) {

@@ -393,7 +393,7 @@ def ifmr_hist_losses(counts: torch.Tensor, dsum: torch.Tensor, start: float, wid
 
 
 def hfmg_walk(counts: torch.Tensor):
-    """(lefts, rights): the candidate ranges of SPEC §5.3's greedy walk, in walk order
+    """(lefts, rights): the candidate ranges of the HFMG greedy walk, in walk order
     (``amct_hfmg_walk``, the literal loop with bisection; int64 CPU tensors)."""
     n = counts.numel()
     pre = torch.zeros(n + 1, dtype=torch.int64)

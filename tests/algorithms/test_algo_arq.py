@@ -1,4 +1,4 @@
-"""ARQ vs SPEC §5.1's check vector and a per-channel loop reference."""
+"""ARQ vs the check vector of docs/algorithms.md ("ARQ") and a per-channel loop reference."""
 from __future__ import annotations
 
 import numpy as np

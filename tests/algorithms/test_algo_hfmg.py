@@ -1,4 +1,4 @@
-"""HFMG vs a plain loop reference written from SPEC §5.3 (histogram, sequential merge, walk,
+"""HFMG vs a plain loop reference written from docs/algorithms.md, "HFMG" (histogram, sequential merge, walk,
 analytic loss, factors)."""
 from __future__ import annotations
 

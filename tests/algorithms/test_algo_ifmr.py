@@ -1,4 +1,5 @@
-"""IFMR exact search vs a plain numpy reference written from SPEC §5.2, and SPEC's sanity values."""
+"""IFMR exact search vs a plain numpy reference written from docs/algorithms.md ("IFMR"), and its sanity
+values."""
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ F = np.float32
 
 
 def ref_ifmr(x, maxp=0.999999, minp=0.999999, start=0.7, end=1.3, step=0.01, asym=True, with_losses=False):
-    """Straight from SPEC §5.2: sort, k-th order statistics, a loop over candidates."""
+    """Straight from the IFMR definition: sort, k-th order statistics, a loop over candidates."""
     x = np.asarray(x, np.float32).ravel()
     L = x.size
     def kk(p):

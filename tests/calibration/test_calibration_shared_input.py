@@ -1,6 +1,6 @@
-"""Layers reading the same blob with the same activation config are calibrated once (SPEC
-§3.3): one observer, fed once per batch, both layers get its factors; a different config on
-one of them splits the group."""
+"""Layers reading the same blob with the same activation config are calibrated once
+(docs/config_and_record.md, "Quantizable layers"): one observer, fed once per batch, both layers
+get its factors; a different config on one of them splits the group."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""create_quant_config and the model layer list: quantizability rules of SPEC §3.3 on a
+"""create_quant_config and the model layer list: quantizability rules (docs/config_and_record.md) on a
 hand-written prototxt, and the real nsfw ResNet checked against a count made with a regex."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The JSON quant config (SPEC §3.2): its exact form, round trips from quant.cfg, and the
+"""The JSON quant config (docs/config_and_record.md): its exact form, round trips from quant.cfg, and the
 reader's validation (duplicate keys, unknown layers/parameters, wrong types, ranges)."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_written_form_matches_spec(tmp_path):
     assert list(doc) == ["version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                          "skip_fusion_layers", "conv1", "conv2", "deconv1", "fc1", "pool1"]
     assert [doc[k] for k in list(doc)[:6]] == [1, 1, True, False, True, []]
-    assert doc["conv1"] == IFMR_LAYER                              # the SPEC's example object
+    assert doc["conv1"] == IFMR_LAYER                              # the docs' example object
     assert list(doc["conv1"]["activation_quant_params"]) == \
         ["num_bits", "act_algo", "max_percentile", "min_percentile", "search_range",
          "search_step", "asymmetric"]

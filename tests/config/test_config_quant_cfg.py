@@ -1,5 +1,5 @@
 """quant.cfg: the seed document's examples, every precedence case and every validation rule of
-SPEC §3.1, each with the resolved value or the exact error."""
+docs/config_and_record.md ("quant.cfg resolution"), each with the resolved value or the exact error."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Each eligibility rule of SPEC §6 has a net where it alone stops the fusion: the result then
+"""Each eligibility rule of docs/fusion.md has a net where it alone stops the fusion: the result then
 keeps BatchNorm and Scale, names the reason, and still computes what the original computes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every BN fusion pattern of SPEC §6 on small nets built by code: the fused graph computes
+"""Every BN fusion pattern of docs/fusion.md on small nets built by code: the fused graph computes
 what the unfused one computes (1e-5 relative), loses its BatchNorm/Scale layers, keeps the
 weighted layer's name, and, written back with save_caffe, runs in OpenCV's Caffe importer
 exactly like the original files do in OpenCV."""

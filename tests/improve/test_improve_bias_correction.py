@@ -1,7 +1,7 @@
 """The opt-in bias correction (``quantize(..., improve="bias_correction")``, CLI ``--improve``).
 
 Checked against a plain re-implementation written here with ``torch.nn.functional`` on the
-weights and record (SPEC §5.4 fake-quant, §5.1 ARQ grid): sequential per-channel corrections
+weights and record (the fake quantization and the ARQ grid of docs/algorithms.md): sequential per-channel corrections
 E[float output] − E[quant output with upstream already corrected]. Then: the correction lowers
 the output error on held-out data, it reaches the written fake-quant Caffe model's biases, the
 default stays uncorrected, and bad values are user errors.

@@ -151,7 +151,7 @@ def test_hfmg_widening_batch_reports_every_slices_extremes(backend, threads, mon
     """A value outside the range in the first slice stops the binning of every slice; the
     extremes and NaNs of the slices that stop on that signal (in their first block, with one
     thread: they run after it) must still be found — in the pass itself and in the state the
-    observer then builds (SPEC §5.3's sequential rule, the plain reference of test_algo_hfmg)."""
+    observer then builds (HFMG's sequential rule, the plain reference of test_algo_hfmg)."""
     monkeypatch.setattr(native, "HFMG_MAX_SLICE", 9000)
     monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)
     before = torch.get_num_threads()

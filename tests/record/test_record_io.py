@@ -1,4 +1,4 @@
-"""Record file reading, writing and atomic merging (SPEC §4, seed 000)."""
+"""Record file reading, writing and atomic merging (docs/config_and_record.md, "Record")."""
 from __future__ import annotations
 
 import os

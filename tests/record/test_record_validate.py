@@ -1,4 +1,4 @@
-"""Every validation rule of SPEC §4, each with its exact error (layer and file named)."""
+"""Every validation rule of docs/config_and_record.md ("Record"), each with its exact error (layer and file named)."""
 from __future__ import annotations
 
 import math

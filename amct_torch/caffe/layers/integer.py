@@ -1,4 +1,4 @@
-"""Integer semantics of a deploy model (SPEC §7), so that ``load_caffe`` runs the exact int8
+"""Integer semantics of a deploy model (docs/export.md), so that ``load_caffe`` runs the exact int8
 model a user ships: weights from ``int8_data``, bias from ``int32_data``, DeQuant factors from
 ``uint64_data``.
 

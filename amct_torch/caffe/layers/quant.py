@@ -1,5 +1,5 @@
 """AMCT's own layers in the fake-quant models we write, so that ``load_caffe`` can run them:
-Quant (quantize then dequantize, SPEC §5.4/§7) and DeQuant (identity in float)."""
+Quant (quantize then dequantize, docs/export.md) and DeQuant (identity in float)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -21,7 +21,7 @@ class QuantLayer(CaffeLayer):
 
     A file holds only float32(1/scale_d), whose inverse can differ from the record's scale_d
     in the last bit (and so flip a value sitting on a rounding boundary). The exporter's
-    in-memory model calls ``set_exact_scale`` so that it computes SPEC §5.4 with the record's
+    in-memory model calls ``set_exact_scale`` so that it computes the fake quantization with the record's
     own scale_d: q = clamp(round(x/scale_d) + offset_d, -128, 127), y = (q - offset_d)·scale_d."""
 
     same_shape = True

@@ -1,4 +1,4 @@
-"""The deploy Caffe model (SPEC §7): what an int8 runtime (Ascend) executes.
+"""The deploy Caffe model (docs/export.md): what an int8 runtime (Ascend) executes.
 
 Quant layers as in the fake-quant model (AscendQuant: y = clamp(round(x·(1/scale_d)) +
 offset_d)); quantized layers hold int8 weights (``BlobProto.int8_data``, field 100, one byte

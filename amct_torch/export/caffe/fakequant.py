@@ -1,7 +1,7 @@
-"""The fake-quant Caffe model (SPEC §7) and the torch model built from it.
+"""The fake-quant Caffe model (docs/export.md) and the torch model built from it.
 
 The fake-quant net is the (fused) float net with a ``Quant`` layer before each quantized layer
-(computes SPEC §5.4), fake-quantized weights (ARQ grid with the record's scale_w) in the layer,
+(computes the fake quantization), fake-quantized weights (ARQ grid with the record's scale_w) in the layer,
 and an in-place ``DeQuant`` layer after it (identity in float; blobs deq_scale = scale_d·scale_w
 per output channel, shift_bit 0, offset_w 0). ``fake_quant_graph`` builds the torch model from
 that same NetParameter with the loader's graph builder, so torch, the written files and
@@ -61,7 +61,7 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
     """The torch fake-quant model: the fake-quant NetParameter built with ``build_graph``.
 
     Each Quant module keeps the record's exact scale_d (the file holds float32(1/scale_d),
-    whose inverse can differ in the last bit), so the model computes SPEC §5.4 exactly:
+    whose inverse can differ in the last bit), so the model computes the fake quantization exactly:
     q = clamp(round(x/scale_d) + offset_d, −128, 127), y = (q − offset_d)·scale_d.
     The result is on the device of ``fused_gm``'s first parameter."""
     emitted = fake_quant_net(fused_gm, records, file)

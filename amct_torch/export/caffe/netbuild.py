@@ -6,9 +6,10 @@ bottoms are derived from the fx nodes it reads, and its tops keep their Caffe na
 would overwrite a value some later layer still needs. Both output models (fake-quant and
 deploy) come from this one walk; only the blobs differ (see ``BlobFn``).
 
-Insertion (SPEC §7): before each quantized layer a ``Quant`` layer (one per distinct input value
-and factor pair: layers reading the same fx node with the same scale_d/offset_d share it), after
-it an in-place ``DeQuant`` layer named ``{layer}_dequant_layer``.
+Insertion (docs/export.md, "Fake-quant Caffe model"): before each quantized layer a ``Quant``
+layer (one per distinct input value and factor pair: layers reading the same fx node with the
+same scale_d/offset_d share it), after it an in-place ``DeQuant`` layer named
+``{layer}_dequant_layer``.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class EmittedNet:
 
 
 def quant_param_values(scale_d: float, offset_d: int) -> tuple[float, bytes]:
-    """(quant_param.scale, quant_param.offset) of SPEC §7: float32(1/scale_d) and the offset as
+    """(quant_param.scale, quant_param.offset) of a Quant layer: float32(1/scale_d) and the offset as
     one byte (two's complement)."""
     inv = float(np.float32(1.0 / float(np.float32(scale_d))))
     return inv, bytes([int(offset_d) & 0xFF])
@@ -155,7 +156,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
         for f in ("bottom", "top", "blobs"):
             layer.ClearField(f)
         layer.bottom.extend(bottoms)
-        if mod.caffe_type in ("Convolution", "Deconvolution"):
+        if mod.caffe_type in ("Convolution", "Deconvolution", "DepthwiseConvolution", "ConvolutionDepthwise"):
             layer.convolution_param.bias_term = getattr(mod, "bias", None) is not None
         elif mod.caffe_type == "InnerProduct":
             layer.inner_product_param.bias_term = getattr(mod, "bias", None) is not None

@@ -5,7 +5,7 @@ Why: in AMCT's fake-quant model a quantized Conv/InnerProduct whose output feeds
 only run it as a float convolution. Giving that output its own Q/DQ pair lets ORT use int8
 kernels there as well, at the cost of one more rounding per residual branch. The factors are
 asymmetric min/max over calibration data seen by the torch fake-quant model (zero exactly
-representable), in the SPEC §5.2 form: scale = (max − min)/255, offset = −round(min/scale) − 128.
+representable), in the IFMR form: scale = (max − min)/255, offset = −round(min/scale) − 128.
 """
 from __future__ import annotations
 
