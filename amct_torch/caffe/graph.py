@@ -12,6 +12,7 @@ import keyword
 import operator
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -19,7 +20,10 @@ import torch
 from torch import fx, nn
 from torch.func import functional_call
 
-from amct_torch.caffe.layers import CaffeLayer, layer_class
+from amct_torch.caffe.fillers import fill_blobs, has_fillers
+from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
+from amct_torch.caffe.layers.conv import _ConvBase
+from amct_torch.caffe.layers.quant import DeQuantLayer
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
 from amct_torch.errors import AmctError, ModelError
 
@@ -83,114 +87,256 @@ def _as_shapes(out: Any, n: int) -> list[Optional[tuple[int, ...]]]:
     return [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
 
 
+@dataclass
+class _Build:
+    """What the builder knows while it walks the layers in Caffe's order."""
+    parsed: Any
+    check_shapes: bool
+    graph: fx.Graph = field(default_factory=fx.Graph)
+    root: nn.Module = field(default_factory=nn.Module)
+    taken: set[str] = field(default_factory=set)
+    values: dict[str, fx.Node] = field(default_factory=dict)  # blob name -> node of its value
+    shapes: dict[str, Optional[tuple[int, ...]]] = field(default_factory=dict)
+    available: dict[str, None] = field(default_factory=dict)  # Caffe's available_blobs (ordered)
+
+    @property
+    def model_file(self) -> Optional[str]:
+        return self.parsed.model_file
+
+    @property
+    def weights_file(self) -> Optional[str]:
+        return self.parsed.weights_file
+
+
 def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
     """Build the graph of a ``ParsedNet`` (from ``amct_torch.caffe.netio.read_net``).
 
-    ``parsed.blobs`` is None-free: a layer missing from it gets zero weights only when no
-    weights file was given (``parsed.weights_file is None``); otherwise that is an error."""
-    model_file = parsed.model_file
-    weights_file = parsed.weights_file
-    graph = fx.Graph()
-    root = nn.Module()
-    taken: set[str] = set()
-    values: dict[str, fx.Node] = {}  # blob name -> node holding its current value
-    shapes: dict[str, Optional[tuple[int, ...]]] = {}
-    available: dict[str, None] = {}  # Caffe's available_blobs: produced and not yet consumed
-    input_layer = {}
-    for layer in parsed.net.layer:
-        if layer.type == "Input":
-            for top in layer.top:
-                input_layer[top] = layer.name
-    if not parsed.layers and not parsed.inputs:
-        raise ModelError("the net has no layers", file=model_file)
+    Without a weights file (``parsed.weights_file is None``) a layer missing from
+    ``parsed.blobs`` gets zero weights; with one, a layer the caffemodel does not name gets its
+    blobs from its deterministic fillers (``fillers.py``) or is an error. Phases: refuse what
+    Caffe refuses about the net as a whole, declare the inputs, then per layer in Caffe's order
+    make its module (blobs checked) and node (top shapes pushed through), and close with the
+    output dict and the in-place flags."""
+    refuse_empty_net(parsed)
+    check_unique_tops(parsed)
+    build = _Build(parsed, check_shapes)
+    add_inputs(build)
+    producers = index_producers(parsed.layers)
+    for i, layer in enumerate(parsed.layers):
+        cls = layer_class_of(layer, build.model_file)
+        check_bottoms_exist(build, i, layer, producers)
+        bshapes = [build.shapes.get(b) for b in layer.bottom]
+        known = all(s is not None for s in bshapes)
+        blobs = layer_blobs(build, layer, cls, bshapes if known else None)
+        module = make_module(build, cls, layer, blobs, bshapes if known else None)
+        out_shapes = top_shapes(build, cls, module, layer, bshapes if known else None)
+        add_layer_node(build, layer, module, out_shapes)
+    return finish_graph(build)
 
-    for name, shape in parsed.inputs:
-        node = graph.placeholder(sanitize_name(name, taken))
+
+def refuse_empty_net(parsed: Any) -> None:
+    """A net without layers and inputs is not a model."""
+    if not parsed.layers and not parsed.inputs:
+        raise ModelError("the net has no layers", file=parsed.model_file)
+
+
+def check_unique_tops(parsed: Any) -> None:
+    """Caffe's rule for tops (Net::AppendTop): a top may reuse a blob name only in place, i.e.
+    when it is the layer's bottom at the same position; any other second producer of a name
+    (a net input or an earlier layer's top) is refused, naming both layers."""
+    producer: dict[str, str] = {}
+    for name, _ in parsed.inputs:
+        if name in producer:
+            raise ModelError(f"net input '{name}' is declared twice", file=parsed.model_file)
+        producer[name] = "the net input"
+    for layer in parsed.layers:
+        for k, top in enumerate(layer.top):
+            in_place = k < len(layer.bottom) and layer.bottom[k] == top
+            if in_place:
+                continue
+            if top in producer:
+                first = producer[top]
+                first = first if first == "the net input" else f"layer '{first}'"
+                raise ModelError(f"top '{top}' is already produced by {first}; a layer may reuse a "
+                                 f"blob name only in place (as its bottom at the same position), "
+                                 f"Caffe refuses a blob with two producers",
+                                 file=parsed.model_file, layer=layer.name)
+            producer[top] = layer.name
+
+
+def add_inputs(build: _Build) -> None:
+    """One placeholder per declared input, in Caffe's order, with its declared shape."""
+    input_layer = {top: layer.name for layer in build.parsed.net.layer if layer.type == "Input"
+                   for top in layer.top}
+    for name, shape in build.parsed.inputs:
+        node = build.graph.placeholder(sanitize_name(name, build.taken))
         node.meta["caffe_layer"] = input_layer.get(name, name)
         node.meta["caffe_type"] = "Input"
         node.meta["caffe_blob"] = name
-        values[name] = node
-        shapes[name] = tuple(int(d) for d in shape) if shape else None
-        available[name] = None
+        build.shapes[name] = tuple(int(d) for d in shape) if shape else None
+        node.meta["caffe_shape"] = build.shapes[name]
+        build.values[name] = node
+        build.available[name] = None
 
-    producers = {}
-    for i, layer in enumerate(parsed.layers):
+
+def index_producers(layers: Sequence[Any]) -> dict[str, list[int]]:
+    """Blob name -> indices of the layers writing it (to explain a bottom read too early)."""
+    producers: dict[str, list[int]] = {}
+    for i, layer in enumerate(layers):
         for top in layer.top:
             producers.setdefault(top, []).append(i)
+    return producers
 
-    for i, layer in enumerate(parsed.layers):
-        cls = layer_class(layer.type)
-        if cls is None:
-            raise ModelError(f"unknown layer type '{layer.type}'", file=model_file, layer=layer.name)
-        for b in layer.bottom:
-            if b not in values:
-                later = [parsed.layers[j].name for j in producers.get(b, []) if j >= i]
-                why = (f"; it is produced only by later layer '{later[0]}' (a cycle, or layers out of order)"
-                       if later else "")
-                raise ModelError(f"bottom blob '{b}' is not produced by any earlier layer or input{why}",
-                                 file=model_file, layer=layer.name)
-        bshapes = [shapes.get(b) for b in layer.bottom]
-        known = all(s is not None for s in bshapes)
-        blobs = parsed.blobs.get(layer.name)
-        if blobs is None and weights_file is not None:
-            blobs = []
-        file = weights_file if weights_file is not None and blobs else model_file
-        try:
-            module = cls(layer, blobs, bshapes if known else None, file=file)
-        except AmctError as err:
-            if weights_file is not None and err.file in (model_file, weights_file):
-                # issue 16: a blob problem names the caffemodel, a parameter problem the prototxt
-                blob = "blob" in err.message or "caffemodel" in err.message
-                err.with_file(weights_file if blob else model_file)
-            raise
-        except (ValueError, RuntimeError, TypeError, IndexError) as err:
-            raise ModelError(f"cannot build {layer.type}: {err}", file=file, layer=layer.name) from None
-        out_shapes: list[Optional[tuple[int, ...]]] = [None] * len(layer.top)
-        inferred = module.infer_shapes(bshapes) if known and check_shapes else None
-        if inferred is not None:
-            out_shapes = list(inferred)
-        elif check_shapes and known and not cls.data_dependent:
-            metas = [torch.empty(s, device="meta") for s in bshapes]
-            try:
-                out_shapes = _as_shapes(_meta_forward(module, metas), len(layer.top))
-            except AmctError:
-                raise
-            except Exception as err:  # noqa: BLE001 - any failure here means the shapes do not fit
-                msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise ModelError(f"{layer.type} does not fit its input shape(s) "
-                                 f"{[list(s) for s in bshapes]}: {msg}", file=file, layer=layer.name) from None
-        target = sanitize_name(layer.name, taken)
-        root.add_module(target, module)
-        node = graph.call_module(target, tuple(values[b] for b in layer.bottom))
-        node.meta["caffe_layer"] = layer.name
-        node.meta["caffe_type"] = layer.type
-        for b in layer.bottom:
-            available.pop(b, None)
-        if len(layer.top) == 1:
-            tops = [node]
-        else:
-            tops = []
-            for k in range(len(layer.top)):
-                g = graph.call_function(operator.getitem, (node, k))
-                g.meta["caffe_layer"] = layer.name
-                g.meta["caffe_type"] = layer.type
-                g.meta["caffe_top_index"] = k
-                tops.append(g)
-        for k, top in enumerate(layer.top):
-            values[top] = tops[k]
-            shapes[top] = out_shapes[k]
-            available.pop(top, None)
-            available[top] = None
 
-    if not available:
-        raise ModelError("the net has no output blob", file=model_file)
-    out = graph.output({name: values[name] for name in available})
+def layer_class_of(layer: Any, model_file: Optional[str]) -> type[CaffeLayer]:
+    """The module class of the layer's type, or a ModelError naming an unknown type."""
+    cls = layer_class(layer.type)
+    if cls is None:
+        raise ModelError(f"unknown layer type '{layer.type}'", file=model_file, layer=layer.name)
+    return cls
+
+
+def check_bottoms_exist(build: _Build, i: int, layer: Any, producers: dict[str, list[int]]) -> None:
+    """Every bottom must be an input or a top of an earlier layer (Caffe's order)."""
+    for b in layer.bottom:
+        if b in build.values:
+            continue
+        later = [build.parsed.layers[j].name for j in producers.get(b, []) if j >= i]
+        why = (f"; it is produced only by later layer '{later[0]}' (a cycle, or layers out of order)"
+               if later else "")
+        raise ModelError(f"bottom blob '{b}' is not produced by any earlier layer or input{why}",
+                         file=build.model_file, layer=layer.name)
+
+
+def layer_blobs(build: _Build, layer: Any, cls: type[CaffeLayer],
+                bshapes: Optional[list[tuple[int, ...]]]) -> Optional[list[np.ndarray]]:
+    """The layer's blobs: the caffemodel's (checked for integer data where float weights
+    belong), its fillers' when the caffemodel does not name it (as Caffe builds it), or None
+    (zeros) when no weights file was given."""
+    blobs = build.parsed.blobs.get(layer.name)
+    if build.weights_file is None:
+        return blobs
+    if blobs is not None:
+        check_blob_types(layer, cls, blobs, build.weights_file)
+        return blobs
+    if bshapes is None or not has_fillers(layer):
+        return []  # the layer's own blob-count check names what is missing
+    shapes = [tuple(b.shape) for b in _construct(build, cls, layer, None, bshapes).caffe_blobs()]
+    return fill_blobs(layer, shapes, build.weights_file) if shapes else []
+
+
+_INTEGER_FIELDS = {np.dtype(np.int8): "int8_data", np.dtype(np.int32): "int32_data",
+                   np.dtype(np.uint64): "uint64_data"}
+
+
+def check_blob_types(layer: Any, cls: type[CaffeLayer], blobs: list[np.ndarray], weights_file: str) -> None:
+    """Integer blobs belong to an AMCT deploy model only: int8 weights (+ int32 bias) of a
+    Convolution/Deconvolution/InnerProduct, or the one uint64 blob of a DeQuant. Integer data
+    anywhere else would be read as float weights (an int32 weight read as 1e6-sized floats)."""
+    kinds = [np.asarray(b).dtype for b in blobs]
+    if not any(k in _INTEGER_FIELDS for k in kinds):
+        return
+    weighted = issubclass(cls, (_ConvBase, InnerProductLayer))
+    if weighted and kinds[0] == np.int8 and all(k == np.int32 for k in kinds[1:]):
+        return
+    if issubclass(cls, DeQuantLayer) and kinds == [np.dtype(np.uint64)]:
+        return
+    i = next(i for i, k in enumerate(kinds) if k in _INTEGER_FIELDS)
+    raise ModelError(f"blob {i} holds only integer data ({_INTEGER_FIELDS[kinds[i]]}) where float "
+                     f"weights belong: this looks like an AMCT deploy model; give the float model "
+                     f"(the caffemodel before quantization)", file=weights_file, layer=layer.name)
+
+
+def _construct(build: _Build, cls: type[CaffeLayer], layer: Any, blobs: Optional[list[np.ndarray]],
+               bshapes: Optional[list[tuple[int, ...]]]) -> CaffeLayer:
+    """The module, every failure a ModelError: a blob problem names the caffemodel, a parameter
+    problem the prototxt."""
+    model_file, weights_file = build.model_file, build.weights_file
+    file = weights_file if weights_file is not None and blobs else model_file
+    try:
+        return cls(layer, blobs, bshapes, file=file)
+    except AmctError as err:
+        if weights_file is not None and err.file in (model_file, weights_file):
+            blob = "blob" in err.message or "caffemodel" in err.message
+            err.with_file(weights_file if blob else model_file)
+        raise
+    except (ValueError, RuntimeError, TypeError, IndexError, OverflowError, MemoryError) as err:
+        raise ModelError(f"cannot build {layer.type}: {err}", file=file, layer=layer.name) from None
+
+
+def make_module(build: _Build, cls: type[CaffeLayer], layer: Any, blobs: Optional[list[np.ndarray]],
+                bshapes: Optional[list[tuple[int, ...]]]) -> CaffeLayer:
+    """The layer's module from its params and blobs (see ``_construct``)."""
+    return _construct(build, cls, layer, blobs, bshapes)
+
+
+def top_shapes(build: _Build, cls: type[CaffeLayer], module: CaffeLayer, layer: Any,
+               bshapes: Optional[list[tuple[int, ...]]]) -> list[Optional[tuple[int, ...]]]:
+    """The top shapes from the layer's shape rule, else from a forward on the meta device (no
+    data, no cost); a layer whose inputs do not fit is a ModelError. Unknown: None."""
+    unknown: list[Optional[tuple[int, ...]]] = [None] * len(layer.top)
+    if bshapes is None or not build.check_shapes:
+        return unknown
+    file = build.weights_file if build.weights_file is not None and build.parsed.blobs.get(layer.name) \
+        else build.model_file
+    inferred = module.infer_shapes(bshapes)
+    if inferred is not None:
+        return list(inferred)
+    if cls.data_dependent:
+        return unknown
+    metas = [torch.empty(s, device="meta") for s in bshapes]
+    try:
+        return _as_shapes(_meta_forward(module, metas), len(layer.top))
+    except AmctError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure here means the shapes do not fit
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"{layer.type} does not fit its input shape(s) "
+                         f"{[list(s) for s in bshapes]}: {msg}", file=file, layer=layer.name) from None
+
+
+def add_layer_node(build: _Build, layer: Any, module: CaffeLayer,
+                   out_shapes: list[Optional[tuple[int, ...]]]) -> None:
+    """The layer's submodule and call node (getitem nodes for several tops); its tops rebind
+    their blob names (in place included) and become available outputs."""
+    target = sanitize_name(layer.name, build.taken)
+    build.root.add_module(target, module)
+    node = build.graph.call_module(target, tuple(build.values[b] for b in layer.bottom))
+    node.meta["caffe_layer"] = layer.name
+    node.meta["caffe_type"] = layer.type
+    for b in layer.bottom:
+        build.available.pop(b, None)
+    if len(layer.top) == 1:
+        tops = [node]
+        node.meta["caffe_shape"] = out_shapes[0]
+    else:
+        node.meta["caffe_shape"] = None
+        tops = []
+        for k in range(len(layer.top)):
+            g = build.graph.call_function(operator.getitem, (node, k))
+            g.meta["caffe_layer"] = layer.name
+            g.meta["caffe_type"] = layer.type
+            g.meta["caffe_top_index"] = k
+            g.meta["caffe_shape"] = out_shapes[k]
+            tops.append(g)
+    for k, top in enumerate(layer.top):
+        build.values[top] = tops[k]
+        build.shapes[top] = out_shapes[k]
+        build.available.pop(top, None)
+        build.available[top] = None
+
+
+def finish_graph(build: _Build) -> CaffeGraphModule:
+    """The output dict (tops nobody consumes), the in-place flags and the GraphModule."""
+    if not build.available:
+        raise ModelError("the net has no output blob", file=build.model_file)
+    out = build.graph.output({name: build.values[name] for name in build.available})
     out.meta["caffe_layer"] = None
     out.meta["caffe_type"] = None
-    _mark_inplace(graph, root)
-    gm = CaffeGraphModule(root, graph, class_name="CaffeNet")
-    gm.caffe_net = parsed.net
-    gm.caffe_inputs = [(n, list(s)) for n, s in parsed.inputs]
+    _mark_inplace(build.graph, build.root)
+    gm = CaffeGraphModule(build.root, build.graph, class_name="CaffeNet")
+    gm.caffe_net = build.parsed.net
+    gm.caffe_inputs = [(n, list(s)) for n, s in build.parsed.inputs]
     gm.eval()
     return gm
 

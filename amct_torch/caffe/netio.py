@@ -22,6 +22,8 @@ from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
 
+_LEGACY_DIMS = ("num", "channels", "height", "width")
+
 __all__ = ["ParsedNet", "parse_prototxt", "parse_caffemodel", "upgrade_v1", "read_net",
            "write_net", "net_to_prototxt_text", "save_caffe", "blob_to_array", "array_to_blob",
            "layer_included"]
@@ -172,26 +174,68 @@ def layer_included(layer: pb.LayerParameter, state: pb.NetState, file: Optional[
     return not any(_rule_met(r, state) for r in layer.exclude)
 
 
+#: Caffe's kMaxBlobAxes: a blob has at most 32 axes.
+MAX_BLOB_AXES = 32
+
+#: ``raw_data_type`` → the little-endian dtype of ``raw_data`` (NVIDIA Caffe's field, written by
+#: ``cv2.dnn.shrinkCaffeModel`` as FLOAT16); INT and UINT are not weights.
+_RAW_DTYPES = {pb.FLOAT16: "<f2", pb.FLOAT: "<f4", pb.DOUBLE: "<f8"}
+
+
+def blob_shape(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[str] = None,
+               index: int = 0) -> list[int]:
+    """The declared shape of a blob: legacy num/channels/height/width (4-D) if any is present,
+    else ``shape.dim``; at most 32 axes (Caffe's limit), no negative dimension."""
+    legacy = any(blob.HasField(f) for f in _LEGACY_DIMS)
+    dims = blob.shape.dim
+    if not legacy and len(dims) > MAX_BLOB_AXES:
+        raise ModelError(f"blob {index} has {len(dims)} axes; Caffe allows at most {MAX_BLOB_AXES}",
+                         file=file, layer=layer)
+    shape = [blob.num, blob.channels, blob.height, blob.width] if legacy else list(dims)
+    if any(d < 0 for d in shape):
+        raise ModelError(f"blob {index} declares a negative dimension {shape}", file=file, layer=layer)
+    return shape
+
+
+def _blob_values(blob: pb.BlobProto, file: Optional[str], layer: Optional[str], index: int) -> np.ndarray:
+    """The flat values in Caffe's order of precedence: ``double_data`` (Caffe's Blob::FromProto
+    takes it when present), ``data``, then ``raw_data`` (OpenCV's order), then the AMCT deploy
+    extensions, which keep their integer type."""
+    if len(blob.double_data):
+        return np.asarray(blob.double_data, dtype=np.float64).astype(np.float32)
+    if len(blob.data):
+        return np.asarray(blob.data, dtype=np.float32)
+    if blob.HasField("raw_data"):
+        kind = blob.raw_data_type
+        if kind not in _RAW_DTYPES:
+            raise ModelError(f"blob {index} holds raw_data of type {pb.Type.Name(kind)}, not float "
+                             "weights", file=file, layer=layer)
+        dtype = np.dtype(_RAW_DTYPES[kind])
+        if len(blob.raw_data) % dtype.itemsize:
+            raise ModelError(f"blob {index}: raw_data of {len(blob.raw_data)} bytes is not a whole "
+                             f"number of {pb.Type.Name(kind)} values", file=file, layer=layer)
+        return np.frombuffer(blob.raw_data, dtype=dtype).astype(np.float32)
+    if len(blob.int8_data):
+        return np.frombuffer(blob.int8_data, dtype=np.int8).copy()
+    if len(blob.int32_data):
+        return np.asarray(blob.int32_data, dtype=np.int32)
+    if len(blob.uint64_data):
+        return np.asarray(blob.uint64_data, dtype=np.uint64)
+    return np.zeros(0, np.float32)
+
+
 def blob_to_array(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[str] = None,
                   index: int = 0) -> np.ndarray:
-    """A BlobProto as an array: legacy num/channels/height/width (4-D) if any is present, else
-    ``shape.dim``; float32 values from ``data`` or else ``double_data``; a deploy model's AMCT
-    blobs keep their integer type (``int8_data`` → int8, ``int32_data`` → int32,
-    ``uint64_data`` → uint64) so that the layers run them with integer semantics."""
-    legacy = any(blob.HasField(f) for f in ("num", "channels", "height", "width"))
-    shape = ([blob.num, blob.channels, blob.height, blob.width] if legacy
-             else list(blob.shape.dim))
-    if len(blob.data):
-        values = np.asarray(blob.data, dtype=np.float32)
-    elif len(blob.int8_data):
-        values = np.frombuffer(blob.int8_data, dtype=np.int8).copy()
-    elif len(blob.int32_data):
-        values = np.asarray(blob.int32_data, dtype=np.int32)
-    elif len(blob.uint64_data):
-        values = np.asarray(blob.uint64_data, dtype=np.uint64)
-    else:
-        values = np.asarray(blob.double_data, dtype=np.float64).astype(np.float32)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    """A BlobProto as an array of its declared shape (``blob_shape``), float32 from
+    ``double_data``, ``data`` or ``raw_data`` (FLOAT16/FLOAT/DOUBLE, little-endian); a deploy
+    model's AMCT blobs keep their integer type (``int8_data`` → int8, ``int32_data`` → int32,
+    ``uint64_data`` → uint64) so that the layers run them with integer semantics. A value count
+    that disagrees with the shape is a ModelError naming the file and layer."""
+    shape = blob_shape(blob, file, layer, index)
+    count = 1
+    for d in shape:
+        count *= int(d)
+    values = _blob_values(blob, file, layer, index)
     if values.size != count:
         raise ModelError(f"blob {index} has {values.size} values but shape {shape} needs {count}",
                          file=file, layer=layer)
@@ -344,9 +388,6 @@ def caffemodel_bytes(net: pb.NetParameter) -> bytes:
     if not _needs_cleaning(net):
         return net.SerializeToString()
     return _binary(net)
-
-
-_LEGACY_DIMS = ("num", "channels", "height", "width")
 
 
 def _needs_cleaning(net: pb.NetParameter) -> bool:

@@ -1,0 +1,108 @@
+"""Blobs a caffemodel does not hold, filled as Caffe fills them when it builds the net.
+
+Why: Caffe constructs every layer's blobs with the layer's fillers and then copies the trained
+blobs of the layers the caffemodel names (``CopyTrainedLayersFrom``); a layer the caffemodel
+does not name keeps its filler values. Real models rely on this for weights that are never
+trained, e.g. an upsampling ``Deconvolution`` with ``lr_mult: 0`` and
+``weight_filler { type: "bilinear" }``. Only the deterministic fillers can be reproduced:
+``constant`` (``value``) and ``bilinear``. A random filler (gaussian, xavier, msra, uniform,
+positive_unitball) would give other weights at every run, so the model is refused naming the
+caffemodel and the layer. A weight blob with no filler given is refused too: Caffe's default
+filler would make it all zeros, which is never a trained model. Biases and the per-channel
+factors of Scale, Bias, Normalize and PReLU fall back to Caffe's own defaults (bias 0, scale 1,
+PReLU slope 0.25), which are the identity a net is built with.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from amct_torch.errors import ModelError
+from amct_torch.proto import amct_caffe_pb2 as pb
+
+#: Filler types whose values do not depend on a random generator.
+DETERMINISTIC = ("constant", "bilinear")
+
+#: Caffe's default for a blob whose filler is not given: None = refuse (an all-zero weight),
+#: else a constant value.
+_CONV_LIKE = {"weight_filler": None, "bias_filler": 0.0}
+
+#: type -> (param field, [(filler field or None, default when absent)] in blob order).
+_FILLERS: dict[str, tuple[str, list[tuple[Optional[str], Optional[float]]]]] = {
+    "Convolution": ("convolution_param", list(_CONV_LIKE.items())),
+    "Deconvolution": ("convolution_param", list(_CONV_LIKE.items())),
+    "InnerProduct": ("inner_product_param", list(_CONV_LIKE.items())),
+    "Scale": ("scale_param", [("filler", 1.0), ("bias_filler", 0.0)]),
+    "Bias": ("bias_param", [("filler", 0.0)]),
+    "Normalize": ("norm_param", [("scale_filler", 1.0)]),
+    "PReLU": ("prelu_param", [("filler", 0.25)]),
+}
+
+
+def has_fillers(layer: pb.LayerParameter) -> bool:
+    """True when Caffe fills this layer's blobs from fillers (so a caffemodel may omit it)."""
+    return _spec(layer) is not None
+
+
+def _spec(layer: pb.LayerParameter) -> Optional[tuple[str, list[tuple[Optional[str], Optional[float]]]]]:
+    if layer.type in _FILLERS:
+        return _FILLERS[layer.type]
+    if layer.HasField("convolution_param"):  # the forks' convolution types use Caffe's params
+        return "convolution_param", list(_CONV_LIKE.items())
+    return None
+
+
+def fill_blobs(layer: pb.LayerParameter, shapes: list[tuple[int, ...]], weights_file: str) -> list[np.ndarray]:
+    """The blobs of ``layer`` (Caffe's order, the given ``shapes``) from its fillers; a random
+    or missing weight filler is a ModelError naming the caffemodel and the layer."""
+    spec = _spec(layer)
+    if spec is None:
+        raise ModelError(f"the caffemodel has no weight blobs for this {layer.type} layer",
+                         file=weights_file, layer=layer.name)
+    param_name, fillers = spec
+    param = getattr(layer, param_name)
+    if layer.type == "Scale" and len(layer.bottom) == 2:
+        fillers = fillers[1:]  # the scale comes from the second bottom: only the bias is a blob
+    out = []
+    for (field, default), shape in zip(fillers, shapes):
+        given = field is not None and param.HasField(field)
+        if not given:
+            if default is None:
+                raise ModelError(f"the caffemodel has no weight blobs for this layer and the prototxt "
+                                 f"gives no {field}: Caffe would start from all-zero weights; give "
+                                 "a caffemodel with the layer's trained weights",
+                                 file=weights_file, layer=layer.name)
+            out.append(np.full(shape, default, np.float32))
+            continue
+        out.append(_fill(getattr(param, field), shape, field, layer, weights_file))
+    return out
+
+
+def _fill(filler: pb.FillerParameter, shape: tuple[int, ...], field: str, layer: pb.LayerParameter,
+          weights_file: str) -> np.ndarray:
+    kind = filler.type
+    if kind not in DETERMINISTIC:
+        raise ModelError(f"the caffemodel has no weight blobs for this layer and its {field} is "
+                         f"'{kind}': Caffe would fill random values when it builds the net, so the "
+                         "model is not reproducible; give a caffemodel with the layer's trained "
+                         "weights", file=weights_file, layer=layer.name)
+    if kind == "constant":
+        return np.full(shape, filler.value, np.float32)
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise ModelError(f"{field} 'bilinear' needs a square 4-D blob, this one is {list(shape)}",
+                         file=weights_file, layer=layer.name)
+    return bilinear(shape)
+
+
+def bilinear(shape: tuple[int, ...]) -> np.ndarray:
+    """Caffe's BilinearFiller: every (n, c) kernel of a (N, C, K, K) blob holds
+    (1 - |x/f - c|)(1 - |y/f - c|) with f = ceil(K/2) and c = (2f - 1 - f mod 2) / (2f), the
+    weights of a bilinear upsampling by f with a Deconvolution of kernel K and stride f."""
+    k = int(shape[-1])
+    f = math.ceil(k / 2.0)
+    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    ramp = 1.0 - np.abs(np.arange(k, dtype=np.float64) / f - c)
+    kernel = (ramp[:, None] * ramp[None, :]).astype(np.float32)
+    return np.broadcast_to(kernel, tuple(shape)).copy()
