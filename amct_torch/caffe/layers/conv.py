@@ -199,6 +199,7 @@ class InnerProductLayer(CaffeLayer):
                 if size % n:
                     self.fail(f"weight blob has {size} elements, not a multiple of num_output {n}")
                 k = size // n
+            self._check_weight_shape(blobs[0].shape, n, k)
             if self.transpose:
                 weight = self.blob_as(blobs[0], (k, n), "weight").t().contiguous()
             else:
@@ -207,6 +208,19 @@ class InnerProductLayer(CaffeLayer):
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
         set_integer(self, blobs, has_bias)
+
+    def _check_weight_shape(self, shape: tuple[int, ...], n: int, k: int) -> None:
+        """Caffe's own check: the weight blob is (N, K), or (K, N) with ``transpose: true``,
+        or the legacy 4-D (1, 1, rows, cols); a (K, N) blob without transpose would otherwise
+        be read, by element count, as a different matrix."""
+        want = (k, n) if self.transpose else (n, k)
+        dims = tuple(int(d) for d in shape)
+        if len(dims) == 4 and dims[:2] == (1, 1):
+            dims = dims[2:]
+        if len(dims) == 2 and dims != want:
+            layout = "(K, N) with transpose: true" if self.transpose else "(N, K) = (num_output, inputs)"
+            self.fail(f"weight blob has shape {list(shape)}, expected {list(want)}: InnerProduct "
+                      f"weights are {layout}")
 
     def infer_shapes(self, bottom_shapes):
         s = bottom_shapes[0]

@@ -38,6 +38,8 @@ class BatchNormLayer(CaffeLayer):
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.batch_norm_param
         self.eps = float(p.eps)
+        if not self.eps >= 0:
+            self.fail(f"eps {self.eps} is negative: 1/sqrt(var + eps) would be NaN")
         self.uses_batch_stats = p.HasField("use_global_stats") and not p.use_global_stats
         self.expect_blob_count(blobs, 3, 3)
         if blobs is None:
@@ -54,8 +56,27 @@ class BatchNormLayer(CaffeLayer):
                 self.fail(f"mean blob has {c} elements, the input has {_channels(bottom_shapes)} channels")
             f = 0.0 if s == 0 else 1.0 / s
             mean, var = mean * f, var * f
+            self._check_variance(var, s)
         self.register_buffer("mean", mean)
         self.register_buffer("var", var)
+
+    def _check_variance(self, var: torch.Tensor, factor: float) -> None:
+        """The stored statistics must give a finite 1/sqrt(var + eps) at every channel: a
+        negative variance (or scale factor) or a zero one with eps 0 would turn every
+        activation after this layer into NaN or Inf, blamed on the data at run time."""
+        if self.uses_batch_stats:
+            return
+        bad = torch.nonzero(~(var + self.eps > 0)).flatten()
+        if bad.numel():
+            c = int(bad[0])
+            if factor < 0:
+                why = f"the moving-average factor blob (blob 2) is {factor:g}"
+            elif factor == 0:
+                why = "the moving-average factor blob (blob 2) is 0, so Caffe uses variance 0"
+            else:
+                why = f"the variance blob holds {float(var[c]) * factor:g} at channel {c}"
+            self.fail(f"{why}: with eps {self.eps:g}, var + eps is not positive "
+                      f"({bad.numel()} channel(s)), so 1/sqrt(var + eps) is NaN or Inf")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         view = (1, -1) + (1,) * (x.dim() - 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from amct_torch.caffe.layers.base import CaffeLayer, register
@@ -174,6 +175,31 @@ class DetectionOutputLayer(CaffeLayer):
         self.keep_top_k = int(p.keep_top_k)
         self.confidence_threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") \
             else -float("inf")
+
+    def infer_shapes(self, bottom_shapes):
+        """The heads must agree with the priors, as Caffe's DetectionOutput checks at reshape:
+        per image, loc holds num_priors × (1 or num_classes) × 4 values and conf num_priors ×
+        num_classes, where num_priors is the prior blob's (1, 2, num_priors × 4) last axis / 4.
+        Found here, a head whose num_output does not match its PriorBox is a model error at
+        load instead of a reshape failure on the user's data. The output size depends on the
+        detections: None."""
+        loc, conf, prior = bottom_shapes
+        if len(prior) != 3 or prior[1] != 2 or prior[2] % 4:
+            self.fail(f"the prior blob has shape {list(prior)}, expected (1, 2, num_priors x 4) "
+                      "from PriorBox (or a Concat of them on axis 2)")
+        priors = prior[2] // 4
+        n_loc = 1 if self.share_location else self.num_classes
+        per = [int(np.prod(s[1:], dtype=np.int64)) for s in (loc, conf)]
+        if loc[0] != conf[0]:
+            self.fail(f"loc has {loc[0]} images but conf has {conf[0]}")
+        for what, got, want, how in (("loc", per[0], priors * n_loc * 4, f"x {n_loc} x 4"),
+                                     ("conf", per[1], priors * self.num_classes,
+                                      f"x {self.num_classes} classes")):
+            if got != want:
+                self.fail(f"{what} has {got} values per image but the priors need {want} "
+                          f"({priors} priors {how}): the {what} heads' num_output do not match "
+                          "their PriorBox layers")
+        return None
 
     def forward(self, loc: torch.Tensor, conf: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
         n = loc.shape[0]
