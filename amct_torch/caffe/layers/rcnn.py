@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import math
-from typing import Optional
 
 import torch
 

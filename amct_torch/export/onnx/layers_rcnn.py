@@ -28,8 +28,8 @@ def _c(b, mod, tag: str, v, dt=np.float32) -> str:
 
 def _c_round(b, mod, x: str, tag: str) -> str:
     """C's round (half away from zero): sign(x)·floor(|x| + 0.5)."""
-    t = _op(b, mod, "Floor", [_op(b, mod, "Add", [_op(b, mod, "Abs", [x], f"{tag}_abs"), _c(b, mod, f"{tag}_half", 0.5)],
-                                  f"{tag}_plus")], f"{tag}_floor")
+    t = _op(b, mod, "Add", [_op(b, mod, "Abs", [x], f"{tag}_abs"), _c(b, mod, f"{tag}_half", 0.5)], f"{tag}_plus")
+    t = _op(b, mod, "Floor", [t], f"{tag}_floor")
     return _op(b, mod, "Mul", [_op(b, mod, "Sign", [x], f"{tag}_sign"), t], f"{tag}_round")
 
 
