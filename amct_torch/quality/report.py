@@ -49,12 +49,16 @@ class _Acc:
     def __init__(self) -> None:
         self.xy = self.xx = self.yy = self.ee = 0.0
         self.n = 0
+        self.skipped = 0  # pairs of different sizes (behind a data-dependent layer such as Proposal)
 
     #: elements per float64 chunk: bounds the temporary copies to a few MiB per layer
     CHUNK = 1 << 18
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         x, y = x.detach().reshape(-1), y.detach().reshape(-1)
+        if x.numel() != y.numel():  # e.g. another number of proposals: no element pairs
+            self.skipped += 1
+            return
         sums = torch.zeros(4, dtype=torch.float64, device=x.device)
         for i in range(0, x.numel(), self.CHUNK):
             a = x[i:i + self.CHUNK].double()
@@ -243,8 +247,10 @@ def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterab
     finally:
         for h in handles:
             h.remove()
+    # a layer whose outputs never had the same size in both models (it follows a layer whose
+    # output size depends on the values, such as the proposals) has no figure
     stats = [LayerStat(n, types.get(n, "?"), accs[n].cosine(), accs[n].sqnr(), accs[n].n)
-             for n in layers]
+             for n in layers if accs[n].n or not accs[n].skipped]
     stats.sort(key=lambda s: (s.cosine, s.sqnr_db))
     return stats
 
