@@ -47,6 +47,7 @@ def worker(args) -> None:
 
     import amct_torch.calibration.distributed as D
     from amct_torch.api import init, quantize_model
+    from amct_torch.calibration.loop import run_calibration
     from amct_torch.config import create_quant_config
 
     torch.set_num_threads(args.threads)
@@ -81,7 +82,7 @@ def worker(args) -> None:
             torch.distributed.barrier()
         fold["s"] = 0.0
         t0, c0 = time.perf_counter(), time.process_time()
-        D.run_sharded_calibration(m, graph.session, dev_batches, ctx)
+        run_calibration(m, graph.session, dev_batches, ctx=ctx, quiet=True)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - t0

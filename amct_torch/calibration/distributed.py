@@ -1,6 +1,9 @@
-"""Calibration over several processes with ``torch.distributed`` (``torchrun --nproc_per_node=N``).
+"""Calibration over several processes with ``torch.distributed`` (``torchrun --nproc_per_node=N``):
+the process context (``DistContext``: which block of the batches this rank calibrates, and the
+fold of all ranks' statistics before the factors) and the collectives. The loop itself is
+``loop.run_calibration`` given the context.
 
-Why this shape: calibration statistics are mergeable values (ARCHITECTURE), so each rank runs
+Why this shape: calibration statistics are mergeable values (``Observer.merge``), so each rank runs
 its own contiguous block of the calibration batches through its own copy of the model, and
 before the factors are computed every observer's ``state_dict`` (tensors) is all-gathered and
 folded with ``Observer.merge`` in rank order — on one owner rank per layer, which also runs the
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from amct_torch.calibration.loop import run_calibration
 from amct_torch.errors import AmctError, CalibrationError
 
 log = logging.getLogger("amct_torch.calibration")
@@ -58,6 +62,19 @@ class DistContext:
     @property
     def active(self) -> bool:
         return self.world_size > 1
+
+    def block(self, n_batches: int) -> tuple[int, int]:
+        """``[start, stop)`` of the first ``n_batches`` batches this rank calibrates."""
+        return shard_range(n_batches, self.rank, self.world_size)
+
+    def fold(self, session: Any) -> None:
+        """What the calibration loop does between the last batch and the factors: fold every
+        rank's statistics and compute the factors on the owner ranks (``reduce_and_compute``),
+        and give every rank the input shapes. Nothing in one process. ``bytes_sent`` then
+        counts this fold's collectives."""
+        self.bytes_sent.clear()
+        reduce_and_compute(session, self)
+        _share_shapes(session, self)
 
 
 def launched_by_torchrun() -> bool:
@@ -227,8 +244,6 @@ def reduce_and_compute(session: Any, ctx: DistContext) -> None:
     on each. Afterwards every session's observers report the shared factors, so
     ``session.finish()`` gives the same record on every rank. An error on an owner (NaN data,
     a layer that saw no data) is raised on every rank with the owner's message."""
-    from amct_torch.errors import AmctError
-
     if not ctx.active:
         return
     groups = session.groups
@@ -275,60 +290,15 @@ def _state_device(obs: Any) -> Optional[torch.device]:
     return None
 
 
-# -- the sharded calibration loop ---------------------------------------------------------
+# -- the calibration loop of a rank ------------------------------------------------------
 def run_sharded_calibration(model: nn.Module, session: Any, batches: Iterable[Any], ctx: DistContext,
                             quiet: bool = True, checkpoint: Optional[str] = None) -> Iterator[Any]:
-    """Calibrate ``session`` (a ``CalibrationSession`` on ``model``) on this rank's block of the
-    first ``session.batch_num`` batches of ``batches`` (every rank reads the same data), fold
-    the observers of all ranks, and finish the session (factors computed on every rank; its
-    ``on_finish`` should write only where ``ctx.is_writer``).
-
-    ``checkpoint``: a path; this rank saves its observer states there (suffix ``.rankR`` when
-    distributed) after every batch, and resumes from it if it exists (see checkpoint.py).
-    Returns the iterator over the batches after the first ``batch_num`` (held-out data)."""
-    from amct_torch.calibration.checkpoint import Checkpointer
-    from amct_torch.calibration.loop import _to, forward, progress_enabled
-    from amct_torch.errors import DataError
-
-    n = session.batch_num
-    ctx.bytes_sent.clear()
-    start, stop = shard_range(n, ctx.rank, ctx.world_size)
-    ckpt = None
-    if checkpoint is not None:
-        path = f"{checkpoint}.rank{ctx.rank}" if ctx.active else checkpoint
-        ckpt = Checkpointer(session, path, batch_total=stop - start)
-    done_local = ckpt.resume() if ckpt is not None else 0
-    # keep the session from finishing on its own: the fold must come first
-    session.batch_num = n + 1
-    bar = None
-    if progress_enabled(quiet) and ctx.is_writer:
-        from tqdm import tqdm
-        bar = tqdm(total=stop - start, initial=done_local, desc=f"calibrating (rank 0 of {ctx.world_size})",
-                   unit="batch")
-    it = iter(batches)
-    try:
-        for i in range(n):
-            batch = next(it, None)
-            if batch is None:
-                raise DataError(f"the calibration data has only {i} batch(es); batch_num is {n}")
-            if not (start + done_local <= i < stop):
-                continue
-            forward(model, _to(batch, ctx.device), i)
-            if ckpt is not None:
-                ckpt.save()
-            if bar is not None:
-                bar.update(1)
-    finally:
-        session.batch_num = n
-        if bar is not None:
-            bar.close()
-    reduce_and_compute(session, ctx)
-    _share_shapes(session, ctx)
-    session.batches_seen = n
-    session.finish()
-    if ckpt is not None:
-        ckpt.remove()
-    return it
+    """The calibration loop (``loop.run_calibration``) as rank ``ctx.rank``: this rank's block
+    of the first ``session.batch_num`` batches of ``batches`` (every rank passes the same), the
+    observers of all ranks folded, the session finished on every rank (its ``on_finish``
+    should write only where ``ctx.is_writer``). ``checkpoint``: one file per rank (suffix
+    ``.rankR`` when distributed). Returns the batches after the first ``batch_num``."""
+    return run_calibration(model, session, batches, ctx.device, quiet, ctx=ctx, checkpoint=checkpoint)
 
 
 def _share_shapes(session: Any, ctx: DistContext) -> None:

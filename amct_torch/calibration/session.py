@@ -7,11 +7,16 @@ device; a forward hook on the whole module counts batches. When the ``batch_num`
 finishes, every group's observer computes its factors, they are merged into the record
 (read → update → atomic rewrite), and the hooks are removed, so further forwards change
 nothing.
+
+A loop that has work to do between the last batch and the factors (folding the statistics of
+several processes) keeps the session open: ``finish_when_done=False`` (or the ``kept_open()``
+context) stops the automatic finish, and the loop calls ``finish()`` itself.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Optional, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -42,17 +47,22 @@ class CalibrationSession:
     ``on_finish(factors)`` receives ``{record key: (scale_d, offset_d, c, h, w)}`` (c/h/w None
     for joint Eltwise entries) once, after the last counted batch; the default writes nothing
     (``api.quantize_model`` passes a record merger).
+
+    ``finish_when_done``: finish by itself after the ``batch_num``-th forward (AMCT's
+    behaviour, the default). False keeps the session open until ``finish()`` is called; the
+    calibration loop sets it while it runs (see ``kept_open``).
     """
 
     def __init__(self, model: nn.Module, groups: Sequence[CalibGroup], batch_num: int,
                  on_finish: Optional[Callable[[Factors], None]] = None,
-                 ifmr_mode: str = "streaming") -> None:
+                 ifmr_mode: str = "streaming", finish_when_done: bool = True) -> None:
         if batch_num < 1:
             raise CalibrationError(f"batch_num must be >= 1, got {batch_num}")
         self.model = model
         self.groups = list(groups)
         self.batch_num = int(batch_num)
         self.on_finish = on_finish
+        self.finish_when_done = bool(finish_when_done)
         self.observers = [_make_observer(g.layers[0], g.config, ifmr_mode) for g in self.groups]
         # choose (on a CPU: build and verify) the observers' backend now, never inside a hook
         first = next(iter(model.parameters()), None)
@@ -82,8 +92,18 @@ class CalibrationSession:
     def _count_batch(self, _module: nn.Module, _args: tuple, _out) -> None:
         self.batches_seen += 1
         log.debug("calibration batch %d/%d", self.batches_seen, self.batch_num)
-        if self.batches_seen >= self.batch_num:
+        if self.finish_when_done and self.batches_seen >= self.batch_num:
             self.finish()
+
+    @contextmanager
+    def kept_open(self) -> Iterator["CalibrationSession"]:
+        """Within this block the session does not finish by itself (whatever the batch count);
+        the previous ``finish_when_done`` comes back on leaving it."""
+        before, self.finish_when_done = self.finish_when_done, False
+        try:
+            yield self
+        finally:
+            self.finish_when_done = before
 
     def detach(self) -> None:
         """Remove every hook (the module becomes the plain float model again)."""
@@ -99,8 +119,8 @@ class CalibrationSession:
     def finish(self) -> Factors:
         """Compute every group's factors (once), hand them to ``on_finish`` and detach.
 
-        Called automatically after ``batch_num`` batches; calling it earlier calibrates on the
-        batches seen so far (at least one is needed)."""
+        Called automatically after ``batch_num`` batches unless the session is kept open;
+        calling it earlier calibrates on the batches seen so far (at least one is needed)."""
         if self.factors is not None:
             return self.factors
         self.detach()

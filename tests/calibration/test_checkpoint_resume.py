@@ -51,9 +51,9 @@ def setup(tmp: str, mode: str, tag: str):
 
 def run(tmp: str, mode: str, tag: str, kill_at=None) -> str:
     """Calibrate with a checkpoint; ``exact`` through the AMCT user loop with ``attach()``, the
-    others through ``run_sharded_calibration(checkpoint=...)`` (what quantize() uses)."""
+    others through ``run_calibration(checkpoint=...)`` (what quantize() uses)."""
     from amct_torch.calibration.checkpoint import Checkpointer
-    from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
+    from amct_torch.calibration.loop import run_calibration
     graph, m = setup(tmp, mode, tag)
     ckpt = os.path.join(tmp, f"{mode}.ckpt")
     if mode == "exact":
@@ -64,7 +64,7 @@ def run(tmp: str, mode: str, tag: str, kill_at=None) -> str:
                 if i >= done:
                     m(b)
     else:
-        run_sharded_calibration(m, graph.session, batches(kill_at), DistContext(), checkpoint=ckpt)
+        run_calibration(m, graph.session, batches(kill_at), torch.device("cpu"), quiet=True, checkpoint=ckpt)
     assert graph.session.done
     return graph.record_file
 

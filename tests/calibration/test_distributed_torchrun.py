@@ -72,7 +72,8 @@ def worker(out: str) -> None:
     import tempfile
 
     from amct_torch.api import init, quantize_model
-    from amct_torch.calibration.distributed import init_distributed, rank_output, run_sharded_calibration, shutdown
+    from amct_torch.calibration.distributed import init_distributed, rank_output, shutdown
+    from amct_torch.calibration.loop import run_calibration
     from amct_torch.examples import example_model
 
     ctx = init_distributed("cpu")
@@ -86,7 +87,7 @@ def worker(out: str) -> None:
         m = quantize_model(graph, rank_output(os.path.join(out, f"{mode}_modified.prototxt"), ctx),
                            rank_output(os.path.join(out, f"{mode}_modified.caffemodel"), ctx),
                            ifmr_mode=ifmr_mode(mode))
-        run_sharded_calibration(m, graph.session, batches(), ctx)
+        run_calibration(m, graph.session, batches(), ctx=ctx)
         sent[mode] = dict(ctx.bytes_sent)
     for mode in MODES:  # one batch: rank 1 calibrates nothing and contributes an empty state
         cfg = os.path.join(scratch, f"{mode}1.json")
@@ -94,7 +95,7 @@ def worker(out: str) -> None:
         graph = init(cfg, model, weights, rank_output(os.path.join(out, f"{mode}_one_record.txt"), ctx))
         m = quantize_model(graph, os.path.join(scratch, "m.prototxt"), os.path.join(scratch, "m.caffemodel"),
                            ifmr_mode=ifmr_mode(mode))
-        run_sharded_calibration(m, graph.session, batches(1), ctx)
+        run_calibration(m, graph.session, batches(1), ctx=ctx)
     with open(os.path.join(scratch, "ignored"), "w"):
         pass
     if ctx.is_writer:
