@@ -59,8 +59,7 @@ def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
     quantizable, weighted, out_c = False, ltype in WEIGHTED_TYPES, None
     if ltype in ("Convolution", "Deconvolution") + DEPTHWISE_TYPES:
         p = layer.convolution_param
-        # ConvolutionDepthwise ignores num_output (one filter per input channel)
-        out_c = int(p.num_output) if p.HasField("num_output") and ltype != "ConvolutionDepthwise" else None
+        out_c = int(p.num_output) if p.HasField("num_output") else None
         quantizable = _conv_is_2d(p)
         if ltype == "Deconvolution":
             quantizable = quantizable and all(d == 1 for d in p.dilation)

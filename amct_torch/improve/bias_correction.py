@@ -35,7 +35,7 @@ from amct_torch.record.types import LayerRecord
 
 log = logging.getLogger("amct_torch.calibration")
 
-_WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct")
+_WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 def correctable_layers(gm: fx.GraphModule, records: Mapping[str, LayerRecord]) -> list[str]:

@@ -160,7 +160,9 @@ CHUNK_SAMPLES = 8
 _PER_SAMPLE = {"Input", "Convolution", "Deconvolution", "InnerProduct", "Pooling", "BatchNorm",
                "Scale", "Bias", "ReLU", "PReLU", "Sigmoid", "TanH", "ELU", "AbsVal", "BNLL",
                "Power", "Exp", "Log", "Threshold", "Clip", "Swish", "Eltwise", "Concat",
-               "Softmax", "Dropout", "Split", "Flatten", "LRN", "Quant", "DeQuant"}
+               "Softmax", "Dropout", "Split", "Flatten", "LRN", "Quant", "DeQuant",
+               "DepthwiseConvolution", "ConvolutionDepthwise", "ShuffleChannel", "ReLU6", "HardSwish",
+               "HardSigmoid", "Axpy", "Upsample", "BN"}
 
 
 def _per_sample(*models: nn.Module) -> bool:
