@@ -18,6 +18,7 @@ from google.protobuf import text_format
 
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
+from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_counts
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
@@ -75,6 +76,7 @@ def parse_prototxt(path: str) -> pb.NetParameter:
     raw = _read_bytes(path)
     if _LAST_PARSED and _LAST_PARSED[0] == raw:
         return _copy(_LAST_PARSED[1])
+    check_prototxt_counts(raw, path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -134,6 +136,7 @@ def parse_caffemodel(path: str) -> pb.NetParameter:
     raw = _read_bytes(path)
     if not raw:
         raise ModelError("empty caffemodel", file=path)
+    check_caffemodel_counts(raw, path)
     net = pb.NetParameter()
     try:
         net.ParseFromString(raw)
@@ -423,7 +426,7 @@ def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optiona
     text = net_to_prototxt_text(net).encode("utf-8")
     binary = caffemodel_bytes(net) if caffemodel_path is not None else None
     atomic_write_bytes(prototxt_path, text)
-    if caffemodel_path is not None:
+    if caffemodel_path is not None and binary is not None:
         atomic_write_bytes(caffemodel_path, binary)
 
 

@@ -1,0 +1,163 @@
+"""Peak activation memory of a loaded net at a batch size, from the declared shapes alone.
+
+Why: the shape rules give every blob's size when the model loads, before any data runs. A
+model whose declared sizes cannot fit (a ``pad: 1200`` on an 8×8 input, a huge Deconvolution
+stride) should be refused naming the model and the layer, not fail with an allocation error
+blamed on the data, or take the machine down.
+
+Formula. The graph runs node by node; the tensor a node produces lives from that node until
+its last reader. With ``n_j`` the element count of node j's output at the declared input shape
+and ``N0`` the declared batch (first axis of the first input), the live elements at node i are
+``L_i = sum of n_j over the j <= i still read at or after i``. The estimate at batch size B is
+
+    peak(B) = 4 bytes × B / N0 × (max_i L_i + max_j n_j)
+
+that is the live blobs at the worst point of the forward plus one more blob of the largest size
+as working room (a layer's temporaries, a calibration observer's copy of its input). Values are
+float32. Blobs whose shape is unknown at load (after a layer whose output size depends on the
+data) count 0. It is an estimate of the activations only: the weights and the framework's own
+memory come on top.
+
+``check_activation_memory`` compares it with the memory available to this process: for CUDA the
+device's free memory, for the CPU the smallest of the kernel's MemAvailable, the cgroup's limit
+minus its usage, and the address-space limit (RLIMIT_AS) minus what the process maps.
+"""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from amct_torch.errors import ModelError
+
+BYTES_PER_VALUE = 4
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Per-sample figures of one net (bytes): the live peak and where, the largest blob and
+    whose. ``bytes_at(B)`` is the formula of the module docstring."""
+    peak_per_sample: float
+    peak_layer: Optional[str]
+    largest_per_sample: float
+    largest_layer: Optional[str]
+
+    def bytes_at(self, batch_size: int) -> float:
+        return batch_size * (self.peak_per_sample + self.largest_per_sample)
+
+
+def estimate_activation_memory(gm: Any) -> ActivationEstimate:
+    """The estimate for a graph built by ``load_caffe`` (its nodes carry ``caffe_shape``)."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    size: dict[Any, int] = {}
+    for n in nodes:
+        shape = n.meta.get("caffe_shape")
+        if shape:
+            count = 1
+            for d in shape:
+                count *= int(d)
+            size[n] = count
+    last = {n: max((order[u] for u in n.users), default=order[n]) for n in nodes}
+    declared = next((n.meta.get("caffe_shape") for n in nodes if n.op == "placeholder"), None)
+    batch0 = int(declared[0]) if declared and int(declared[0]) > 0 else 1
+    live, peak, peak_at = 0, 0, None
+    ends: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        live += size.get(n, 0)
+        ends[last[n]] = ends.get(last[n], 0) + size.get(n, 0)
+        if live > peak:
+            peak, peak_at = live, n
+        live -= ends.pop(i, 0)
+    largest = max(size, key=size.get, default=None)
+    per = BYTES_PER_VALUE / batch0
+    return ActivationEstimate(peak * per, None if peak_at is None else peak_at.meta.get("caffe_layer"),
+                              (size[largest] if largest is not None else 0) * per,
+                              None if largest is None else largest.meta.get("caffe_layer"))
+
+
+def available_memory(device: Any = None) -> tuple[Optional[int], str]:
+    """(bytes this process can still use, where the figure comes from); None when unknown."""
+    dev = str(device) if device is not None else "cpu"
+    if dev.startswith("cuda"):
+        import torch
+        free, _ = torch.cuda.mem_get_info(torch.device(dev))
+        return int(free), f"free on {dev}"
+    found = [(v, w) for v, w in (_mem_available(), _cgroup_room(), _address_space_room()) if v is not None]
+    if not found:
+        return None, "unknown"
+    return min(found)
+
+
+def check_activation_memory(gm: Any, batch_size: int, model_file: Optional[str], device: Any = None,
+                            available: Optional[int] = None) -> ActivationEstimate:
+    """Refuse (ModelError naming ``model_file`` and the layer with the largest blob) a batch
+    size whose activations cannot fit in the available memory, suggesting one that does."""
+    est = estimate_activation_memory(gm)
+    where = "given"
+    if available is None:
+        available, where = available_memory(device)
+    if available is None or est.bytes_at(batch_size) <= available:
+        return est
+    need = est.bytes_at(batch_size)
+    fits = int(available // est.bytes_at(1)) if est.bytes_at(1) > 0 else 0
+    advice = (f"use a batch size of at most {fits} (--batch-size)" if fits >= 1 else
+              "even one sample does not fit: check this layer's pad, stride and the declared "
+              "input shape")
+    raise ModelError(f"the activations of a batch of {batch_size} need about {_gib(need)} "
+                     f"(largest blob {_gib(est.largest_per_sample)} per sample, here) but "
+                     f"{_gib(available)} is available ({where}); {advice}",
+                     file=model_file, layer=est.largest_layer)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB" if n >= 2 ** 28 else f"{n / 2 ** 20:.1f} MiB"
+
+
+def _mem_available() -> tuple[Optional[int], str]:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical memory"
+    except (OSError, ValueError):
+        return None, ""
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_room() -> tuple[Optional[int], str]:
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        cap, used = _read_int(limit), _read_int(usage)
+        if cap is not None and used is not None and cap < 2 ** 60:
+            return max(cap - used, 0), "cgroup memory limit"
+    return None, ""
+
+
+def _address_space_room() -> tuple[Optional[int], str]:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None, ""
+    mapped = 0
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    mapped = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return max(soft - mapped, 0), "address-space limit"
