@@ -23,3 +23,16 @@ def model_paths(save_path: str, save_type: str) -> list[str]:
     if save_type in ("Deploy", "Both"):
         out += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
     return out + [f"{save_path}_quant.json"]
+
+
+#: every file name a calibrate run may write under its prefix (the one place that lists them:
+#: a rerun removes the ones it does not write, and nothing else)
+PREFIX_SUFFIXES = ("_quant_config.json", "_record.txt", "_fake_quant_model.prototxt",
+                   "_fake_quant_weights.caffemodel", "_deploy_model.prototxt",
+                   "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json",
+                   "_float.onnx", "_quant.onnx")
+
+
+def prefix_outputs(prefix: str) -> list[str]:
+    """Every output path a calibrate run may write under ``prefix``."""
+    return [f"{prefix}{suffix}" for suffix in PREFIX_SUFFIXES]

@@ -14,21 +14,64 @@ manifest, and the next command on the same output prefix (``OutputTransaction.be
 ``recover``) finishes the renames before doing anything else. The staging folder is named
 ``.{prefix name}.amct-partial`` beside the outputs, is locked (``flock``) while its run is
 alive, and is the only leftover a kill can cause.
+
+One run's whole set: a command that owns its output prefix (``owns_prefix``, the calibrate
+job) also removes, in the same commit, the files of the prefix that an earlier run wrote and
+this one does not (the ONNX models after a rerun without ONNX, the deploy model after a
+fake-quant-only rerun), so that the folder never mixes two runs. Only the prefix's known output
+names (``amct_torch.output_names.prefix_outputs``) are candidates, never an input file; the
+manifest lists them too, so a kill during the commit is finished the same way.
+
+Signals: while a transaction is open, SIGTERM (``docker stop``, Kubernetes) and SIGHUP end the
+command like Ctrl-C does -- the staging folder is removed -- and the process exits with the
+conventional status 128 + the signal number (``Terminated``). Inside the commit's renames the
+signal waits until the set is complete. A staging folder whose manifest is unreadable or
+malformed (not written by a run of ours: the manifest is written atomically) is treated as the
+leftover of a dead run that never committed, and discarded with a warning.
 """
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
-from typing import Iterable, Optional, Sequence
+import signal
+import threading
+from typing import Any, Iterable, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError
+from amct_torch.output_names import prefix_outputs
+
+log = logging.getLogger("amct_torch")
 
 STAGING_SUFFIX = ".amct-partial"
 MANIFEST = "COMMITTED.json"
 _LOCK = "lock"
+#: the signals that end a command with its staging folder cleaned (as Ctrl-C does)
+CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class Terminated(SystemExit):
+    """A termination signal arrived while outputs were being written: raised from the signal
+    handler so that every ``finally`` runs (the staging folder is removed); as a ``SystemExit``
+    the process ends with status ``128 + signum``, the shell's convention, without a traceback.
+    ``committed``: the signal came during the commit, which finished first."""
+
+    def __init__(self, signum: int, committed: bool = False) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.committed = committed
+
+
+class Published(list):
+    """What ``commit`` returns: the final paths published (a list, as before), and
+    ``removed``: the earlier run's files of the prefix that this commit removed."""
+
+    def __init__(self, paths: Iterable[str], removed: Iterable[str] = ()) -> None:
+        super().__init__(paths)
+        self.removed = list(removed)
 
 
 def staging_folder(prefix: str) -> str:
@@ -102,11 +145,55 @@ def _try_lock(path: str) -> Optional[int]:
     return fd
 
 
-def recover(staging: str) -> list[str]:
+def _read_manifest(path: str) -> Optional[dict]:
+    """The manifest's ``moves`` and ``removes`` (lists of plain file names), or None when the
+    file is unreadable or not in the format ``commit`` writes."""
+    if os.path.islink(path) or not os.path.isfile(path):  # a FIFO would block the read
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):  # ValueError: bad JSON, bad UTF-8
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("moves"), list):
+        return None
+    out = {"moves": doc["moves"], "removes": doc.get("removes", [])}
+    for names in out.values():
+        if not isinstance(names, list) or not all(
+                isinstance(n, str) and n and n == os.path.basename(n) and n not in (".", "..")
+                for n in names):
+            return None
+    return out
+
+
+def _prefix_name(staging: str) -> Optional[str]:
+    """The output prefix's file name of a staging folder (``.m.amct-partial`` → ``m``)."""
+    base = os.path.basename(staging)
+    if base.startswith(".") and base.endswith(STAGING_SUFFIX) and len(base) > len(STAGING_SUFFIX) + 1:
+        return base[1:-len(STAGING_SUFFIX)]
+    return None
+
+
+def _unlink_stale(paths: Iterable[str]) -> list[str]:
+    """Remove each path that is a file or a link (never a folder); the ones removed."""
+    done = []
+    for p in paths:
+        try:
+            if os.path.lexists(p) and not (os.path.isdir(p) and not os.path.islink(p)):
+                os.unlink(p)
+                done.append(p)
+        except FileNotFoundError:
+            pass
+    return done
+
+
+def recover(staging: str, inputs: Iterable[Optional[str]] = ()) -> list[str]:
     """Finish or discard what a killed run left in ``staging``: with a manifest (the run had
-    committed) the listed files still there are renamed into place; then the folder is
-    removed. Returns the final paths completed. Refuses (``AmctError``) a staging folder that a
-    live run holds."""
+    committed) the listed files still there are renamed into place and the stale ones it lists
+    removed; then the folder is removed. Returns the final paths completed. Refuses
+    (``AmctError``) a staging folder that a live run holds. A damaged manifest is discarded
+    with the folder (the run is taken as never committed); a listed name is never moved onto
+    or removed from one of ``inputs``, and only the prefix's known output names are removed."""
     if not os.path.lexists(staging):
         return []
     if not os.path.isdir(staging) or os.path.islink(staging):
@@ -115,23 +202,88 @@ def recover(staging: str) -> list[str]:
     if fd is None:
         raise AmctError("another amct-torch run is writing outputs with this prefix right now",
                         file=staging)
+    ins = [os.fspath(p) for p in inputs if isinstance(p, (str, os.PathLike))]
     done: list[str] = []
     try:
         manifest = os.path.join(staging, MANIFEST)
-        if os.path.isfile(manifest):
-            with open(manifest, encoding="utf-8") as f:
-                moves = json.load(f)["moves"]
-            folder = os.path.dirname(staging)
-            for name in moves:
-                src = os.path.join(staging, os.path.basename(name))
-                if os.path.isfile(src):
-                    os.replace(src, os.path.join(folder, os.path.basename(name)))
-                    done.append(os.path.join(folder, os.path.basename(name)))
-            fsync_dir(folder)
+        if os.path.lexists(manifest):
+            doc = _read_manifest(manifest)
+            if doc is None:
+                log.warning("%s: discarding the staging folder of an earlier run whose manifest is "
+                            "damaged (its outputs were never complete)", staging)
+            else:
+                done = _finish(staging, doc, ins)
         shutil.rmtree(staging, ignore_errors=True)
     finally:
         os.close(fd)
     return done
+
+
+def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:
+    """The renames and removals of a committed manifest that a kill interrupted."""
+    folder = os.path.dirname(staging)
+    done = []
+    for name in doc["moves"]:
+        src, dst = os.path.join(staging, name), os.path.join(folder, name)
+        if os.path.isfile(src) and not os.path.islink(src) and \
+                not any(same_file(dst, i) for i in inputs):
+            os.replace(src, dst)
+            done.append(dst)
+    prefix = _prefix_name(staging)
+    known = {os.path.basename(p) for p in prefix_outputs(prefix)} if prefix else set()
+    stale = [os.path.join(folder, n) for n in doc["removes"]
+             if n in known and n not in doc["moves"]]
+    _unlink_stale(p for p in stale if not any(same_file(p, i) for i in inputs))
+    fsync_dir(folder)
+    return done
+
+
+class _SignalGuard:
+    """While installed: SIGTERM/SIGHUP raise ``Terminated`` in the main thread (so the
+    transaction's cleanup runs), or wait while ``hold`` is set (the commit's renames)."""
+
+    def __init__(self) -> None:
+        self._old: dict[int, Any] = {}
+        self.hold = False
+        self.pending: Optional[int] = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers belong to the main thread
+        for sig in CLEAN_EXIT_SIGNALS:
+            try:
+                old = signal.getsignal(sig)
+                if old is signal.SIG_DFL:  # never override a handler the application set
+                    signal.signal(sig, self._handle)
+                    self._old[sig] = old
+            except (OSError, ValueError):
+                pass
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.hold:
+            self.pending = self.pending or signum
+            return
+        self.restore()  # a second signal during the cleanup ends the process at once
+        raise Terminated(signum)
+
+    def release(self, done: bool) -> None:
+        """End the hold (``done``: the transaction is closed, the handlers go); a signal that
+        arrived during it is raised now."""
+        self.hold = False
+        if done:
+            self.restore()
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            self.restore()
+            raise Terminated(signum, committed=done)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            try:
+                signal.signal(sig, old)
+            except (OSError, ValueError):
+                pass
+        self._old = {}
 
 
 class OutputTransaction:
@@ -139,13 +291,15 @@ class OutputTransaction:
 
     ``finals``: every path the command may write (all in one folder); ``inputs``: the user's
     input files, which no output may name; ``name``: the output prefix's file name (names the
-    staging folder ``.{name}.amct-partial``). ``begin()`` checks, creates the folder, recovers a
-    killed run's leftovers and makes the staging folder; write each output at
-    ``staged(final)``; ``commit(finals_written)`` publishes them; ``abort()`` (or leaving the
-    ``with`` block with an error) discards them."""
+    staging folder ``.{name}.amct-partial``); ``owns_prefix``: the output prefix when this
+    command writes the prefix's whole set (the calibrate job): the commit then also removes the
+    prefix's known output names this run did not write (``Published.removed``). ``begin()``
+    checks, creates the folder, recovers a killed run's leftovers and makes the staging folder;
+    write each output at ``staged(final)``; ``commit(finals_written)`` publishes them;
+    ``abort()`` (or leaving the ``with`` block with an error) discards them."""
 
     def __init__(self, finals: Sequence[str], inputs: Iterable[Optional[str]] = (),
-                 name: Optional[str] = None) -> None:
+                 name: Optional[str] = None, owns_prefix: Optional[str] = None) -> None:
         self.finals = [os.path.abspath(os.fspath(p)) for p in finals]
         if not self.finals:
             raise ValueError("an output transaction needs at least one output")
@@ -154,9 +308,13 @@ class OutputTransaction:
             raise ValueError("all outputs of one transaction must be in one folder")
         self.inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
         self.name = name
+        self.owns_prefix = None if owns_prefix is None else os.path.abspath(os.fspath(owns_prefix))
+        if self.owns_prefix is not None and os.path.dirname(self.owns_prefix) != self.folder:
+            raise ValueError("the owned prefix must be in the outputs' folder")
         self.staging: Optional[str] = None
         self._lock: Optional[int] = None
         self._created: list[str] = []
+        self._signals = _SignalGuard()
 
     def begin(self, name: Optional[str] = None) -> "OutputTransaction":
         """Check the outputs, create the folder, clean a killed run's staging folder and make
@@ -165,17 +323,20 @@ class OutputTransaction:
         self._created = make_folder(self.folder)
         name = name or self.name or os.path.basename(self.finals[0])
         staging = staging_folder(os.path.join(self.folder, name))
-        recover(staging)
+        recover(staging, self.inputs)
+        self._signals.install()  # from here a SIGTERM cleans up like Ctrl-C
         try:
             os.mkdir(staging, 0o700)
         except FileExistsError:
+            self._signals.restore()
             raise AmctError("another amct-torch run is writing outputs with this prefix right "
                             "now", file=staging) from None
         except OSError as err:
+            self._signals.restore()
             raise AmctError(f"cannot write in the output folder: {err.strerror or err}",
                             file=self.folder) from None
-        self._lock = _try_lock(os.path.join(staging, _LOCK))
         self.staging = staging
+        self._lock = _try_lock(os.path.join(staging, _LOCK))
         return self
 
     def staged(self, final: str) -> str:
@@ -193,13 +354,32 @@ class OutputTransaction:
             return os.path.join(self.folder, os.path.basename(path))
         return path
 
-    def commit(self, finals: Optional[Sequence[str]] = None) -> list[str]:
+    def stale(self, publishing: Sequence[str]) -> list[str]:
+        """The earlier run's files that a commit publishing ``publishing`` removes: the owned
+        prefix's known output names that exist (as files or links), are not published now, and
+        are not an input of this command."""
+        if self.owns_prefix is None:
+            return []
+        keep = {os.path.abspath(p) for p in publishing}
+        out = []
+        for p in prefix_outputs(self.owns_prefix):
+            p = os.path.abspath(p)
+            if p in keep or not os.path.lexists(p) or (os.path.isdir(p) and not os.path.islink(p)):
+                continue
+            if any(same_file(p, i) for i in self.inputs):
+                continue
+            out.append(p)
+        return out
+
+    def commit(self, finals: Optional[Sequence[str]] = None) -> Published:
         """Publish the staged files of ``finals`` (default: every final that was staged):
         fsync each, set the umask's permissions, write the manifest (the commit point), rename
-        all into place, remove the staging folder. Returns the final paths."""
+        all into place, remove the earlier run's stale files (``owns_prefix``), remove the
+        staging folder. Returns the final paths, with ``.removed`` the stale files removed."""
         assert self.staging is not None, "begin() first"
         wanted = [os.path.abspath(os.fspath(p)) for p in (finals if finals is not None else self.finals)]
         moves = [p for p in wanted if os.path.isfile(self.staged(p))]
+        stale = self.stale(moves)
         mode = file_mode()
         for p in moves:
             fd = os.open(self.staged(p), os.O_RDONLY)
@@ -209,14 +389,20 @@ class OutputTransaction:
                 os.close(fd)
             os.chmod(self.staged(p), mode)
         fsync_dir(self.staging)
-        atomic_write_text(os.path.join(self.staging, MANIFEST),
-                          json.dumps({"moves": [os.path.basename(p) for p in moves]}))
-        for p in moves:
-            os.replace(self.staged(p), p)
-        fsync_dir(self.folder)
-        self._created = []
-        self._close()
-        return moves
+        self._signals.hold = True  # from the commit point on, a signal waits for the whole set
+        try:
+            atomic_write_text(os.path.join(self.staging, MANIFEST),
+                              json.dumps({"moves": [os.path.basename(p) for p in moves],
+                                          "removes": [os.path.basename(p) for p in stale]}))
+            for p in moves:
+                os.replace(self.staged(p), p)
+            removed = _unlink_stale(stale)
+            fsync_dir(self.folder)
+            self._created = []
+            self._close()
+        finally:
+            self._signals.release(self.staging is None)
+        return Published(moves, removed)
 
     def abort(self) -> None:
         """Discard everything staged (the previous outputs stay as they were)."""
@@ -237,6 +423,8 @@ class OutputTransaction:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+        if not self._signals.hold:
+            self._signals.restore()
 
     def __enter__(self) -> "OutputTransaction":
         return self if self.staging is not None else self.begin()

@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from amct_torch.errors import CalibrationError
+from amct_torch.inputs.limits import check_checkpoint_path, check_regular_file
 
 FORMAT = "amct_torch.calibration.checkpoint/1"
 
@@ -138,6 +139,7 @@ def load_checkpoint(session: Any, path: str, device: Optional[torch.device] = No
         raise CalibrationError("the calibration has already finished: cannot resume it", file=path)
     dev = device or next((t.device for t in [*session.model.parameters(), *session.model.buffers()]),
                          torch.device("cpu"))
+    check_regular_file(path, "calibration checkpoint", CalibrationError)  # a FIFO would block
     try:
         state = torch.load(path, map_location=dev, weights_only=True)
     except FileNotFoundError:
@@ -233,6 +235,7 @@ class Checkpointer:
             raise CalibrationError(f"checkpoint interval must be >= 1 batch, got {every}")
         self.session = session
         self.path = os.fspath(path)
+        check_checkpoint_path(self.path, CalibrationError)  # before the first batch, not after it
         self.batch_total = batch_total
         self.every = int(every)
         self._handle = None

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from amct_torch.errors import DataError
+from amct_torch.inputs.limits import MAX_NPZ_MEMBERS, check_regular_file, file_kind
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
 ARRAY_EXTS = (".npy", ".npz")
@@ -142,12 +143,61 @@ def check_resize(hw: Optional[tuple[int, int]], pre: "Preprocess", file: Optiona
                         f"{MAX_IMAGE_PIXELS} pixels per image are allowed", file=file)
 
 
+class _NativeStderr:
+    """Capture what native code (libpng, libjpeg inside OpenCV) writes to file descriptor 2
+    while the block runs: a truncated PNG printed ``libpng error: ...`` before our own one-line
+    error, and a damaged JPEG prints ``Corrupt JPEG data`` even when it decodes. ``text`` holds
+    it afterwards; the decoder's failure then becomes one ``DataError`` that quotes it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._saved: Optional[int] = None
+        self._tmp: Any = None
+
+    def __enter__(self) -> "_NativeStderr":
+        import sys
+        import tempfile
+        try:
+            sys.stderr.flush()
+            self._tmp = tempfile.TemporaryFile()
+            self._saved = os.dup(2)
+            os.dup2(self._tmp.fileno(), 2)
+        except (OSError, ValueError, AttributeError):  # no fd 2 (embedded): nothing to hide
+            self._close()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            self._tmp.seek(0)
+            self.text = self._tmp.read(4096).decode("utf-8", "replace").strip()
+        self._close()
+
+    def _close(self) -> None:
+        if self._saved is not None:
+            os.close(self._saved)
+            self._saved = None
+        if self._tmp is not None:
+            self._tmp.close()
+            self._tmp = None
+
+
+def _decoder_message(text: str) -> str:
+    """The first line a native decoder printed, without its library prefix: for our error."""
+    line = text.splitlines()[0].strip() if text else ""
+    for prefix in ("libpng error:", "libpng warning:"):
+        if line.startswith(prefix):
+            line = line[len(prefix):].strip()
+    return line[:200]
+
+
 def load_image(path: str, pre: Preprocess, channels: int,
                target_hw: Optional[tuple[int, int]]) -> np.ndarray:
     """One image file as a float32 C×H×W array, preprocessed by ``pre``."""
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
     import cv2
 
+    check_regular_file(path, "image")
     try:
         check_png_chunks(path)
     except OSError as err:
@@ -157,13 +207,17 @@ def load_image(path: str, pre: Preprocess, channels: int,
         raise DataError(f"the image is {size[1]}x{size[0]} pixels; at most {MAX_IMAGE_PIXELS} "
                         "pixels are read (a small file can declare a huge image)", file=path)
     flag = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
+    native = _NativeStderr()
     try:
-        img = cv2.imread(path, flag)
+        with native:
+            img = cv2.imread(path, flag)
     except cv2.error as err:
         msg = str(err).strip().splitlines()[-1] if str(err).strip() else "OpenCV error"
         raise DataError(f"cannot read this image: {msg}", file=path) from None
     if img is None:
-        raise DataError("cannot read this file as an image (not an image, or corrupt)", file=path)
+        why = _decoder_message(native.text)
+        raise DataError("cannot read this file as an image (not an image, or corrupt"
+                        + (f": {why})" if why else ")"), file=path)
     if img.ndim == 2:
         img = img[:, :, None]
     if channels not in (1, 3):
@@ -213,15 +267,18 @@ class ArrayFile:
     Why: a 2 MB ``.npz`` of zeros can hold gigabytes; reading every member up front made the
     tool allocate all of it even for ``--batch-size 8 --batch-num 1``. ``.npy`` files are
     memory-mapped; ``.npz`` members are decompressed as a stream, row by row, and their
-    declared size is checked against the member's real size before anything is read."""
+    declared size is checked against the member's real size before anything is read. The
+    members of one ``.npz`` share one open archive (``archive``): opening the archive again
+    per member parsed its whole directory each time, quadratic in the member count."""
 
-    def __init__(self, path: str, member: Optional[str] = None) -> None:
+    def __init__(self, path: str, member: Optional[str] = None, archive: Any = None) -> None:
         self.path = path
         self.member = member
+        self._zip = archive
         self._stream = None
         self._next_row = 0
         if member is None:
-            import zipfile
+            check_regular_file(path, "array file")
             try:
                 self._mm = np.load(path, mmap_mode="r", allow_pickle=False)
             except Exception as err:  # noqa: BLE001 - numpy's header parser raises SyntaxError,
@@ -241,17 +298,22 @@ class ArrayFile:
                             "numbers (float or integer)", file=path)
 
     def _open_member(self):
+        """The member as a file object (of the shared archive, opened on first use)."""
         import zipfile
         try:
-            z = zipfile.ZipFile(self.path)
-            return z, z.open(self.member)
+            if self._zip is None:
+                check_regular_file(self.path, ".npz file")
+                self._zip = zipfile.ZipFile(self.path)
+            return self._zip.open(self.member)
+        except DataError:
+            raise
         except Exception as err:  # noqa: BLE001 - bad zip, encrypted member, unknown method...
             raise DataError(f"cannot read the .npz file: {type(err).__name__}: {err}",
                             file=self.path) from None
 
     def _npz_header(self):
-        import zipfile
-        z, f = self._open_member()
+        f = self._open_member()
+        z = self._zip
         try:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
@@ -265,7 +327,6 @@ class ArrayFile:
                             f"{type(err).__name__}: {err}", file=self.path) from None
         finally:
             f.close()
-            z.close()
         if dtype.kind in _NUMERIC_KINDS:
             need = int(np.prod(shape, dtype=object)) * dtype.itemsize
             if offset is not None and size - offset != need:
@@ -284,9 +345,9 @@ class ArrayFile:
                 return np.array(self._mm)
             return np.array(self._mm[start:start + count])
         if self._fortran or not self.shape:
-            z, f = self._open_member()
+            f = self._open_member()
             try:
-                with z, f:
+                with f:
                     arr = np.lib.format.read_array(f, allow_pickle=False)
             except Exception as err:  # noqa: BLE001 - see __init__
                 raise DataError(f"cannot read array '{self.member}' of the .npz file: "
@@ -294,9 +355,8 @@ class ArrayFile:
             return np.array(arr[start:start + count]) if self.shape else arr
         if self._stream is None or start != self._next_row:
             if self._stream is not None:
-                self._stream[1].close()
-                self._stream[0].close()
-            z, f = self._open_member()
+                self._stream.close()
+            f = self._open_member()
             row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
             try:
                 f.read(self._offset)
@@ -304,11 +364,11 @@ class ArrayFile:
             except Exception as err:  # noqa: BLE001 - see above
                 raise DataError(f"cannot read array '{self.member}' of the .npz file: "
                                 f"{type(err).__name__}: {err}", file=self.path) from None
-            self._stream = (z, f)
+            self._stream = f
         count = max(0, min(count, self.rows_total - start))
         row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
         try:
-            data = self._stream[1].read(row_bytes * count)
+            data = self._stream.read(row_bytes * count)
         except Exception as err:  # noqa: BLE001 - a corrupt deflate stream, a bad CRC...
             raise DataError(f"cannot read array '{self.member}' of the .npz file: "
                             f"{type(err).__name__}: {err}", file=self.path) from None
@@ -324,17 +384,24 @@ def array_files(path: str) -> list[ArrayFile]:
     if path.lower().endswith(".npy"):
         return [ArrayFile(path)]
     import zipfile
+    check_regular_file(path, ".npz file")
     try:
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if n.endswith(".npy")]
+        z = zipfile.ZipFile(path)
+        names = [n for n in z.namelist() if n.endswith(".npy")]
     except Exception as err:  # noqa: BLE001 - whatever zipfile raises on a broken archive
         raise DataError(f"cannot read the .npz file: {type(err).__name__}: {err}",
                         file=path) from None
     if not names:
+        z.close()
         raise DataError("the .npz file holds no array", file=path)
     keys = [n[:-4] for n in names]
     wanted = ["inputs"] if "inputs" in keys else (["data"] if "data" in keys else sorted(keys))
-    return [ArrayFile(path, k + ".npy") for k in wanted]
+    if len(wanted) > MAX_NPZ_MEMBERS:
+        z.close()
+        raise DataError(f"the .npz file holds {len(wanted)} arrays; at most {MAX_NPZ_MEMBERS} are "
+                        "read (store the samples as one array, e.g. np.savez(f, inputs=batch))",
+                        file=path)
+    return [ArrayFile(path, k + ".npy", archive=z) for k in wanted]
 
 
 def _load_arrays(path: str) -> list[np.ndarray]:
@@ -417,6 +484,9 @@ class InputSpec:
             if arr.dtype.kind not in _NUMERIC_KINDS:
                 raise DataError(f"input '{self.name}' data holds {arr.dtype} values; expected "
                                 "numbers", file=source)
+            # every numeric dtype, any byte order (a big-endian float64 .npy), as native float32
+            # here: torch takes neither a foreign byte order nor every unsigned type
+            arr = arr.astype(np.float32, copy=False)
         t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(arr)
         if not (t.is_floating_point() or t.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
                                                         torch.int64)):
@@ -431,8 +501,25 @@ class InputSpec:
 
 
 def _files(folder: str) -> list[str]:
-    names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
-    paths = [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+    """The regular files of a data folder (hidden ones and sub-folders skipped); a FIFO,
+    device or socket in it is a DataError naming it (reading it could block forever)."""
+    import stat
+    try:
+        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+    except OSError as err:
+        raise DataError(f"cannot list the data folder: {err.strerror or err}", file=folder) from None
+    paths = []
+    for n in names:
+        p = os.path.join(folder, n)
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue  # a dangling link: not a file of the folder
+        if stat.S_ISREG(mode):
+            paths.append(p)
+        elif not stat.S_ISDIR(mode):
+            raise DataError(f"the data folder holds {file_kind(mode)}, not a regular file; it is "
+                            "not read (reading it could block forever)", file=p)
     if not paths:
         raise DataError("the data folder has no files", file=folder)
     return paths
@@ -508,8 +595,7 @@ def calibration_batches(data: Any, inputs: Sequence[tuple[str, Optional[Sequence
                             "iterable of tuples for several inputs", file=path)
         if os.path.isdir(path):
             return _batched(_folder_samples(path, pre, specs[0], bs), bs, specs[0])
-        if not os.path.exists(path):
-            raise DataError("calibration data not found", file=path)
+        check_regular_file(path, "calibration data")
         ext = os.path.splitext(path)[1].lower()
         if ext in ARRAY_EXTS:
             return _batched(_array_chunks(array_files(path), specs[0], bs), bs, specs[0])

@@ -12,7 +12,11 @@ is a folder on disk — untrusted input. So:
 - a library is loaded only if it is a regular file owned by the user, not writable by others,
   and its SHA-256 equals the digest recorded beside it when it was built;
 - concurrent builds (every torchrun rank at once) take a file lock in the folder;
-- a library that fails the self-check is deleted (``discard``), never reused.
+- a library that fails the self-check is deleted (``discard``), never reused;
+- the whole build (the compiler's ``--version``, both compile attempts, waiting for another
+  process's build lock) has a time limit, ``BUILD_TIMEOUT_S`` = 60 s (``$AMCT_TORCH_BUILD_TIMEOUT``
+  overrides it, in seconds): a ``$CC`` that hangs is killed with every process it started, and
+  calibration goes on with the torch formulas (one warning at its end, as without a compiler).
 With ``-fopenmp`` the library's ``libgomp.so.1`` resolves to the copy torch already loaded, so
 the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build.
 """
@@ -26,6 +30,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -40,7 +45,69 @@ SOURCE = Path(__file__).with_name("hist_kernels.c")
 #: every file of the one compilation unit (SOURCE includes the others): the cache key hashes them all
 SOURCES = [SOURCE, SOURCE.with_name("hist_select.h"), SOURCE.with_name("hist_lanes.h")]
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared"]
+#: time limit of one build, in seconds (a normal build takes about one)
+BUILD_TIMEOUT_S = 60.0
 _warned: set = set()
+
+
+def build_timeout() -> float:
+    """The build's time limit: ``$AMCT_TORCH_BUILD_TIMEOUT`` seconds if it is a positive
+    number, else ``BUILD_TIMEOUT_S``."""
+    text = os.environ.get("AMCT_TORCH_BUILD_TIMEOUT", "").strip()
+    try:
+        value = float(text) if text else BUILD_TIMEOUT_S
+    except ValueError:
+        value = BUILD_TIMEOUT_S
+    return value if 0 < value < float("inf") else BUILD_TIMEOUT_S
+
+
+class BuildTimeout(RuntimeError):
+    """The compiler (or another process's build) did not finish within the time limit."""
+
+
+def _left(deadline: Optional[float], what: str) -> Optional[float]:
+    """Seconds left before ``deadline`` (None: no limit); ``BuildTimeout`` when none are."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BuildTimeout(f"{what} did not finish within the build time limit of "
+                           f"{build_timeout():g} s (AMCT_TORCH_BUILD_TIMEOUT)")
+    return left
+
+
+def _run(cmd: List[str], deadline: Optional[float], what: str,
+         cap: Optional[float] = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own, output captured, until ``deadline`` (and at most
+    ``cap`` seconds); past it the whole process group is killed (a compiler wrapper script's
+    own children too) and ``BuildTimeout`` is raised."""
+    left = _left(deadline, what)
+    limit = min(x for x in (left, cap) if x is not None) if (left, cap) != (None, None) else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        for stream in (proc.stdout, proc.stderr):  # a child that left the group may hold them
+            if stream is not None:
+                stream.close()
+        proc.wait()
+        if cap is not None and (left is None or cap < left):
+            raise subprocess.TimeoutExpired(cmd, cap) from None
+        raise BuildTimeout(f"{what} did not finish within the build time limit of "
+                           f"{build_timeout():g} s (AMCT_TORCH_BUILD_TIMEOUT)") from None
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def turned_off() -> bool:
@@ -108,9 +175,10 @@ def find_compiler() -> Optional[str]:
     cc = os.environ.get("CC")
     if cc:
         words = shlex.split(cc)
-        if not words or shutil.which(words[0]) is None:
+        exe = shutil.which(words[0]) if words else None
+        if exe is None:
             return None
-        return shlex.join([shutil.which(words[0])] + words[1:])
+        return shlex.join([exe] + words[1:])
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
@@ -118,11 +186,12 @@ def find_compiler() -> Optional[str]:
     return None
 
 
-def compiler_identity(cc: str) -> str:
+def compiler_identity(cc: str, deadline: Optional[float] = None) -> str:
     """The compiler's own description of itself (``--version``'s first line), for the cache key:
-    another compiler or version never reuses a library built by this one."""
+    another compiler or version never reuses a library built by this one. A compiler that
+    does not answer before ``deadline`` raises ``BuildTimeout``."""
     try:
-        res = subprocess.run([*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30)
+        res = _run([*shlex.split(cc), "--version"], deadline, f"the C compiler {cc!r}", cap=30)
         first = (res.stdout or res.stderr).strip().splitlines()
         return first[0] if first else ""
     except (OSError, subprocess.SubprocessError):
@@ -131,21 +200,25 @@ def compiler_identity(cc: str) -> str:
 
 def build(cc: str) -> Path:
     """Compile (or find in the cache) the kernels: with OpenMP if the compiler can, else
-    without (the multi-threaded entry points then run their slices one after the other)."""
+    without (the multi-threaded entry points then run their slices one after the other);
+    both within one time limit (``build_timeout()``), past which it raises ``BuildTimeout``."""
+    deadline = time.monotonic() + build_timeout()
     errors = []
     for flags in (FLAGS + ["-fopenmp"], FLAGS):
         try:
-            return build_with(cc, flags)
+            return build_with(cc, flags, deadline)
+        except BuildTimeout:
+            raise
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             if str(exc) not in errors:
                 errors.append(str(exc))
     raise RuntimeError("; ".join(errors))
 
 
-def library_name(cc: str, flags: List[str]) -> str:
+def library_name(cc: str, flags: List[str], deadline: Optional[float] = None) -> str:
     """File name of the library for this compiler and flags (the cache key)."""
     src = b"\0".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc).encode(), " ".join(flags).encode(),
+    key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc, deadline).encode(), " ".join(flags).encode(),
                                      platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
     return f"hist_kernels-{key}.so"
 
@@ -179,33 +252,46 @@ def discard(target: Path) -> None:
             pass
 
 
-def build_with(cc: str, flags: List[str]) -> Path:
+def _lock_until(lock, deadline: Optional[float]) -> None:
+    """Take the build lock, waiting for another process's build until ``deadline``."""
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+            return
+        except BlockingIOError:
+            _left(deadline, "another process's build of the CPU kernels")
+            time.sleep(0.05)
+
+
+def build_with(cc: str, flags: List[str], deadline: Optional[float] = None) -> Path:
     """Compile with ``flags`` into the cache (or find a verified build there); its path.
-    The check and the build hold a lock on the folder, so concurrent processes build once."""
+    The check and the build hold a lock on the folder, so concurrent processes build once.
+    Past ``deadline`` (``time.monotonic()``; None: no limit) it raises ``BuildTimeout``."""
     folder = writable_folder(cache_dir())
-    target = folder / library_name(cc, flags)
+    target = folder / library_name(cc, flags, deadline)
     with open(folder / ".build.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_until(lock, deadline)
         try:
             if verified(target):
                 return target
             if os.path.lexists(target):
-                log.warning("ignoring the cached CPU kernels %s (not private, or checksum mismatch); rebuilding", target)
+                log.warning("ignoring the cached CPU kernels %s (not private, or checksum mismatch); rebuilding",
+                            target)
                 discard(target)
-            _compile(cc, flags, target)
+            _compile(cc, flags, target, deadline)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
 
 
-def _compile(cc: str, flags: List[str], target: Path) -> None:
+def _compile(cc: str, flags: List[str], target: Path, deadline: Optional[float] = None) -> None:
     """Compile into a temp file in the folder, record its digest, rename both into place."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         t0 = time.perf_counter()
-        res = subprocess.run([*shlex.split(cc), *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
-                             text=True, timeout=300)
+        res = _run([*shlex.split(cc), *flags, "-o", tmp, str(SOURCE), "-lm"], deadline,
+                   f"the C compiler {cc!r}", cap=None if deadline is not None else 300)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-300:]}")
         os.chmod(tmp, 0o700)
@@ -249,7 +335,7 @@ def load_library(cc: str) -> ctypes.CDLL:
     if not verified(path):            # e.g. replaced between the build and here
         raise RuntimeError(f"the built library {path} failed its checksum or ownership check")
     lib = ctypes.CDLL(str(path))
-    lib._amct_path = path
+    setattr(lib, "_amct_path", path)
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -149,7 +149,7 @@ def test_compiler_given_as_a_command_line_works(monkeypatch, tmp_path):
 @needs_cc
 def test_cache_key_names_the_compiler_version(monkeypatch):
     a = native_build.library_name(CC, native_build.FLAGS)
-    monkeypatch.setattr(native_build, "compiler_identity", lambda cc: "gcc (Other) 99.1")
+    monkeypatch.setattr(native_build, "compiler_identity", lambda cc, deadline=None: "gcc (Other) 99.1")
     assert native_build.library_name(CC, native_build.FLAGS) != a
 
 
