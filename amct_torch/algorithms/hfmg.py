@@ -190,7 +190,9 @@ def _walk_table(counts: torch.Tensor):
         trim_right = (rgt - b) >= (a - lft)
         lft = torch.where(active & ~trim_right, a, lft)
         rgt = torch.where(active & trim_right, b, rgt)
-        lefts.append(lft[None]); rights.append(rgt[None]); valid.append(active[None])
+        lefts.append(lft[None])
+        rights.append(rgt[None])
+        valid.append(active[None])
         active = active & (rgt - lft > min_bins)
     return torch.cat(lefts), torch.cat(rights), torch.cat(valid), active
 
@@ -315,7 +317,8 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
     return factors_of_range(mn, width, left, right, loss, asymmetric)
 
 
-def factors_of_range(mn: float, width: float, left: int, right: int, loss: torch.Tensor, asymmetric: bool) -> HfmgResult:
+def factors_of_range(mn: float, width: float, left: int, right: int, loss: torch.Tensor,
+                     asymmetric: bool) -> HfmgResult:
     """HFMG step 4: the chosen bin range [left, right] → scale and offset."""
     clip_min = to_float32(mn + left * width)
     clip_max = to_float32(mn + (right + 1) * width)

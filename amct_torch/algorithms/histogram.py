@@ -116,7 +116,8 @@ def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:
     return out.index_add_(0, idx, _one(idx.device).expand(idx.numel()))
 
 
-def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new, base_new) -> Tuple[torch.Tensor, torch.Tensor]:
+def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new,
+            base_new) -> Tuple[torch.Tensor, torch.Tensor]:
     """Move a histogram of nbins bins to a coarser (or shifted) frame; counts move exactly.
     Frames as Python ints or 0-d int64 device tensors (then no host read: an unchanged frame
     goes through the same ops and comes out bit for bit the same)."""
@@ -136,7 +137,8 @@ def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new, ba
     return new_c, new_d
 
 
-def frame_of(gmin: torch.Tensor, gmax: torch.Tensor, nbins: int, e_floor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def frame_of(gmin: torch.Tensor, gmax: torch.Tensor, nbins: int,
+             e_floor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``frame_for`` in tensor ops (0-d float64 range, 0-d int64 floor; no host read): the
     smallest e ≥ ``e_floor`` whose grid holds [gmin, gmax] in nbins bins, and its base.
     frame_for's loop adds at most two steps to its first guess (with 2^e ≤ span/nbins the

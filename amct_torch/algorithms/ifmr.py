@@ -51,7 +51,8 @@ def candidate_ratios(start: float, end: float, step: float, device=None) -> torc
     """ratio_i = start + i·step in float32, i = 0 … n−1."""
     n = num_candidates(start, end, step)
     i = torch.arange(n, dtype=torch.float32, device=device)
-    return torch.tensor(start, dtype=torch.float32, device=device) + i * torch.tensor(step, dtype=torch.float32, device=device)
+    return (torch.tensor(start, dtype=torch.float32, device=device)
+            + i * torch.tensor(step, dtype=torch.float32, device=device))
 
 
 def percentile_k(length: int, p: float) -> int:
@@ -157,7 +158,8 @@ def level_thresholds(lo: torch.Tensor, hi: torch.Tensor, s: torch.Tensor):
         win.append(up)
         win.insert(0, down)
     w = torch.stack(win, dim=-1)                                 # [n, m, 9] ascending
-    above = torch.round(torch.minimum(torch.maximum(w, lo_c[..., None]), hi_c[..., None]) / s_c[..., None]) > level[..., None]
+    above = (torch.round(torch.minimum(torch.maximum(w, lo_c[..., None]), hi_c[..., None]) / s_c[..., None])
+             > level[..., None])
     first = torch.argmax(above.to(torch.uint8), dim=-1)          # first float whose level > j
     thr = torch.gather(w, -1, first[..., None])[..., 0]
     bracketed = above[..., -1] & ~above[..., 0]

@@ -90,12 +90,12 @@ def _layer_config(cc: Optional[Any], layer: LayerInfo, asymmetric: bool) -> Laye
     if cc is not None and cc.HasField("arq_quantize") and cc.arq_quantize.HasField("channel_wise"):
         channel_wise = bool(cc.arq_quantize.channel_wise) and cw_default
     algo = cc.WhichOneof("acts_quant_algo") if cc is not None else None
-    if algo == "hfmg_quantize":
+    if cc is not None and algo == "hfmg_quantize":
         return LayerQuantConfig(act_algo="hfmg", max_percentile=None, min_percentile=None,
                                 search_range=None, search_step=None,
                                 num_of_bins=int(cc.hfmg_quantize.num_of_bins),
                                 asymmetric=asymmetric, channel_wise=channel_wise)
-    q = cc.ifmr_quantize if algo == "ifmr_quantize" else calibration_config_pb2.FMRQuantize()
+    q = cc.ifmr_quantize if cc is not None and algo == "ifmr_quantize" else calibration_config_pb2.FMRQuantize()
     return LayerQuantConfig(act_algo="ifmr", max_percentile=proto_float(q.max_percentile),
                             min_percentile=proto_float(q.min_percentile),
                             search_range=(proto_float(q.search_range_start),

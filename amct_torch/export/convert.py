@@ -82,6 +82,7 @@ def save_quant_models(fused: torch.fx.GraphModule, records: Mapping[str, LayerRe
     if save_type in ("Deploy", "Both"):
         emitted = save_deploy(fused, records, save_path, offset_form, record_file)
         paths += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
+    assert emitted is not None, save_type  # save_type was checked against SAVE_TYPES
     write_quant_info(f"{save_path}_quant.json", emitted, fused_map)
     return paths + [f"{save_path}_quant.json"]
 

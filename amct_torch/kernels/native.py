@@ -49,7 +49,8 @@ def _load() -> Optional[ctypes.CDLL]:
     cc = native_build.find_compiler()
     if cc is None:
         env = os.environ.get("CC")
-        _state["why"] = f"the compiler CC={env!r} was not found" if env else "no C compiler found (cc, gcc, clang; or set CC)"
+        _state["why"] = (f"the compiler CC={env!r} was not found" if env
+                         else "no C compiler found (cc, gcc, clang; or set CC)")
         return None
     return native_build.load_library(cc)
 
@@ -362,7 +363,8 @@ def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, righ
     _check(cnt, torch.int64, None, "hfmg_losses counts")
     _check(pref, torch.int64, 3 * (n + 1), "hfmg_losses prefix moments")
     _check(rights, torch.int64, lefts.numel(), "hfmg_losses right bounds")
-    if lefts.device.type != "cpu" or (lefts.numel() and not bool(((lefts >= 0) & (lefts <= rights) & (rights < n)).all())):
+    if lefts.device.type != "cpu" or (
+            lefts.numel() and not bool(((lefts >= 0) & (lefts <= rights) & (rights < n)).all())):
         raise ValueError("hfmg_losses: candidate ranges must satisfy 0 <= left <= right < bins")
     out = torch.empty(lefts.numel(), dtype=torch.float64)
     library().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),

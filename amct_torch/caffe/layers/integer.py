@@ -27,6 +27,7 @@ def set_integer(layer, blobs: Optional[list[np.ndarray]], has_bias: bool) -> Non
     if not (layer.integer and has_bias):
         layer.int_bias = None
         return
+    assert blobs is not None  # layer.integer says there are blobs
     b = np.asarray(blobs[1])
     if b.dtype != np.int32:
         layer.fail(f"deploy weights are int8 but the bias blob is {b.dtype}, not int32")

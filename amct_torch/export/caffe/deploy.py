@@ -40,6 +40,7 @@ def _deploy_blobs(lq: Optional[LayerQuant], mod: CaffeLayer) -> list[np.ndarray]
     blobs = [np.asarray(b, np.float32) for b in mod.caffe_blobs()]
     if lq is None or not lq.weighted:
         return blobs
+    assert lq.int8_weight is not None  # a weighted layer's plan has its weights
     out = [lq.int8_weight.reshape(blobs[0].shape)]
     if lq.bias_int32 is not None:
         out.append(lq.bias_int32)
@@ -47,6 +48,7 @@ def _deploy_blobs(lq: Optional[LayerQuant], mod: CaffeLayer) -> list[np.ndarray]
 
 
 def _deploy_dequant_blobs(lq: LayerQuant) -> list[np.ndarray]:
+    assert lq.deq_scale is not None  # only quantized layers get a DeQuant
     return [pack_deq_scale(lq.deq_scale)]
 
 

@@ -26,11 +26,13 @@ from amct_torch.record import LayerRecord
 def _fake_blobs(lq: Optional[LayerQuant], mod: CaffeLayer) -> list[np.ndarray]:
     blobs = [np.asarray(b, np.float32) for b in mod.caffe_blobs()]
     if lq is not None and lq.weighted:
+        assert lq.fake_weight is not None  # a weighted layer's plan has its weights
         blobs[0] = lq.fake_weight.reshape(blobs[0].shape)
     return blobs
 
 
 def _fake_dequant_blobs(lq: LayerQuant) -> list[np.ndarray]:
+    assert lq.deq_scale is not None  # only quantized layers get a DeQuant
     c = lq.deq_scale.size
     return [lq.deq_scale.astype(np.float32), np.zeros(c, np.float32), np.zeros(c, np.float32)]
 

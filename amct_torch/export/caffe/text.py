@@ -48,5 +48,5 @@ def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optio
     if caffemodel_path is not None:
         binary = caffemodel_bytes(net)  # unknown-field entries dropped, blobs not copied
     atomic_write_text(prototxt_path, text)
-    if binary is not None:
+    if caffemodel_path is not None and binary is not None:
         atomic_write_bytes(caffemodel_path, binary)
