@@ -83,105 +83,169 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
     every layer of ``plan``. Blobs are returned as arrays (``EmittedNet.arrays``); call
     ``attach_blobs`` to put them into the message."""
     base = gm.caffe_net
+    out = EmittedNet(_net_with_inputs(base), [], {}, {})
+    taken_layers = _layer_names(gm, base)
+    names = _BlobNames(gm, base)
+    quants = _QuantLayers(out, taken_layers, names.taken)
+    for n in names.nodes:
+        mod = _caffe_layer(gm, n, file)
+        if mod is None:
+            continue
+        lq = plan.get(mod.caffe_name)
+        bottoms = _bottoms(n, mod, names, file)
+        if lq is not None:
+            bottoms = quants.feed(n, bottoms, lq, mod.caffe_name)
+        layer = _add_layer(out.net, mod, bottoms)
+        _add_tops(layer, n, mod, names)
+        out.arrays[layer.name] = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
+                                  for a in blobs(lq, mod)]
+        if lq is not None and not lq.joint:
+            _add_dequant(out, layer, mod.caffe_name, dequant_blobs(lq), taken_layers)
+    return out
+
+
+def _net_with_inputs(base: pb.NetParameter) -> pb.NetParameter:
+    """``base``'s net settings and Input layers, no other layer."""
     net = pb.NetParameter()
     net.CopyFrom(base)
     net.ClearField("layer")
     for layer in base.layer:
         if layer.type == "Input":
             net.layer.add().CopyFrom(layer)
-    nodes = list(gm.graph.nodes)
-    pos = {n: i for i, n in enumerate(nodes)}
-    last_use = {n: max((pos[u] for u in n.users), default=-1) for n in nodes}
-    outputs = _out_keys(gm)
-    taken_layers = {l.name for l in base.layer}
-    for n in nodes:
-        if n.op == "call_module":
-            taken_layers.add(getattr(gm.get_submodule(n.target), "caffe_name", ""))
-    taken_blobs: set[str] = {b for l in base.layer for b in list(l.top) + list(l.bottom)}
-    name_of: dict[fx.Node, str] = {}
-    bound: dict[str, fx.Node] = {}
+    return net
 
-    def bind(value: fx.Node, desired: str, at: int) -> str:
-        holder = bound.get(desired)
-        if holder is not None and holder is not value and last_use[holder] > at:
-            desired = unique_name(f"{desired}_{value.name}", taken_blobs)  # keep the live value intact
-        taken_blobs.add(desired)
-        bound[desired] = value
-        name_of[value] = desired
+
+def _layer_names(gm: fx.GraphModule, base: pb.NetParameter) -> set[str]:
+    """Layer names an inserted Quant/DeQuant layer must not take: the net's and the graph's."""
+    taken = {layer.name for layer in base.layer}
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            taken.add(getattr(gm.get_submodule(n.target), "caffe_name", ""))
+    return taken
+
+
+class _BlobNames:
+    """The blob name of every fx value: its Caffe top name, unless a value some later layer
+    still reads holds that name (then a new unique one); graph outputs keep their output key."""
+
+    def __init__(self, gm: fx.GraphModule, base: pb.NetParameter) -> None:
+        self.nodes = list(gm.graph.nodes)
+        self.pos = {n: i for i, n in enumerate(self.nodes)}
+        self.last_use = {n: max((self.pos[u] for u in n.users), default=-1) for n in self.nodes}
+        self.outputs = _out_keys(gm)
+        self.taken: set[str] = {b for layer in base.layer for b in list(layer.top) + list(layer.bottom)}
+        self.name_of: dict[fx.Node, str] = {}
+        self.bound: dict[str, fx.Node] = {}
+        for n in self.nodes:
+            if n.op == "placeholder":
+                self.bind(n, n.meta.get("caffe_blob", n.name), self.pos[n])
+
+    def bind(self, value: fx.Node, desired: str, at: int) -> str:
+        """Name ``value`` (produced at node position ``at``) ``desired`` if that is free."""
+        holder = self.bound.get(desired)
+        if holder is not None and holder is not value and self.last_use[holder] > at:
+            desired = unique_name(f"{desired}_{value.name}", self.taken)  # keep the live value intact
+        self.taken.add(desired)
+        self.bound[desired] = value
+        self.name_of[value] = desired
         return desired
 
-    for n in nodes:
-        if n.op == "placeholder":
-            bind(n, n.meta.get("caffe_blob", n.name), pos[n])
-    quants: list[InsertedQuant] = []
-    shared: dict[tuple, InsertedQuant] = {}
-    dequants: dict[str, str] = {}
-    arrays: dict[str, list[np.ndarray]] = {}
-    for n in nodes:
-        at = pos[n]
-        if n.op in ("placeholder", "output"):
+
+def _caffe_layer(gm: fx.GraphModule, n: fx.Node, file: Optional[str]) -> Optional[CaffeLayer]:
+    """The Caffe layer node ``n`` runs; None for the nodes that write no layer (inputs, the
+    output, a multi-top layer's getitem: named with its producer). Anything else is refused."""
+    if n.op in ("placeholder", "output"):
+        return None
+    if n.op == "call_function" and n.target is operator.getitem:
+        return None
+    if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), CaffeLayer):
+        raise ExportError(f"graph node '{n.name}' ({n.op} {n.target}) is not a Caffe layer; "
+                          "only graphs built by load_caffe (and fused) can be exported", file=file)
+    return gm.get_submodule(n.target)
+
+
+def _bottoms(n: fx.Node, mod: CaffeLayer, names: _BlobNames, file: Optional[str]) -> list[str]:
+    """The blob names the layer of ``n`` reads."""
+    if any(not isinstance(a, fx.Node) for a in n.args):
+        raise ExportError("layer has a non-tensor input in the graph", file=file, layer=mod.caffe_name)
+    return [names.name_of[a] for a in n.args]
+
+
+class _QuantLayers:
+    """The Quant layers written so far: one per (input value, scale_d, offset_d)."""
+
+    def __init__(self, out: EmittedNet, taken_layers: set[str], taken_blobs: set[str]) -> None:
+        self.out, self.taken_layers, self.taken_blobs = out, taken_layers, taken_blobs
+        self.shared: dict[tuple, InsertedQuant] = {}
+
+    def feed(self, n: fx.Node, bottoms: list[str], lq: LayerQuant, layer: str) -> list[str]:
+        """``bottoms`` with the quantized ones (the first, every one when joint) read through a
+        Quant layer, written when no earlier layer made the same one."""
+        bottoms = list(bottoms)
+        for k in (range(len(n.args)) if lq.joint else (0,)):
+            key = (n.args[k], float(lq.scale_d), int(lq.offset_d))
+            q = self.shared.get(key)
+            if q is None:
+                q = self._write(f"{layer}_quant_layer", bottoms[k], lq)
+                self.shared[key] = q
+            if layer not in q.consumers:
+                q.consumers.append(layer)
+            bottoms[k] = q.top
+        return bottoms
+
+    def _write(self, base: str, bottom: str, lq: LayerQuant) -> InsertedQuant:
+        qname = unique_name(base, self.taken_layers)
+        q = InsertedQuant(qname, bottom, lq.scale_d, lq.offset_d)
+        self.out.quants.append(q)
+        ql = self.out.net.layer.add(name=qname, type="Quant")
+        ql.bottom.append(bottom)
+        q.top = unique_name(qname, self.taken_blobs)
+        ql.top.append(q.top)
+        ql.quant_param.scale, ql.quant_param.offset = quant_param_values(lq.scale_d, lq.offset_d)
+        return q
+
+
+def _add_layer(net: pb.NetParameter, mod: CaffeLayer, bottoms: list[str]) -> pb.LayerParameter:
+    """A copy of the layer's parameters reading ``bottoms`` (tops and blobs cleared; the bias
+    flag as the fused weights have it)."""
+    layer = net.layer.add()
+    layer.CopyFrom(mod.layer_param)
+    for f in ("bottom", "top", "blobs"):
+        layer.ClearField(f)
+    layer.bottom.extend(bottoms)
+    if mod.caffe_type in ("Convolution", "Deconvolution", "DepthwiseConvolution", "ConvolutionDepthwise"):
+        layer.convolution_param.bias_term = getattr(mod, "bias", None) is not None
+    elif mod.caffe_type == "InnerProduct":
+        layer.inner_product_param.bias_term = getattr(mod, "bias", None) is not None
+    return layer
+
+
+def _add_tops(layer: pb.LayerParameter, n: fx.Node, mod: CaffeLayer, names: _BlobNames) -> None:
+    """The layer's tops: one per Caffe top, named by ``names`` (a top nothing reads gets a
+    fresh unique name)."""
+    if mod.num_tops == 1:
+        values: list[Optional[fx.Node]] = [n]
+    else:
+        values = [None] * mod.num_tops
+        for u in n.users:
+            if u.op == "call_function" and u.target is operator.getitem:
+                values[int(u.args[1])] = u
+    for k, v in enumerate(values):
+        desired = mod.layer_param.top[k]
+        if v is None:
+            layer.top.append(unique_name(desired, names.taken))
             continue
-        if n.op == "call_function" and n.target is operator.getitem:
-            continue  # named with its producer
-        if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), CaffeLayer):
-            raise ExportError(f"graph node '{n.name}' ({n.op} {n.target}) is not a Caffe layer; "
-                              "only graphs built by load_caffe (and fused) can be exported", file=file)
-        mod: CaffeLayer = gm.get_submodule(n.target)
-        lq = plan.get(mod.caffe_name)
-        args = [a for a in n.args]
-        if any(not isinstance(a, fx.Node) for a in args):
-            raise ExportError("layer has a non-tensor input in the graph", file=file, layer=mod.caffe_name)
-        bottoms = [name_of[a] for a in args]
-        if lq is not None:
-            for k in (range(len(args)) if lq.joint else (0,)):
-                key = (args[k], float(lq.scale_d), int(lq.offset_d))
-                q = shared.get(key)
-                if q is None:
-                    qname = unique_name(f"{mod.caffe_name}_quant_layer", taken_layers)
-                    q = InsertedQuant(qname, bottoms[k], lq.scale_d, lq.offset_d)
-                    shared[key] = q
-                    quants.append(q)
-                    ql = net.layer.add(name=qname, type="Quant")
-                    ql.bottom.append(bottoms[k])
-                    q.top = unique_name(qname, taken_blobs)
-                    ql.top.append(q.top)
-                    scale, offset = quant_param_values(lq.scale_d, lq.offset_d)
-                    ql.quant_param.scale = scale
-                    ql.quant_param.offset = offset
-                if mod.caffe_name not in q.consumers:
-                    q.consumers.append(mod.caffe_name)
-                bottoms[k] = q.top
-        layer = net.layer.add()
-        layer.CopyFrom(mod.layer_param)
-        for f in ("bottom", "top", "blobs"):
-            layer.ClearField(f)
-        layer.bottom.extend(bottoms)
-        if mod.caffe_type in ("Convolution", "Deconvolution", "DepthwiseConvolution", "ConvolutionDepthwise"):
-            layer.convolution_param.bias_term = getattr(mod, "bias", None) is not None
-        elif mod.caffe_type == "InnerProduct":
-            layer.inner_product_param.bias_term = getattr(mod, "bias", None) is not None
-        if mod.num_tops == 1:
-            values = [n]
-        else:
-            values = [None] * mod.num_tops
-            for u in n.users:
-                if u.op == "call_function" and u.target is operator.getitem:
-                    values[int(u.args[1])] = u
-        for k, v in enumerate(values):
-            desired = mod.layer_param.top[k]
-            if v is None:
-                layer.top.append(unique_name(desired, taken_blobs))
-                continue
-            if mod.num_tops == 1 and v in outputs:
-                desired = outputs[v]
-            layer.top.append(bind(v, desired, at))
-        arrays[layer.name] = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
-                              for a in blobs(lq, mod)]
-        if lq is not None and not lq.joint:
-            dname = unique_name(f"{mod.caffe_name}_dequant_layer", taken_layers)
-            dl = net.layer.add(name=dname, type="DeQuant")
-            dl.bottom.append(layer.top[0])
-            dl.top.append(layer.top[0])
-            arrays[dname] = list(dequant_blobs(lq))
-            dequants[mod.caffe_name] = dname
-    return EmittedNet(net, quants, dequants, arrays)
+        if mod.num_tops == 1 and v in names.outputs:
+            desired = names.outputs[v]
+        layer.top.append(names.bind(v, desired, names.pos[n]))
+
+
+def _add_dequant(out: EmittedNet, layer: pb.LayerParameter, name: str, arrays: list[np.ndarray],
+                 taken_layers: set[str]) -> None:
+    """The in-place DeQuant layer after quantized layer ``name``, with its blobs."""
+    dname = unique_name(f"{name}_dequant_layer", taken_layers)
+    dl = out.net.layer.add(name=dname, type="DeQuant")
+    dl.bottom.append(layer.top[0])
+    dl.top.append(layer.top[0])
+    out.arrays[dname] = list(arrays)
+    out.dequants[name] = dname
