@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from amct_torch.algorithms.ifmr import candidate_grid, candidate_ratios, ifmr_exact, percentile_k  # noqa: E402
-from amct_torch.algorithms.quant import fake_quant  # noqa: E402
-from amct_torch.calibration.observers import (HfmgObserver, IfmrExactObserver,  # noqa: E402
+from amct_torch.algorithms.ifmr import candidate_grid, candidate_ratios, ifmr_exact, percentile_k
+from amct_torch.algorithms.quant import fake_quant
+from amct_torch.calibration.observers import (HfmgObserver, IfmrExactObserver,
                                               IfmrStreamingObserver)
 
 

@@ -19,10 +19,10 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import natural_images_bgr, nsfw_dir  # noqa: E402
+from conftest import natural_images_bgr, nsfw_dir
 
-import amct_torch  # noqa: E402
-from amct_torch.export import convert_model, export_onnx  # noqa: E402
+import amct_torch
+from amct_torch.export import convert_model, export_onnx
 
 
 def session(path, threads):

@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from amct_torch.calibration.observers import HfmgObserver  # noqa: E402
-from bench_algorithms import emit, mse  # noqa: E402
+from amct_torch.calibration.observers import HfmgObserver
+from bench_algorithms import emit, mse
 
 
 def data(kind: str, n: int, size: int, seed: int):

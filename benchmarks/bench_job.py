@@ -31,7 +31,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from nsfw_data import nsfw_files  # noqa: E402  (benchmarks/, run as scripts)
+from nsfw_data import nsfw_files  # benchmarks/, run as scripts
 
 MEAN = (104.0, 117.0, 123.0)
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from nsfw_data import nsfw_files  # noqa: E402  (benchmarks/, run as scripts)
+from nsfw_data import nsfw_files  # benchmarks/, run as scripts
 
 
 def emit(**kw) -> None:

@@ -105,7 +105,7 @@ def cuda_graph_capture() -> None:
                     obs.update(x)
             graph.replay()
             torch.cuda.synchronize()
-        except Exception as exc:  # report, do not stop the benchmark
+        except Exception as exc:  # noqa: BLE001 - report, do not stop the benchmark
             ok, why = False, f"{type(exc).__name__}: {str(exc)[:200]}"
         emit(bench="cuda_graph_capture", observer=name, ok=ok, why=why)
 

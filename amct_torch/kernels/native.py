@@ -70,7 +70,7 @@ def library() -> Optional[ctypes.CDLL]:
                             native_build.discard(lib._amct_path)     # never reused
                             lib = None
                             _state["why"] = f"self-check failed: {problem}"
-                except Exception as exc:  # a build problem must never stop a calibration
+                except Exception as exc:  # noqa: BLE001 - a build problem must never stop a calibration
                     lib = None
                     _state["why"] = f"build failed: {exc}"
                 _state["lib"] = lib

@@ -128,7 +128,7 @@ def test_detection_output(tmp_path, device):
     cv = run_cv(proto, model, {"feat": feat, "data": data, "loc": loc, "conf": conf}, ["det"])["det"]
     cv_rows = cv.reshape(-1, 7)
     ours_rows = ours.reshape(-1, 7)
-    key = lambda r: (r[0], r[1], -r[2])  # noqa: E731
+    key = lambda r: (r[0], r[1], -r[2])
     assert_close(np.array(sorted(ours_rows.tolist(), key=key)), np.array(sorted(cv_rows.tolist(), key=key)), 1e-5)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 if __name__ == "__main__":  # run as a script by the test itself: tests/ holds the helpers
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers.configs import use_hfmg  # noqa: E402
+from helpers.configs import use_hfmg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BATCH_NUM = 6

@@ -278,7 +278,7 @@ def test_quantize_eltwise_speed_mode(tmp_path):
     optimizations off computes it to float rounding; with them on, all three Adds run as
     QLinearAdd and conv2..4 as QLinearConv (uint8 activations)."""
     rng = np.random.default_rng(4)
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
     blobs = {"conv1": [f(4, 3, 3, 3), f(4)], "fc1": [f(5, 256) * 0.1, f(5)],
              **{c: [f(4, 4, 1, 1) * 0.5, f(4)] for c in ("conv2", "conv3", "conv4")}}
     proto, model = make_net(tmp_path, RESNET_BODY, {"data": [2, 3, 8, 8]}, blobs)

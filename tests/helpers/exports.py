@@ -22,7 +22,7 @@ layer { name: "fc1" type: "InnerProduct" bottom: "sum" top: "fc1" inner_product_
 
 
 def small_blobs(rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
-    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
     return {"conv1": [f(3, 3, 3, 3), f(3)], "conv2": [f(4, 3, 1, 1), f(4)],
             "conv3": [f(4, 3, 1, 1)], "fc1": [f(5, 64) * 0.2, f(5)]}
 

@@ -646,7 +646,7 @@ def test_portable_build_gives_the_same_state(factory, monkeypatch, tmp_path):
 
 def test_slices_per_thread_respect_element_and_histogram_minimums(monkeypatch):
     monkeypatch.setattr(native, "MIN_PER_THREAD", 1000)
-    pieces = lambda n, threads, slots, max_slice=1 << 30: native.slice_bounds(n, max_slice, threads, slots).numel() - 1  # noqa: E731
+    pieces = lambda n, threads, slots, max_slice=1 << 30: native.slice_bounds(n, max_slice, threads, slots).numel() - 1
     assert pieces(88_000, 64, 16385) == 2           # √(88000 / 16385) → 2 private histograms
     assert pieces(1_000_000, 64, 16385) == 7        # √61
     assert pieces(1_000_000, 2, 16385) == 2         # the threads there are
