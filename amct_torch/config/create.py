@@ -24,10 +24,10 @@ def _parse_prototxt(model_file: str) -> Any:
     """The deploy ``NetParameter``: the loader's parser when present, else protobuf text
     format with unknown (fork-specific) fields skipped."""
     try:
-        from amct_torch.caffe.netio import parse_prototxt  # type: ignore
+        from amct_torch.caffe.netio import parse_prototxt
     except ImportError:
-        parse_prototxt = None
-    if parse_prototxt is not None:
+        pass
+    else:
         return parse_prototxt(model_file)
     from amct_torch.proto import amct_caffe_pb2
     text = read_text_file(model_file, ModelError, "model prototxt")
