@@ -299,8 +299,8 @@ def hfmg_factors(counts: torch.Tensor, mn: float, mx: float, asymmetric: bool = 
     if search is not None:
         lefts, rights, loss = search(counts, width)
         if lefts.numel():
-            i = int(torch.argmin(loss))
-            return factors_of_range(mn, width, int(lefts[i]), int(rights[i]), loss, asymmetric)
+            best = int(torch.argmin(loss))
+            return factors_of_range(mn, width, int(lefts[best]), int(rights[best]), loss, asymmetric)
     lefts, rights, valid, unfinished = _walk_table(counts)
     loss = losses(counts, width, lefts, rights)
     masked = torch.where(valid, loss, torch.full_like(loss, math.inf))

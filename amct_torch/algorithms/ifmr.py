@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -351,7 +351,7 @@ def ifmr_from_histogram(length: int, top: torch.Tensor, bottom: torch.Tensor, bi
                         width: float, counts: torch.Tensor, dsum: torch.Tensor,
                         max_percentile: float = 0.999999, min_percentile: float = 0.999999,
                         search_range: Sequence[float] = (0.7, 1.3), search_step: float = 0.01,
-                        asymmetric: bool = True, losses_fn: Callable = None) -> IfmrResult:
+                        asymmetric: bool = True, losses_fn: Optional[Callable] = None) -> IfmrResult:
     """IFMR from streaming statistics: ``length`` elements seen, ``top`` the largest values
     sorted descending (exact, −inf padded), ``bottom`` the smallest ascending, and the
     histogram (``bin_lo`` float64 bin starts, common ``width``, ``counts``, ``dsum``).
