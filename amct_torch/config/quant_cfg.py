@@ -20,8 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from amct_torch.config.checks import check_bins, check_percentile, check_search
-from amct_torch.config.layers import (CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, LayerInfo,
-                                      quantizable_layers)
+from amct_torch.config.layers import CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, LayerInfo, quantizable_layers
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.config.types import LayerQuantConfig, QuantConfig
 from amct_torch.errors import ConfigError
@@ -139,8 +138,33 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
     """Validate ``cfg`` (an ``AMCTConfig``) against the model's ``layers`` and resolve the
     effective config of every quantizable layer (sorted by name; skipped layers get
     ``quant_enable=False``). Every problem raises ``ConfigError`` naming ``path``."""
-    by_name = {l.name: l for l in layers}
-    all_types = {l.type for l in layers}
+    by_name = {info.name: info for info in layers}
+    all_types = {info.type for info in layers}
+    _check_global_lists(cfg, by_name, all_types, path)
+    by_layer = _layer_overrides(cfg, by_name, path)
+    by_type = _type_overrides(cfg, all_types, path)
+    common = cfg.common_config if cfg.HasField("common_config") else None
+    if common is not None:
+        _check_calibration(common, "common_config", path, None, True)
+    conv_cc, fc_cc = _deprecated_configs(cfg, common, path)
+    result: dict[str, LayerQuantConfig] = {}
+    for info in quantizable_layers(layers):
+        deprecated_cc = conv_cc if info.type in CHANNEL_WISE_TYPES else fc_cc
+        sources = [by_layer.get(info.name), by_type.get(info.type), common, deprecated_cc]
+        result[info.name] = _effective_config(cfg, info, [s for s in sources if s is not None])
+    if not any(c.quant_enable for c in result.values()):
+        raise ConfigError("nothing left to quantize: the model has no quantizable layer that is "
+                          "not skipped (quantizable: Convolution, Deconvolution, InnerProduct, "
+                          "AVE Pooling)", file=path)
+    return QuantConfig(batch_num=int(cfg.batch_num), activation_offset=bool(cfg.activation_offset),
+                       joint_quant=bool(cfg.joint_quant), do_fusion=bool(cfg.do_fusion),
+                       skip_fusion_layers=list(dict.fromkeys(cfg.skip_fusion_layers)),
+                       layers=result)
+
+
+def _check_global_lists(cfg: Any, by_name: dict, all_types: set, path: str) -> None:
+    """batch_num, and the skip and skip-fusion lists: no repeats, only the model's layers and
+    (for the skips) quantizable ones."""
     if cfg.batch_num < 1:
         raise ConfigError(f"batch_num must be >= 1, got {cfg.batch_num}", file=path)
     _repeated_check(list(cfg.skip_layers), "skip_layers entry", path)
@@ -150,6 +174,9 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
     _check_names(list(cfg.skip_fusion_layers), "skip_fusion_layers", by_name, path,
                  need_quantizable=False)
 
+
+def _layer_overrides(cfg: Any, by_name: dict, path: str) -> dict[str, Any]:
+    """``override_layer_configs`` checked, by layer name (each layer once, quantizable)."""
     by_layer: dict[str, Any] = {}
     for o in cfg.override_layer_configs:
         if o.layer_name in by_layer:
@@ -160,6 +187,11 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
         _check_calibration(o.calibration_config, "override_layer_configs", path, o.layer_name,
                            info.type in CHANNEL_WISE_TYPES)
         by_layer[o.layer_name] = o.calibration_config
+    return by_layer
+
+
+def _type_overrides(cfg: Any, all_types: set, path: str) -> dict[str, Any]:
+    """``override_layer_types`` checked, by layer type (each type once, quantizable)."""
     by_type: dict[str, Any] = {}
     for o in cfg.override_layer_types:
         if o.layer_type in by_type:
@@ -169,46 +201,42 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
         _check_calibration(o.calibration_config, f"override_layer_types '{o.layer_type}'", path,
                            None, o.layer_type in CHANNEL_WISE_TYPES)
         by_type[o.layer_type] = o.calibration_config
-    common = cfg.common_config if cfg.HasField("common_config") else None
-    if common is not None:
-        _check_calibration(common, "common_config", path, None, True)
+    return by_type
 
+
+def _deprecated_configs(cfg: Any, common: Any, path: str) -> tuple[Any, Any]:
+    """The deprecated ``conv_calibration_config`` / ``fc_calibration_config`` (checked) when
+    they apply — only without common_config and override_layer_types, else ignored with a
+    warning; (None, None) when absent or ignored."""
     conv_cc = fc_cc = None
     deprecated = [n for n in ("conv_calibration_config", "fc_calibration_config")
                   if cfg.HasField(n)]
-    if deprecated:
-        if common is not None or len(cfg.override_layer_types) > 0:
-            warnings.warn(f"{path}: {' and '.join(deprecated)} ignored: common_config or "
-                          "override_layer_types is given (deprecated fields apply only without "
-                          "them)", UserWarning, stacklevel=2)
-        else:
-            warnings.warn(f"{path}: {' and '.join(deprecated)} is deprecated; use common_config "
-                          "and override_layer_types", DeprecationWarning, stacklevel=2)
-            if cfg.HasField("conv_calibration_config"):
-                conv_cc = cfg.conv_calibration_config
-                _check_calibration(conv_cc, "conv_calibration_config", path, None, True)
-            if cfg.HasField("fc_calibration_config"):
-                fc_cc = cfg.fc_calibration_config
-                _check_calibration(fc_cc, "fc_calibration_config", path, None, False)
+    if not deprecated:
+        return conv_cc, fc_cc
+    # stacklevel 3: the warning names the caller of resolve_quant_cfg
+    if common is not None or len(cfg.override_layer_types) > 0:
+        warnings.warn(f"{path}: {' and '.join(deprecated)} ignored: common_config or "
+                      "override_layer_types is given (deprecated fields apply only without "
+                      "them)", UserWarning, stacklevel=3)
+        return conv_cc, fc_cc
+    warnings.warn(f"{path}: {' and '.join(deprecated)} is deprecated; use common_config "
+                  "and override_layer_types", DeprecationWarning, stacklevel=3)
+    if cfg.HasField("conv_calibration_config"):
+        conv_cc = cfg.conv_calibration_config
+        _check_calibration(conv_cc, "conv_calibration_config", path, None, True)
+    if cfg.HasField("fc_calibration_config"):
+        fc_cc = cfg.fc_calibration_config
+        _check_calibration(fc_cc, "fc_calibration_config", path, None, False)
+    return conv_cc, fc_cc
 
-    skip_layers, skip_types = set(cfg.skip_layers), set(cfg.skip_layer_types)
-    result: dict[str, LayerQuantConfig] = {}
-    for info in quantizable_layers(layers):
-        deprecated_cc = conv_cc if info.type in CHANNEL_WISE_TYPES else fc_cc
-        sources = [by_layer.get(info.name), by_type.get(info.type), common, deprecated_cc]
-        sources = [s for s in sources if s is not None]
-        asym = next((a for a in map(_asymmetric_of, sources) if a is not None),
-                    bool(cfg.activation_offset))
-        lqc = _layer_config(sources[0] if sources else None, info, asym)
-        if info.name in skip_layers or info.type in skip_types:
-            lqc = replace(lqc, quant_enable=False)
-        result[info.name] = lqc
-    if not any(c.quant_enable for c in result.values()):
-        raise ConfigError("nothing left to quantize: the model has no quantizable layer that is "
-                          "not skipped (quantizable: Convolution, Deconvolution, InnerProduct, "
-                          "AVE Pooling)", file=path)
-    return QuantConfig(batch_num=int(cfg.batch_num), activation_offset=bool(cfg.activation_offset),
-                       joint_quant=bool(cfg.joint_quant), do_fusion=bool(cfg.do_fusion),
-                       skip_fusion_layers=list(dict.fromkeys(cfg.skip_fusion_layers)),
-                       layers=result)
 
+def _effective_config(cfg: Any, info: LayerInfo, sources: list) -> LayerQuantConfig:
+    """A layer's config from the first of its ``sources`` (layer override, type override,
+    common, deprecated; asymmetric from the first that says, else activation_offset),
+    disabled when the layer or its type is skipped."""
+    asym = next((a for a in map(_asymmetric_of, sources) if a is not None),
+                bool(cfg.activation_offset))
+    lqc = _layer_config(sources[0] if sources else None, info, asym)
+    if info.name in cfg.skip_layers or info.type in cfg.skip_layer_types:
+        lqc = replace(lqc, quant_enable=False)
+    return lqc
