@@ -105,9 +105,9 @@ def check_activation_memory(gm: Any, batch_size: int, model_file: Optional[str],
     advice = (f"use a batch size of at most {fits} (--batch-size)" if fits >= 1 else
               "even one sample does not fit: check this layer's pad, stride and the declared "
               "input shape")
-    raise ModelError(f"the activations of a batch of {batch_size} need about {_gib(need)} "
-                     f"(largest blob {_gib(est.largest_per_sample)} per sample, here) but "
-                     f"{_gib(available)} is available ({where}); {advice}",
+    raise ModelError(f"the activations of a batch of {batch_size} need about {_gib(need)} (this "
+                     f"layer's output, the largest blob, is {_gib(est.largest_per_sample)} per "
+                     f"sample) but {_gib(available)} is available ({where}); {advice}",
                      file=model_file, layer=est.largest_layer)
 
 

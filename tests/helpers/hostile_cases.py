@@ -528,11 +528,82 @@ def checkpoint_cases(folder: str) -> list[Case]:
     return cases
 
 
+# ---------------------------------------------------------------- model faults (issue 23)
+def _edited_weights(edit: Callable) -> bytes:
+    """The example caffemodel after ``edit(layers_by_name)``."""
+    from amct_torch.proto import amct_caffe_pb2 as pb
+    net = pb.NetParameter()
+    net.ParseFromString(weights_bytes())
+    edit({l.name: l for l in net.layer})
+    return net.SerializeToString()
+
+
+def _set_values(blob, values, field_name: str = "data") -> None:
+    blob.ClearField("data")
+    getattr(blob, field_name).extend(values)
+
+
+def model_fault_cases(folder: str) -> list[Case]:
+    """Broken models accepted before, model faults blamed on the data, and model sizes that
+    cannot fit: each must name the model file at fault (and its layer)."""
+    import cv2
+    from helpers.ssd import ssd_net
+    good = model_text()
+    cases = []
+
+    def proto(name, text, argv=None, weights=WEIGHTS):
+        p = _text(os.path.join(folder, f"{name}.prototxt"), text)
+        cases.append(Case(f"prototxt/{name}", "prototxt", argv(p) if argv else _calibrate(p, weights), p))
+
+    def model(name, raw, expect_ok=False):
+        p = _bytes(os.path.join(folder, f"{name}.caffemodel"), raw)
+        cases.append(Case(f"caffemodel/{name}", "caffemodel", _calibrate(weights=p), p, expect_ok=expect_ok))
+
+    proto("two_producers_of_a_top", good + 'layer { name: "dup" type: "Sigmoid" bottom: "data" top: "prob" }\n')
+    proto("bn_eps_negative", good.replace("eps: 1e-05", "eps: -1", 1))
+    head = good[:good.index("layer {", good.index('name: "relu1"') - 20)]  # conv1 + BN + ReLU
+    proto("pad_1200_fully_convolutional", head.replace("pad: 1", "pad: 1200", 1))
+    proto("layers_over_limit", "layer { name: 'a' type: 'ReLU' }\n" * 100_001,
+          argv=lambda p: _config(p))
+    ssd_p, ssd_w = ssd_net(folder, name="ssd_ok")
+    ssd = open(ssd_p, encoding="utf-8").read()
+    at = ssd.index('name: "h1_prior"')  # its PriorBox loses max_size: 3 priors, heads made for 4
+    proto("ssd_heads_vs_priorbox", ssd[:at] + ssd[at:].replace("max_size: 24.0\n", "", 1), weights=ssd_w)
+
+    def ip_in_out(layers):  # fc1's (32, 256) weights stored transposed as (256, 32)
+        b = layers["fc1"].blobs[0]
+        w = np.asarray(b.data, np.float32).reshape(32, 256).T
+        _set_values(b, w.reshape(-1).tolist())
+        b.shape.ClearField("dim")
+        b.shape.dim.extend([256, 32])
+    model("inner_product_weights_in_out", _edited_weights(ip_in_out))
+
+    def int32_only(layers):
+        b = layers["conv1"].blobs[0]
+        _set_values(b, [int(round(v * 100)) for v in b.data], "int32_data")
+    model("int32_only_weights", _edited_weights(int32_only))
+    model("data_and_double_data", _edited_weights(
+        lambda layers: layers["conv1"].blobs[0].double_data.extend(layers["conv1"].blobs[0].data)), expect_ok=True)
+
+    def dims_100(layers):
+        layers["conv1"].blobs[0].shape.ClearField("dim")
+        layers["conv1"].blobs[0].shape.dim.extend([1] * 99 + [144])
+    model("blob_100_dims", _edited_weights(dims_100))
+    model("bn_variance_negative", _edited_weights(
+        lambda layers: _set_values(layers["bn1"].blobs[1], [-abs(v) for v in layers["bn1"].blobs[1].data])))
+    model("bn_factor_negative", _edited_weights(lambda layers: _set_values(layers["bn1"].blobs[2], [-1.0])))
+    model("empty_layers_7mb", bytes([0xA2, 0x06, 0x00]) * 2_300_000)
+    shrunk = os.path.join(folder, "fp16_shrunk.caffemodel")
+    cv2.dnn.shrinkCaffeModel(WEIGHTS, shrunk)
+    cases.append(Case("caffemodel/fp16_shrunk", "caffemodel", _calibrate(weights=shrunk), shrunk, expect_ok=True))
+    return cases
+
+
 def all_cases(folder: str) -> list[Case]:
     """Every hand-written case, files written under ``folder``."""
     out = []
     for make in (prototxt_cases, caffemodel_cases, quant_cfg_cases, json_cases, record_cases,
-                 data_cases, output_cases, checkpoint_cases):
+                 data_cases, output_cases, checkpoint_cases, model_fault_cases):
         sub = os.path.join(folder, make.__name__)
         os.makedirs(sub, exist_ok=True)
         out += make(sub)
