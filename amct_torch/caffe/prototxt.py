@@ -50,6 +50,7 @@ def _tokenize(text: str) -> list[tuple[str, str, int, int]]:
         if m is None:
             raise _Abandon()
         kind = m.lastgroup
+        assert kind is not None  # every alternative of _TOKEN is a named group
         if kind != "ws":
             out.append((kind, m.group(), m.start(), m.end()))
         pos = m.end()
@@ -86,7 +87,7 @@ class _Walker:
                         return i + 1
                 i += 1
         if tok[0] == "str":
-            while self._tok(i) is not None and self._tok(i)[0] == "str":
+            while (t := self._tok(i)) is not None and t[0] == "str":
                 i += 1
             return i
         if tok[0] == "word":
