@@ -216,7 +216,9 @@ def bench_memory(work: str) -> None:
                      out=os.path.join(folder, "normal", "m"))
     names = ["data/npz_bomb_1gb_default_batch", "data/images/png_100000", "data/npy_header_1e12",
              "data/images/declared_100000_input", "quant_cfg/search_step_1e-9",
-             "quant_cfg/search_range_end_1e30", "prototxt/dims_2pow32", "json/int_5000_digits"]
+             "quant_cfg/search_range_end_1e30", "prototxt/dims_2pow32", "json/int_5000_digits",
+             "prototxt/pad_1200_fully_convolutional", "prototxt/layers_over_limit",
+             "caffemodel/empty_layers_7mb", "caffemodel/fp16_shrunk"]
     # the largest image still accepted (just under MAX_IMAGE_PIXELS), a ~50 KB PNG
     from amct_torch.inputs.data import MAX_IMAGE_PIXELS
     side = int(MAX_IMAGE_PIXELS ** 0.5) - 1
