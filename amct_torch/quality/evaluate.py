@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from amct_torch.errors import DataError
+from amct_torch.errors import DataError, ModelError
 
 if TYPE_CHECKING:  # torch loads when a model runs: the CLI builds this parser for --help too
     import torch
@@ -58,6 +58,20 @@ class _Sums:
         return self.dot / den if den > 0 else (1.0 if self.nx == self.ny else 0.0)
 
 
+def data_dependent_outputs(gm: Any) -> set[str]:
+    """The output blobs whose shape may depend on the data's values: those downstream of a
+    layer marked ``data_dependent`` (DetectionOutput, Proposal: how many boxes survive NMS).
+    Only these may differ in shape from the reference's."""
+    dep: dict[Any, bool] = {}
+    outputs: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        own = node.op == "call_module" and bool(getattr(gm.get_submodule(node.target), "data_dependent", False))
+        dep[node] = own or any(dep.get(a, False) for a in node.all_input_nodes)
+        if node.op == "output" and node.args and isinstance(node.args[0], dict):
+            outputs = node.args[0]
+    return {k for k, n in outputs.items() if dep.get(n, False)}
+
+
 def evaluate(model_file: str, weights_file: str, data: Any,
              reference: Optional[Sequence[str]] = None, *, batch_size: Optional[int] = None,
              max_batches: Optional[int] = None, preprocess: Any = None,
@@ -73,6 +87,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     dev = torch.device(device or "cpu")
     model = load_caffe(model_file, weights_file).to(dev)
     ref = load_caffe(*reference).to(dev) if reference else None
+    may_differ = data_dependent_outputs(model) | (data_dependent_outputs(ref) if ref is not None else set())
     sums: dict[str, _Sums] = {}
     stats: dict[str, OutputStats] = {}
     n = 0
@@ -91,6 +106,10 @@ def evaluate(model_file: str, weights_file: str, data: Any,
                 if k not in want:
                     st.note = "not an output of the reference"
                 elif tuple(want[k].shape) != tuple(v.shape):
+                    if k not in may_differ:  # the two models do not compute the same output
+                        raise ModelError(f"output '{k}' has shape {list(v.shape)} but the reference "
+                                         f"{reference[0]} gives {list(want[k].shape)} for the same "
+                                         "input: the models do not match", file=model_file)
                     st.note = f"shape {list(v.shape)} vs reference {list(want[k].shape)}"
                     sums.pop(k, None)
                 elif not st.note:
@@ -116,6 +135,28 @@ def format_stats(stats: Sequence[OutputStats]) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    """An argument that must be an integer >= 1 (argparse turns the error into exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _means(text: str) -> list[float]:
+    """``--mean``: numbers separated by commas."""
+    try:
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+    return values
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``evaluate`` subcommand (registered by ``amct_torch.cli``)."""
     e = sub.add_parser("evaluate", help="run a float, fake-quant or deploy model on data; SQNR/cosine "
@@ -128,10 +169,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
     e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
                    help="the model to compare with (normally the float model)")
-    e.add_argument("--batch-size", type=int, default=None, help="samples per batch (default 1)")
-    e.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    e.add_argument("--batch-size", type=_positive, default=None, help="samples per batch (default 1)")
+    e.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
     e.add_argument("--device", default=None, help="cpu (default) or cuda[:N]")
-    e.add_argument("--mean", default=None, help="mean per channel for images, e.g. 104,117,123")
+    e.add_argument("--mean", type=_means, default=None, help="mean per channel for images, e.g. 104,117,123")
     e.add_argument("--scale", type=float, default=1.0, help="multiplier after the mean (images)")
     e.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
@@ -141,7 +182,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """CLI entry: prints the table; exit 0."""
     from amct_torch.inputs.data import Preprocess
-    mean = None if args.mean is None else [float(v) for v in str(args.mean).split(",") if v]
+    mean = args.mean
     pre = Preprocess(mean=mean, scale=args.scale)
     stats = evaluate(args.model, args.weights, args.data, args.reference, batch_size=args.batch_size,
                      max_batches=args.max_batches, preprocess=pre, device=args.device)
