@@ -44,6 +44,11 @@ class Case:
     or_names: str = ""
     #: the run must succeed (bounded work on a hostile-looking but valid input)
     expect_ok: bool = False
+    #: files (path relative to the output folder → text) made before the run: an earlier
+    #: run's outputs, a dead run's staging folder
+    setup: dict = field(default_factory=dict)
+    #: the exact file names the output folder must hold after a successful run
+    expect_left: Optional[list] = None
 
 
 def _text(path: str, text: str) -> str:
@@ -599,11 +604,87 @@ def model_fault_cases(folder: str) -> list[Case]:
     return cases
 
 
+# ---------------------------------------------------------------- paths, arguments, reruns (issue 23)
+#: the files of ``_calibrate(..., "--save-type", "Fakequant")`` (no report): a rerun's whole set
+_FAKEQUANT_SET = sorted(["m_quant_config.json", "m_record.txt", "m_fake_quant_model.prototxt",
+                         "m_fake_quant_weights.caffemodel", "m_quant.json"])
+
+
+def path_and_run_cases(folder: str) -> list[Case]:
+    """Inputs that used to hang (FIFOs), crash (a big-endian .npy, absurd or negative counts, a
+    checkpoint in a missing folder, a damaged staging manifest) or run unbounded (a .npz of
+    100,000 members), and reruns that left an earlier run's files beside the new set."""
+    cases = []
+    d = os.path.join(folder, "paths")
+    os.makedirs(d, exist_ok=True)
+    fifo = os.path.join(d, "fifo.npy")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    cases.append(Case("data/fifo_as_data_file", "data", _calibrate(data=fifo), fifo))
+    fdir = os.path.join(d, "fifo_folder")
+    os.makedirs(fdir, exist_ok=True)
+    with np.load(DATA) as z:
+        samples = np.ascontiguousarray(z["inputs"][:16])
+    np.save(os.path.join(fdir, "a.npy"), samples)
+    if not os.path.exists(os.path.join(fdir, "b.npy")):
+        os.mkfifo(os.path.join(fdir, "b.npy"))
+    cases.append(Case("data/fifo_in_data_folder", "data", _calibrate(data=fdir), os.path.join(fdir, "b.npy")))
+    cases.append(Case("data/char_device_as_data", "data", _calibrate(data="/dev/zero"), "/dev/zero"))
+    for dtype in (">f8", ">f4", "<u2", ">i4"):
+        p = os.path.join(d, f"samples_{dtype.replace('>', 'be_').replace('<', 'le_')}.npy")
+        np.save(p, samples.astype(dtype) if dtype[1] == "f" else np.round(samples * 1000).astype(dtype))
+        cases.append(Case(f"data/npy_{os.path.basename(p)[8:-4]}", "data", _calibrate(data=p), p,
+                          expect_ok=True))
+    many = os.path.join(d, "members_100000.npz")
+    member = npy_bytes(np.zeros((1, 16, 16), np.float32))
+    with zipfile.ZipFile(many, "w", zipfile.ZIP_STORED) as z:
+        for i in range(100_000):
+            z.writestr(f"s{i:06d}.npy", member)
+    cases.append(Case("data/npz_100000_members", "data", _calibrate(data=many), many))
+    png = _png(16, 16, b"\0" * (17 * 16))
+    tdir = os.path.join(d, "truncated_png")
+    os.makedirs(tdir, exist_ok=True)
+    p = _bytes(os.path.join(tdir, "a.png"), png[:png.index(b"IEND") - 4])
+    cases.append(Case("data/images/png_without_iend", "data", _calibrate(data=tdir), p))
+    cases.append(Case("checkpoint/fifo", "checkpoint", _calibrate(MODEL, WEIGHTS, DATA, "--checkpoint", fifo), fifo))
+    missing = os.path.join(d, "no_such_folder", "run.ckpt")
+    cases.append(Case("checkpoint/missing_folder", "checkpoint",
+                      _calibrate(MODEL, WEIGHTS, DATA, "--checkpoint", missing), missing))
+    for opt, value in (("--batch-num", "1000000000000000"), ("--batch-num", "4294967296"),
+                       ("--report-batches", "-1"), ("--report-rows", "-1")):
+        argv = _calibrate() + [opt, value]  # the later value wins over the defaults' one
+        cases.append(Case(f"arguments/{opt[2:]}_{value}", "arguments", argv, opt,
+                          or_names=opt[2:].replace("-", "_")))
+    # evaluate against a reference whose output has another shape
+    ref = _text(os.path.join(d, "ref_prob_doubled.prototxt"),  # 'prob' of 20 values, not 10
+                model_text().replace('top: "prob"', 'top: "prob0"') +
+                'layer { name: "cat" type: "Concat" bottom: "prob0" bottom: "prob0" top: "prob" }\n')
+    cases.append(Case("arguments/evaluate_reference_other_shape", "arguments",
+                      ["evaluate", MODEL, WEIGHTS, DATA, "--reference", ref, WEIGHTS, "--max-batches", "1"],
+                      ref))
+    # reruns over an earlier run's set: only this run's files may be left
+    earlier = {"m" + s: "an earlier run" for s in ("_quant_config.json", "_record.txt", "_deploy_model.prototxt",
+                                                    "_deploy_weights.caffemodel", "_layer_report.json",
+                                                    "_float.onnx", "_quant.onnx")}
+    cases.append(Case("rerun/fakequant_after_full_onnx_run", "rerun",
+                      _calibrate(MODEL, WEIGHTS, DATA, "--save-type", "Fakequant"), "", expect_ok=True,
+                      setup=dict(earlier, **{"notes.txt": "the user's"}),
+                      expect_left=sorted(_FAKEQUANT_SET + ["notes.txt"])))
+    for name, manifest in (("garbage", "{garbage"), ("json_list", "[1, 2]"), ("wrong_types", '{"moves": 7}'),
+                           ("path_escape", '{"moves": ["../../x"], "removes": ["../notes.txt"]}')):
+        cases.append(Case(f"rerun/damaged_manifest_{name}", "rerun",
+                          _calibrate(MODEL, WEIGHTS, DATA, "--save-type", "Fakequant"), "", expect_ok=True,
+                          setup={".m.amct-partial/COMMITTED.json": manifest,
+                                 ".m.amct-partial/m_record.txt": "staged by a dead run"},
+                          expect_left=_FAKEQUANT_SET))
+    return cases
+
+
 def all_cases(folder: str) -> list[Case]:
     """Every hand-written case, files written under ``folder``."""
     out = []
     for make in (prototxt_cases, caffemodel_cases, quant_cfg_cases, json_cases, record_cases,
-                 data_cases, output_cases, checkpoint_cases, model_fault_cases):
+                 data_cases, output_cases, checkpoint_cases, model_fault_cases, path_and_run_cases):
         sub = os.path.join(folder, make.__name__)
         os.makedirs(sub, exist_ok=True)
         out += make(sub)
@@ -636,13 +717,21 @@ def api_call(argv: list):
             checkpoint=opts.get("--checkpoint"),
             batch_num=int(opts["--batch-num"]) if "--batch-num" in opts else None,
             batch_size=int(opts["--batch-size"]) if "--batch-size" in opts else None,
-            report=opts.get("--report-batches", "1") != "0")
+            report=opts.get("--report-batches", "1") != "0",
+            report_batches=int(opts.get("--report-batches", "2")) if opts.get("--report-batches") != "0" else 2,
+            save_type=opts.get("--save-type", "Both"))
     if cmd == "convert":
         return lambda: amct_torch.convert_model(pos[0], pos[1], pos[2], out)
     if cmd == "config":
         return lambda: amct_torch.create_quant_config(out, pos[0], pos[1],
                                                       config_defination=opts.get("--quant-cfg"))
     raise ValueError(cmd)
+
+
+def _cli_only(argv: list) -> bool:
+    """A command line the API has no call or argument for (``evaluate``, ``--report-rows``):
+    the API mode runs it through the CLI too."""
+    return argv[0] == "evaluate" or "--report-rows" in argv
 
 
 def _run_api(argv: list) -> tuple:
@@ -684,11 +773,16 @@ def _child(cases_file: str, result_file: str, limit_mb: int, mode: str = "cli") 
     results = []
     for c in cases:
         os.makedirs(os.path.dirname(c["out"]), exist_ok=True)
+        for rel, text in c.get("setup", {}).items():
+            target = os.path.join(os.path.dirname(c["out"]), rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w", encoding="utf-8") as f:
+                f.write(text)
         argv = [a.replace("{out}", c["out"]) for a in c["argv"]]
         err = io.StringIO()
         tb = None
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            if mode == "api":
+            if mode == "api" and not _cli_only(argv):
                 rc, msg, tb = _run_api(argv)
                 err.write(msg)
             else:
@@ -741,6 +835,8 @@ def problems(case: Case, result: dict) -> list[str]:
     if case.expect_ok:
         if result["rc"] != 0 or result["traceback"]:
             bad.append(f"expected success, got exit {result['rc']}: {result['stderr'][-300:]}")
+        elif case.expect_left is not None and sorted(result["left"]) != sorted(case.expect_left):
+            bad.append(f"left {sorted(result['left'])}, expected this run's set {sorted(case.expect_left)}")
         return bad
     if result["traceback"]:
         bad.append("traceback: " + result["traceback"].strip().splitlines()[-1])
