@@ -62,7 +62,8 @@ def test_seed_example_against_model_with_opname_but_no_optype_names_the_type():
         resolve_quant_cfg(parse_quant_cfg(path), layers, path)
     assert str(ei.value) == (
         f"{path}: skip_layer_types: unknown layer type 'Optype': no layer of that type in the "
-        "model (quantizable types: Convolution, Deconvolution, InnerProduct, Pooling)")
+        "model (quantizable types: Convolution, Deconvolution, InnerProduct, Pooling, "
+        "DepthwiseConvolution, ConvolutionDepthwise)")
 
 
 def test_seed_example_with_opname_and_optype_replaced_resolves(tmp_path):
@@ -340,9 +341,11 @@ def test_channel_wise_true_for_deconv_override_is_fine(tmp_path):
     ('skip_layers: "pool2"', "skip_layers: layer 'pool2' (type Pooling) is not quantizable", "pool2"),
     ('skip_layers: "conv1" skip_layers: "conv1"', "skip_layers entry 'conv1' is given more than once", None),
     ('skip_layer_types: "ReLU"', "skip_layer_types: layer type 'ReLU' is not quantizable (quantizable "
-     "types: Convolution, Deconvolution, InnerProduct, Pooling)", None),
+     "types: Convolution, Deconvolution, InnerProduct, Pooling, DepthwiseConvolution, "
+     "ConvolutionDepthwise)", None),
     ('skip_layer_types: "Optype"', "skip_layer_types: unknown layer type 'Optype': no layer of that type "
-     "in the model (quantizable types: Convolution, Deconvolution, InnerProduct, Pooling)", None),
+     "in the model (quantizable types: Convolution, Deconvolution, InnerProduct, Pooling, "
+     "DepthwiseConvolution, ConvolutionDepthwise)", None),
     ('override_layer_configs { layer_name: "Opname" calibration_config { } }',
      "override_layer_configs: unknown layer 'Opname': the model has no layer of that name", "Opname"),
     ('override_layer_configs { layer_name: "prob" calibration_config { } }',
@@ -352,7 +355,8 @@ def test_channel_wise_true_for_deconv_override_is_fine(tmp_path):
      "override_layer_configs: layer 'fc1' is given more than once", "fc1"),
     ('override_layer_types { layer_type: "Optype" calibration_config { } }',
      "override_layer_types: unknown layer type 'Optype': no layer of that type in the model "
-     "(quantizable types: Convolution, Deconvolution, InnerProduct, Pooling)", None),
+     "(quantizable types: Convolution, Deconvolution, InnerProduct, Pooling, DepthwiseConvolution, "
+     "ConvolutionDepthwise)", None),
     ('override_layer_types { layer_type: "Pooling" calibration_config { } } '
      'override_layer_types { layer_type: "Pooling" calibration_config { } }',
      "override_layer_types: layer type 'Pooling' is given more than once", None),
