@@ -2,13 +2,11 @@
 unpickles objects (a file carrying a pickled object with a side effect does not run it)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from test_checkpoint_resume import batches, setup
 
 from amct_torch.errors import CalibrationError
-from test_checkpoint_resume import batches, setup
 
 
 class _Boom:

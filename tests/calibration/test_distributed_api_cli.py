@@ -29,8 +29,8 @@ def data(tmp_path_factory):
 
 
 def test_cli_torchrun_matches_single_process(data, tmp_path):
-    from amct_torch.workflow import quantize
     from amct_torch.record import read_record
+    from amct_torch.workflow import quantize
     model, weights = example_model()
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=PKG_ROOT, OMP_NUM_THREADS="1")
@@ -61,8 +61,8 @@ def test_quantize_resumes_from_checkpoint(data, tmp_path):
 
     from amct_torch.api import init, quantize_model
     from amct_torch.calibration.checkpoint import save_checkpoint
-    from amct_torch.workflow import quantize
     from amct_torch.config import create_quant_config
+    from amct_torch.workflow import quantize
     model, weights = example_model()
     x = torch.from_numpy(np.load(data))
     cfg = str(tmp_path / "c.json")

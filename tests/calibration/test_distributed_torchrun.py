@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 if __name__ == "__main__":  # run as a script by the test itself: tests/ holds the helpers
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers.configs import use_hfmg

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 from amct_torch.algorithms.ifmr import ifmr_exact
-from amct_torch.calibration.observers import (HfmgObserver, IfmrExactObserver, IfmrStreamingObserver,
-                                              make_observer)
+from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver, make_observer
 from amct_torch.errors import CalibrationError
 
 
