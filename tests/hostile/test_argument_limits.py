@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 import amct_torch
-from helpers.caffe_nets import make_net
-from helpers.exports import SMALL_BODY, small_blobs
-
 from amct_torch.cli import main
 from amct_torch.errors import AmctError, ModelError
 from amct_torch.examples import EXAMPLE_DIR, example_model
 from amct_torch.inputs.limits import MAX_BATCH_NUM
 from amct_torch.quality.evaluate import evaluate
+from helpers.caffe_nets import make_net
+from helpers.exports import SMALL_BODY, small_blobs
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 

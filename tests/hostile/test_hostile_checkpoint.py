@@ -4,9 +4,7 @@ CalibrationError naming the checkpoint file (never a silent wrong result or a tr
 from __future__ import annotations
 
 import os
-import shutil
 
-import numpy as np
 import pytest
 import torch
 

@@ -161,6 +161,7 @@ def test_default_batch_size_uses_every_sample(tmp_path):
     """digits_calib.npz holds 180 samples (counted here with numpy): batch_num 2 without a
     batch size calibrates on all of them, and the summary says so."""
     import io
+
     from amct_torch.cli import _summary
     with np.load(DATA) as z:
         total = z["inputs"].shape[0]
@@ -189,6 +190,7 @@ def test_full_disk_while_writing_keeps_the_previous_outputs(tmp_path, monkeypatc
     """A write failing with ENOSPC in the middle of the outputs: AmctError naming the final
     output (not the staging copy), and the earlier run's files all unchanged."""
     import errno
+
     import amct_torch.atomic as atomic
     model, weights = _copy_model(tmp_path)
     prefix = str(tmp_path / "o" / "m")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +16,7 @@ import pytest
 import amct_torch
 from amct_torch.examples import EXAMPLE_DIR, example_model
 from amct_torch.output_names import prefix_outputs
-from amct_torch.transaction import (MANIFEST, OutputTransaction, Terminated, recover,
-                                    staging_folder)
+from amct_torch.transaction import MANIFEST, OutputTransaction, Terminated, recover, staging_folder
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,8 +3,6 @@ pixel arithmetic), arrays and .npy/.npz files batched, and every bad input a Dat
 the file."""
 from __future__ import annotations
 
-import os
-
 import cv2
 import numpy as np
 import pytest

@@ -7,12 +7,12 @@ took.
 """
 from __future__ import annotations
 
-import logging
 import hashlib
+import logging
 import math
-import stat
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -23,10 +23,10 @@ import torch
 from amct_torch import kernels
 from amct_torch.algorithms import hfmg, histogram, streaming
 from amct_torch.calibration import backends
-from amct_torch.kernels import build as native_build
-from amct_torch.kernels import native
 from amct_torch.calibration.observers import HfmgObserver, IfmrStreamingObserver
 from amct_torch.errors import CalibrationError
+from amct_torch.kernels import build as native_build
+from amct_torch.kernels import native
 
 #: torch ops; the kernels at their widest vector width; the kernels' 4-lane code where the
 #: CPU has a wider one (both widths must give the same integers)
