@@ -68,6 +68,7 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
     """Quantize one layer's weights with the record's scale_w (ARQ grid: clamp(round(w/s),
     -128, 127)) and derive its int32 bias and DeQuant factors. A bias that does not fit int32
     is an ExportError naming the layer."""
+    assert rec.scale_d is not None and rec.offset_d is not None  # plan_layers refused the others
     lq = LayerQuant(name=name, type=module.caffe_type, module=module, scale_d=float(rec.scale_d),
                     offset_d=int(rec.offset_d))
     sd32 = np.float32(rec.scale_d)

@@ -76,7 +76,7 @@ def input_side_reason(conv: CaffeLayer, channels: int) -> Optional[str]:
     if getattr(conv, "groups", 1) != 1:
         return f"input-side fusion needs group 1, '{conv.caffe_name}' has group {conv.groups}"
     if any(p != 0 for p in getattr(conv, "padding", (0, 0))):
-        return f"input-side fusion needs pad 0, '{conv.caffe_name}' pads {list(conv.padding)}"
+        return f"input-side fusion needs pad 0, '{conv.caffe_name}' pads {list(getattr(conv, 'padding'))}"
     if conv.weight.shape[1] != channels:
         return f"'{conv.caffe_name}' takes {conv.weight.shape[1]} channels, BatchNorm has {channels}"
     return None

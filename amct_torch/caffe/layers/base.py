@@ -56,6 +56,11 @@ class CaffeLayer(nn.Module):
     same_shape: ClassVar[bool] = False  # element-wise: output shape = input shape (setup checks params)
     can_run_inplace: ClassVar[bool] = False  # may overwrite its first bottom when ``inplace`` is set
     fresh_output: ClassVar[bool] = False  # returns a new tensor (or an in-place one over a fresh one)
+    # The parameters of the weighted layers (Convolution, Deconvolution, InnerProduct, Scale,
+    # Bias, PReLU, Normalize...), declared here so that code reading them through a CaffeLayer
+    # is type-checked; a layer without them simply does not set them (``getattr(m, "weight", None)``).
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
 
     def __init__(self, layer_param, blobs: Optional[Sequence[np.ndarray]] = None,
                  bottom_shapes: Optional[Sequence[Shape]] = None, file: Optional[str] = None) -> None:
