@@ -4,12 +4,15 @@ The text goes to a temporary file in the destination's own folder (so the final 
 on one filesystem), is flushed to disk, and then replaces the destination with ``os.replace``,
 which is atomic on POSIX and Windows. The final file gets the permissions an ordinary
 ``open(path, "w")`` would give (0666 minus the umask), not ``mkstemp``'s private 0600, so
-that a shared group or another container uid can read the results.
+that a shared group or another container uid can read the results. A SIGTERM during the
+write removes the temporary file (``amct_torch.termination``) before the process ends.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+
+from amct_torch.termination import clean_exit_on_signals
 
 
 def current_umask() -> int:
@@ -54,20 +57,21 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically; the old file stays intact on failure."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=folder)
-    try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    with clean_exit_on_signals():  # a SIGTERM mid-write removes the temporary file too
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                                   dir=folder)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, file_mode())
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
     fsync_dir(folder)

@@ -36,35 +36,21 @@ import json
 import logging
 import os
 import shutil
-import signal
-import threading
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError
 from amct_torch.output_names import prefix_outputs
+from amct_torch.termination import SignalGuard, Terminated
+
+__all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
+           "same_file", "staging_folder"]
 
 log = logging.getLogger("amct_torch")
 
 STAGING_SUFFIX = ".amct-partial"
 MANIFEST = "COMMITTED.json"
 _LOCK = "lock"
-#: the signals that end a command with its staging folder cleaned (as Ctrl-C does)
-CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-class Terminated(SystemExit):
-    """A termination signal arrived while outputs were being written: raised from the signal
-    handler so that every ``finally`` runs (the staging folder is removed); as a ``SystemExit``
-    the process ends with status ``128 + signum``, the shell's convention, without a traceback.
-    ``committed``: the signal came during the commit, which finished first."""
-
-    def __init__(self, signum: int, committed: bool = False) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-        self.committed = committed
-
-
 class Published(list):
     """What ``commit`` returns: the final paths published (a list, as before), and
     ``removed``: the earlier run's files of the prefix that this commit removed."""
@@ -238,54 +224,6 @@ def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:
     return done
 
 
-class _SignalGuard:
-    """While installed: SIGTERM/SIGHUP raise ``Terminated`` in the main thread (so the
-    transaction's cleanup runs), or wait while ``hold`` is set (the commit's renames)."""
-
-    def __init__(self) -> None:
-        self._old: dict[int, Any] = {}
-        self.hold = False
-        self.pending: Optional[int] = None
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers belong to the main thread
-        for sig in CLEAN_EXIT_SIGNALS:
-            try:
-                old = signal.getsignal(sig)
-                if old is signal.SIG_DFL:  # never override a handler the application set
-                    signal.signal(sig, self._handle)
-                    self._old[sig] = old
-            except (OSError, ValueError):
-                pass
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.hold:
-            self.pending = self.pending or signum
-            return
-        self.restore()  # a second signal during the cleanup ends the process at once
-        raise Terminated(signum)
-
-    def release(self, done: bool) -> None:
-        """End the hold (``done``: the transaction is closed, the handlers go); a signal that
-        arrived during it is raised now."""
-        self.hold = False
-        if done:
-            self.restore()
-        if self.pending is not None:
-            signum, self.pending = self.pending, None
-            self.restore()
-            raise Terminated(signum, committed=done)
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            try:
-                signal.signal(sig, old)
-            except (OSError, ValueError):
-                pass
-        self._old = {}
-
-
 class OutputTransaction:
     """The files one command writes under one folder, committed together.
 
@@ -314,7 +252,7 @@ class OutputTransaction:
         self.staging: Optional[str] = None
         self._lock: Optional[int] = None
         self._created: list[str] = []
-        self._signals = _SignalGuard()
+        self._signals = SignalGuard()
 
     def begin(self, name: Optional[str] = None) -> "OutputTransaction":
         """Check the outputs, create the folder, clean a killed run's staging folder and make

@@ -118,9 +118,11 @@ def save_checkpoint(session: Any, path: str) -> None:
     try:
         torch.save(state, tmp)
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:  # a SIGTERM mid-save (Terminated) leaves no temporary file
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if not isinstance(err, OSError):
+            raise
         raise CalibrationError(f"cannot write the calibration checkpoint: {err.strerror or err}",
                                file=path) from None
 

@@ -256,3 +256,37 @@ def test_sigterm_handler_only_while_a_transaction_is_open_and_never_over_the_app
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from amct_torch.atomic import atomic_write_text
+    target = tmp_path / "quant_config.json"
+    target.write_text("before")
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(Terminated) as stop:
+        atomic_write_text(str(target), "after")
+    assert stop.value.code == 143
+    assert _names(tmp_path) == {"quant_config.json"} and target.read_text() == "before"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_sigterm_while_saving_a_checkpoint_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from amct_torch.calibration import checkpoint
+    from amct_torch.termination import clean_exit_on_signals
+
+    def slow_save(state, path):
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    monkeypatch.setattr(checkpoint, "checkpoint_state", lambda session: {})
+    monkeypatch.setattr(checkpoint.torch, "save", slow_save)
+    with pytest.raises(Terminated), clean_exit_on_signals():
+        checkpoint.save_checkpoint(object(), str(tmp_path / "run.ckpt"))
+    assert os.listdir(tmp_path) == []

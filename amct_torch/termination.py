@@ -1,0 +1,90 @@
+"""Termination signals turned into a clean exit while outputs are being written.
+
+Why: SIGTERM (``docker stop``, Kubernetes, torchrun stopping its workers) and SIGHUP (a closed
+terminal) kill a Python process outright by default: no ``finally`` runs, so a staging folder
+or a temporary file beside an output would stay behind. While ``SignalGuard`` is installed
+they raise ``Terminated`` in the main thread instead, like Ctrl-C raises KeyboardInterrupt,
+so that the cleanup runs; ``hold`` makes a signal wait through a step that must not be cut
+(the renames of a commit). An application's own handler is never replaced.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+#: the signals that end a command with its staging folder cleaned (as Ctrl-C does)
+CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class Terminated(SystemExit):
+    """A termination signal arrived while outputs were being written: raised from the signal
+    handler so that every ``finally`` runs (the staging folder is removed); as a ``SystemExit``
+    the process ends with status ``128 + signum``, the shell's convention, without a traceback.
+    ``committed``: the signal came during the commit, which finished first."""
+
+    def __init__(self, signum: int, committed: bool = False) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.committed = committed
+
+
+class SignalGuard:
+    """While installed: SIGTERM/SIGHUP raise ``Terminated`` in the main thread (so the
+    writer's cleanup runs), or wait while ``hold`` is set (a commit's renames)."""
+
+    def __init__(self) -> None:
+        self._old: dict[int, Any] = {}
+        self.hold = False
+        self.pending: Optional[int] = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers belong to the main thread
+        for sig in CLEAN_EXIT_SIGNALS:
+            try:
+                old = signal.getsignal(sig)
+                if old is signal.SIG_DFL:  # never override a handler the application set
+                    signal.signal(sig, self._handle)
+                    self._old[sig] = old
+            except (OSError, ValueError):
+                pass
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.hold:
+            self.pending = self.pending or signum
+            return
+        self.restore()  # a second signal during the cleanup ends the process at once
+        raise Terminated(signum)
+
+    def release(self, done: bool) -> None:
+        """End the hold (``done``: the transaction is closed, the handlers go); a signal that
+        arrived during it is raised now."""
+        self.hold = False
+        if done:
+            self.restore()
+        if self.pending is not None:
+            signum, self.pending = self.pending, None
+            self.restore()
+            raise Terminated(signum, committed=done)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            try:
+                signal.signal(sig, old)
+            except (OSError, ValueError):
+                pass
+        self._old = {}
+
+
+@contextmanager
+def clean_exit_on_signals() -> Iterator[None]:
+    """For the block: a termination signal raises ``Terminated`` (when no handler is set), so
+    the block's own cleanup (a temporary file's removal) runs before the process ends."""
+    guard = SignalGuard()
+    guard.install()
+    try:
+        yield
+    finally:
+        guard.restore()
