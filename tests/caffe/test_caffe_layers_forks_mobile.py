@@ -455,3 +455,14 @@ def test_save_caffe_writes_the_fork_layers_back_unchanged(tmp_path):
             np.testing.assert_array_equal(np.asarray(x.data), np.asarray(y.data))
     x = rand(*SHAPE, seed=35)
     np.testing.assert_array_equal(run_ours(proto, model, x)["un"], run_ours(out_p, out_m, x)["un"])
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_fork_layers_on_cuda_match_cpu(tmp_path):
+    """Device-agnostic: the same net on CUDA (the unpooling's last-writer rule included)."""
+    body = ALL_TYPES.replace("kernel_size: 2 stride: 2", "kernel_size: 3 stride: 2 pad: 1")
+    proto, model = make_net(tmp_path, body.replace("pad_out_h: true", "upsample_h: 18 upsample_w: 22")
+                            .replace("upsample_param { scale: 2 upsample_h", "upsample_param { upsample_h"),
+                            {"data": SHAPE}, ALL_BLOBS)
+    x = rand(*SHAPE, seed=36)
+    assert_close(run_ours(proto, model, x, device="cuda")["un"], run_ours(proto, model, x)["un"], tol=1e-5)
