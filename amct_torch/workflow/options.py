@@ -9,8 +9,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError
 from amct_torch.inputs.data import Preprocess
-from amct_torch.errors import AmctError, ConfigError, ModelError
+from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
 
 
@@ -51,8 +52,12 @@ class QuantizeOptions:
             raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {self.save_type!r}")
         if self.onnx not in (False, None, True) + ONNX_ACTIVATIONS:
             raise AmctError(f"onnx must be True, False, 'int8' or 'uint8', got {self.onnx!r}")
-        if self.batch_num is not None and (isinstance(self.batch_num, bool) or int(self.batch_num) < 1):
-            raise ConfigError(f"batch_num must be >= 1, got {self.batch_num!r}")
+        if self.batch_num is not None:  # bounded: an absurd count overflowed the config's field
+            self.batch_num = check_batch_num(self.batch_num, error=ConfigError)
+        if isinstance(self.report_batches, bool) or not isinstance(self.report_batches, int) or self.report_batches < 0:
+            raise AmctError(f"report_batches must be an integer >= 0, got {self.report_batches!r}")
+        if self.checkpoint is not None:  # a FIFO blocks, a missing folder failed after batch 1
+            check_checkpoint_path(os.fspath(self.checkpoint), error=CalibrationError)
         if self.improve is not None and self.improve not in IMPROVEMENTS:
             raise AmctError(f"improve must be one of {', '.join(IMPROVEMENTS)} or None, got {self.improve!r}")
         self.output = os.fspath(self.output)
