@@ -100,3 +100,13 @@ def test_evaluate_refuses_bad_counts_with_one_line(tmp_path, capsys, argv):
         main(["evaluate", *a, data, *argv])
     assert stop.value.code == 2
     assert argv[0] in _one_line(capsys)
+
+
+def test_only_outputs_behind_a_data_dependent_layer_may_differ_in_shape(tmp_path):
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.quality.evaluate import data_dependent_outputs
+    from helpers.ssd import ssd_net
+    ssd = load_caffe(*ssd_net(tmp_path))
+    assert data_dependent_outputs(ssd) == {"detection_out"}
+    a, _, _ = _two_nets(tmp_path, 5)
+    assert data_dependent_outputs(load_caffe(*a)) == set()
