@@ -2,16 +2,17 @@
 from amct_torch.caffe.layers.base import CaffeLayer, layer_class, register, supported_types
 from amct_torch.caffe.layers import activations, conv, norm, pooling, quant, ssd, structure  # noqa: F401  (register)
 from amct_torch.caffe.layers import interp, rcnn, yolo  # noqa: F401  (register: segmentation / detection forks)
+from amct_torch.caffe.layers import mobile, segnet, upsample  # noqa: F401  (register: mobile / YOLO / SegNet forks)
 from amct_torch.caffe.layers.conv import ConvolutionLayer, DeconvolutionLayer, InnerProductLayer
 from amct_torch.caffe.layers.norm import BatchNormLayer, BiasLayer, LRNLayer, NormalizeLayer, ScaleLayer
 from amct_torch.caffe.layers.pooling import PoolingLayer, caffe_pool2d, caffe_pooled_size
 from amct_torch.caffe.layers.quant import DeQuantLayer, QuantLayer
 
-QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling")
+QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling") + mobile.DEPTHWISE_TYPES
 
 
 def is_quantizable(module: CaffeLayer) -> bool:
-    """True for the layers SPEC §3.3 quantizes: Convolution, Deconvolution, InnerProduct, and
+    """True for the layers AMCT quantizes: Convolution, Deconvolution, InnerProduct, and
     Pooling AVE that is not global (the type-level constraints such as IP axis are config's)."""
     if isinstance(module, PoolingLayer):
         return module.quantizable

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from amct_torch.caffe.layers.base import CaffeLayer, register
 from amct_torch.caffe.layers.conv import _hw
+from amct_torch.caffe.layers.upsample import max_pool_with_mask
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 
@@ -87,7 +88,10 @@ def caffe_pool2d(x: torch.Tensor, method: int, kernel: tuple[int, int], stride: 
 class PoolingLayer(CaffeLayer):
     """Caffe Pooling (MAX, AVE; STOCHASTIC with Caffe's test-time rule sum(x^2)/sum(x)).
 
-    ``quantizable`` is True for AVE pooling that is not global (SPEC §3.3)."""
+    ``quantizable`` is True for AVE pooling that is not global (as in AMCT). MAX pooling may
+    have BVLC's second top, the argmax mask (``upsample.max_pool_with_mask``) SegNet unpools with."""
+
+    tops = (1, 2)
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -95,6 +99,8 @@ class PoolingLayer(CaffeLayer):
         self.method = int(p.pool)
         if self.method not in (MAX, AVE, STOCHASTIC):
             self.fail(f"unknown pool method {self.method}")
+        if self.num_tops == 2 and self.method != MAX:
+            self.fail("only MAX pooling has a second top (the argmax mask)")
         self.global_pooling = bool(p.global_pooling)
         self.ceil = p.round_mode == 0
         self.padding = _hw(self, p, "pad", "pad_h", "pad_w", 0)
@@ -121,15 +127,20 @@ class PoolingLayer(CaffeLayer):
         if len(s) < 3:
             self.fail(f"Pooling needs an input with spatial axes, got {list(s)}")
         if self.global_pooling:
-            return [tuple(s[:-2]) + (1, 1)]
+            return [tuple(s[:-2]) + (1, 1)] * self.num_tops
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         oh = caffe_pooled_size(s[-2], kh, sh, ph, self.ceil)
         ow = caffe_pooled_size(s[-1], kw, sw, pw, self.ceil)
         if oh <= 0 or ow <= 0:
             self.fail(f"input {list(s)} is too small for kernel {self.kernel_size}")
-        return [tuple(s[:-2]) + (oh, ow)]
+        return [tuple(s[:-2]) + (oh, ow)] * self.num_tops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor):
+        if self.num_tops == 2:
+            k = (x.shape[-2], x.shape[-1]) if self.global_pooling else self.kernel_size
+            st, pd = ((1, 1), (0, 0)) if self.global_pooling else (self.stride, self.padding)
+            out = tuple(caffe_pooled_size(n, kk, ss, pp, self.ceil) for n, kk, ss, pp in zip(x.shape[-2:], k, st, pd))
+            return max_pool_with_mask(x, k, st, pd, out)
         if self.global_pooling:
             if self.method == MAX:
                 return torch.amax(x, dim=(-2, -1), keepdim=True)
