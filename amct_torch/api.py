@@ -1,7 +1,6 @@
-"""The AMCT-compatible Python API (SPEC §1): ``create_quant_config``, ``init``,
-``quantize_model``, ``save_model``, ``convert_model`` — same names, arguments and files as
-``amct_caffe``. The one-call ``quantize`` is the workflow layer above this one
-(``amct_torch.workflow``).
+"""The AMCT-compatible Python API: ``create_quant_config``, ``init``, ``quantize_model``,
+``save_model``, ``convert_model`` -- same names, arguments and files as ``amct_caffe``. The
+one-call ``quantize`` is the workflow layer above this one (``amct_torch.workflow``).
 
 Typical AMCT script::
 
@@ -11,6 +10,12 @@ Typical AMCT script::
     for batch in batches[:batch_num]:      # on CUDA too: model.cuda(); batch.cuda()
         model(batch)
     save_model(graph, "Both", "out/model")
+
+Why a thin layer: the work is done by the steps in ``amct_torch.steps`` over an in-memory
+graph and record; this module adds AMCT's argument checks and its files: ``init`` empties the
+record file, ``quantize_model`` writes the weight factors into it, the ``batch_num``-th forward
+rewrites it with the activation factors, and ``save_model`` reads it back (so a record edited
+by hand in between is what the models are written from, as with AMCT).
 """
 from __future__ import annotations
 
@@ -20,12 +25,11 @@ from typing import Optional
 
 import torch
 
-from amct_torch.steps.quant_graph import (QuantGraph, check_finite_weights, fuse,
-                                             start_calibration, write_weights)
-from amct_torch.config import create_quant_config, layer_infos_from_net, read_quant_config_json
+from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
 from amct_torch.output_names import SAVE_TYPES, model_paths
 from amct_torch.record import empty_record, read_record
+from amct_torch.steps import QuantGraph, check_records, load, quantize_weights, start_calibration, write_records
 from amct_torch.transaction import OutputTransaction, check_outputs, make_folder
 
 log = logging.getLogger("amct_torch")
@@ -41,30 +45,6 @@ def _need_file(path: str, what: str, err: type = ModelError) -> str:
     if not os.path.isfile(path):
         raise err(f"{what} not found", file=path)
     return path
-
-
-def init(config_file: str, model_file: str, weights_file: str,
-         scale_offset_record_file: str) -> QuantGraph:
-    """Load the Caffe model, read and validate the JSON quant config, and create (or empty)
-    the record file. Returns the graph object the next calls take."""
-    from amct_torch.caffe.graph import load_caffe
-
-    model_file = _need_file(model_file, "model file")
-    weights_file = _need_file(weights_file, "weights file")
-    config_file = _need_file(config_file, "quant config", ConfigError)
-    record_out = _output_path(scale_offset_record_file, "record file")
-    check_outputs([record_out], [model_file, weights_file, config_file])
-    make_folder(os.path.dirname(os.path.abspath(record_out)))
-    model = load_caffe(model_file, weights_file)
-    check_finite_weights(model, weights_file)
-    layers = layer_infos_from_net(model.caffe_net)
-    config = read_quant_config_json(config_file, layers)
-    record_file = os.fspath(scale_offset_record_file)
-    empty_record(record_file)
-    log.info("loaded %s: %d layers, %d to quantize", model_file, len(layers),
-             len(config.enabled_layers()))
-    return QuantGraph(model_file=model_file, weights_file=weights_file, config_file=config_file,
-                      record_file=record_file, config=config, layers=layers, model=model)
 
 
 def _output_path(path: object, what: str) -> str:
@@ -84,63 +64,69 @@ def _check_graph(graph: object, caller: str) -> QuantGraph:
     return graph
 
 
+def init(config_file: str, model_file: str, weights_file: str,
+         scale_offset_record_file: str) -> QuantGraph:
+    """Load the Caffe model, read and validate the JSON quant config, and create (or empty)
+    the record file. Returns the graph object the next calls take."""
+    model_file = _need_file(model_file, "model file")
+    weights_file = _need_file(weights_file, "weights file")
+    config_file = _need_file(config_file, "quant config", ConfigError)
+    record_file = _output_path(scale_offset_record_file, "record file")
+    check_outputs([record_file], [model_file, weights_file, config_file])
+    make_folder(os.path.dirname(os.path.abspath(record_file)))
+    graph = load(config_file, model_file, weights_file)
+    graph.record_file = record_file
+    empty_record(record_file)
+    return graph
+
+
 def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modified_weights_file: Optional[str],
                    *, ifmr_mode: str = "streaming") -> torch.nn.Module:
     """Fuse BN, write ARQ weight factors to the record, write the modified (fused, calibration)
     Caffe model, and return the torch module to run on ``batch_num`` calibration batches.
-    Both file names None: the modified model is not written (the one-call API, which does not
-    keep it, saves a 24 MB write on a ResNet-50).
+    Both file names None: the modified model is not written.
 
     After the ``batch_num``-th forward the activation factors are computed and merged into the
-    record; later forwards do nothing more. ``ifmr_mode`` "streaming" (default, memory does
-    not grow with batch_num) or "exact" (AMCT's keep-every-element search)."""
+    record file; later forwards do nothing more. ``ifmr_mode`` "streaming" (default, memory
+    does not grow with batch_num) or "exact" (AMCT's keep-every-element search)."""
     from amct_torch.caffe.netio import save_caffe
 
     graph = _check_graph(graph, "quantize_model")
     if graph.session is not None:
         raise CalibrationError("quantize_model was already called on this graph; call init again")
+    if graph.record_file is None:
+        raise AmctError("quantize_model takes the graph returned by init() (it has no record file)")
     write = not (modified_model_file is None and modified_weights_file is None)
     outs = [_output_path(modified_model_file, "modified model"),
             _output_path(modified_weights_file, "modified weights")] if write else []
     check_outputs(outs, [graph.model_file, graph.weights_file, graph.config_file, graph.record_file])
     for p in outs:
         make_folder(os.path.dirname(os.path.abspath(p)))
-    fuse(graph)
-    write_weights(graph)
+    record_file = graph.record_file
+    write_records(quantize_weights(graph), record_file)
     if write:
         save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
-    start_calibration(graph, ifmr_mode=ifmr_mode)
+    start_calibration(graph, ifmr_mode=ifmr_mode, then=lambda records: write_records(records, record_file))
     log.info("run the returned model on %d batch(es) of calibration data", graph.config.batch_num)
     return graph.fused
 
 
-def checked_records(graph: QuantGraph) -> dict:
-    """The record of ``graph`` after calibration, with every quantized layer's (and joint
-    Eltwise's) factors present and every entry valid (SPEC §4)."""
-    from amct_torch.record import validate_record
-
-    records = read_record(graph.record_file)
-    missing = [n for n in graph.quant_layers + sorted(graph.joint_layers)
-               if n not in records or records[n].scale_d is None]
-    if missing:
-        seen = graph.session.batches_seen if graph.session is not None else 0
-        raise RecordError(f"no activation factors for {len(missing)} quantized layer(s) "
-                          f"(first: '{missing[0]}'): run the model returned by quantize_model on "
-                          f"batch_num={graph.config.batch_num} batches first (ran {seen})",
-                          file=graph.record_file, layer=missing[0])
-    validate_record(records, graph.layers, graph.record_file)
-    return records
+def _read_records(graph: QuantGraph) -> dict:
+    """The record file of ``graph``, read and checked (every quantized layer's and joint
+    Eltwise's factors present, every entry valid)."""
+    if graph.record_file is None:
+        raise RecordError("this graph has no record file: save_model takes the graph returned "
+                          "by init() or quantize()")
+    return check_records(graph, read_record(graph.record_file), graph.record_file)
 
 
-def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
-               _staged: bool = False) -> list[str]:
+def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     """Write the quantized models: ``save_type`` ``Fakequant``, ``Deploy`` or ``Both`` →
     ``{save_path}_fake_quant_model.prototxt`` / ``_fake_quant_weights.caffemodel``,
     ``{save_path}_deploy_model.prototxt`` / ``_deploy_weights.caffemodel`` and
-    ``{save_path}_quant.json``. Error (nothing written) if a quantized layer lacks factors.
-    Returns the paths written. The files are committed together (``amct_torch.transaction``):
-    an error or a kill leaves the previous files as they were. (``_staged``: the caller's own
-    transaction already stages ``save_path``.)"""
+    ``{save_path}_quant.json``, from the graph's record file. Error (nothing written) if a
+    quantized layer lacks factors. Returns the paths written. The files are committed together
+    (``amct_torch.transaction``): an error or a kill leaves the previous files as they were."""
     from amct_torch.export.graph_outputs import export_models
 
     graph = _check_graph(graph, "save_model")
@@ -150,13 +136,12 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str, *,
     if graph.fused is None or graph.session is None:
         raise CalibrationError("save_model needs a calibrated graph: call quantize_model and run "
                                "its model on the calibration batches first")
-    if _staged:
-        return export_models(graph, checked_records(graph), save_type, save_path)
     inputs = [graph.model_file, graph.weights_file, graph.config_file, graph.record_file]
-    with OutputTransaction(model_paths(save_path, save_type), inputs,
+    with OutputTransaction(model_paths(save_path, save_type), [p for p in inputs if p is not None],
                            name=os.path.basename(save_path)) as tx:
-        records = checked_records(graph)
-        staged = export_models(graph, records, save_type, tx.staged_prefix(save_path))
+        records = _read_records(graph)
+        staged = export_models(graph, records, save_type, tx.staged_prefix(save_path),
+                               record_file=graph.record_file)
         return tx.commit([tx.final_of(p) for p in staged])
 
 
@@ -173,4 +158,3 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
                            name=os.path.basename(save_path)) as tx:
         staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])
-

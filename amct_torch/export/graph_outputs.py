@@ -1,35 +1,40 @@
 """The output models of a calibrated graph, written by the exporters.
 
 Why here: ``save_model``, the one-call job and auto calibration all write the same set of
-files from a calibrated graph (fused float model + record); this file calls the exporters
-with the graph's fusion map and record path (``amct_torch.output_names`` names the files).
+files from a calibrated graph (the fused float model + its record, held in memory); this file
+calls the exporters with the graph's fusion map (``amct_torch.output_names`` names the files).
+``record_file`` is only what the exporters' errors name: the file the record was read from,
+or None for a record computed in memory (the caller then names the files its values came
+from).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from amct_torch.export import convert_model, export_onnx, save_quant_models
 from amct_torch.output_names import model_paths
 
 
-def export_models(graph: Any, records: Mapping[str, Any], save_type: str, save_path: str) -> list[str]:
+def export_models(graph: Any, records: Mapping[str, Any], save_type: str, save_path: str,
+                  record_file: Optional[str] = None) -> list[str]:
     """Write the fake-quant and/or deploy Caffe models and the quant info JSON of a calibrated
-    graph; returns the paths written."""
+    graph from ``records``; returns the paths written."""
     save_quant_models(graph.fused, records, save_type=save_type, save_path=save_path,
-                      fused_layers=graph.fused_layers, record_file=graph.record_file)
+                      fused_layers=graph.fused_layers, record_file=record_file)
     return [p for p in model_paths(save_path, save_type) if os.path.exists(p)]
 
 
 def convert(model_file: str, weights_file: str, record_file: str, save_path: str) -> list[str]:
-    """``convert_model`` (record → models); returns the paths written."""
+    """``convert_model`` (record file → models); returns the paths written."""
     convert_model(model_file, weights_file, record_file, save_path)
     return [p for p in model_paths(save_path, "Both") if os.path.exists(p)]
 
 
 def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
                       activations: str = "int8", quantize_eltwise: bool = False,
-                      calibration_data: Any = None, outputs: Any = None) -> tuple[str, str]:
+                      calibration_data: Any = None, outputs: Any = None,
+                      record_file: Optional[str] = None) -> tuple[str, str]:
     """``{prefix}_float.onnx`` and ``{prefix}_quant.onnx`` (QDQ; activations int8 with zero
     point offset_d, or uint8 with offset_d + 128, the form ONNX Runtime's x86 kernels favour).
     ``quantize_eltwise``: the opt-in speed mode (not AMCT-exact, docs/export.md), whose extra
@@ -37,4 +42,4 @@ def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
     return export_onnx(graph.fused, records, prefix, activations=activations,
                        quantize_eltwise=quantize_eltwise,
                        calibration_data=calibration_data if quantize_eltwise else None,
-                       file=graph.record_file, outputs=outputs)
+                       file=record_file, outputs=outputs)

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -169,7 +167,8 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     ``_auto_calibration_history.json`` and the fake-quant/deploy models. ``strategy``: "BinarySearch" or an object with ``search(n, passes) -> k``;
     ``sensitivity``: "CosineSimilarity" or an object with ``rank(float_model, quant_model,
     batches, layers, records) -> [(layer, value)]`` worst first."""
-    from amct_torch.api import checked_records, init, quantize_model
+    from amct_torch.api import init
+    from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.export import fake_quant_graph
     from amct_torch.export.graph_outputs import export_models
@@ -186,61 +185,58 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
         raise AmctError(f"cannot write the outputs: folder {folder} does not exist", file=save_dir)
     dev = torch.device(getattr(model_evaluator, "device", "cpu"))
 
-    tmp = tempfile.mkdtemp(prefix="amct_auto_")
+    graph = init(config_file, model_file, weights_file, record_file)
+    original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
+    quantize_weights(graph)  # in memory: the record file is written once, with the outputs
+    start_calibration(graph)
+    model = graph.fused.to(dev)
+    seen, handle = _capture_inputs(model, graph.config.batch_num)
     try:
-        graph = init(config_file, model_file, weights_file, record_file)
-        original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
-        model = quantize_model(graph, os.path.join(tmp, "modified.prototxt"),
-                               os.path.join(tmp, "modified.caffemodel")).to(dev)
-        seen, handle = _capture_inputs(model, graph.config.batch_num)
-        try:
-            model_evaluator.calibration(model)
-        finally:
-            handle.remove()
-        if not graph.session.done:
-            raise CalibrationError(f"the evaluator's calibration() ran {graph.session.batches_seen} "
-                                   f"batch(es); the config's batch_num is {graph.config.batch_num}")
-        records = checked_records(graph)
-        candidates = [n for n in records if n in set(graph.quant_layers)]
-        history: list[dict] = []
-        cache: dict[int, tuple[bool, float]] = {}
-
-        def run(skip: Sequence[str]) -> tuple[bool, float]:
-            kept = {n: r for n, r in records.items() if n not in set(skip)}
-            qm = fake_quant_graph(graph.fused, kept, graph.record_file).to(dev).eval()
-            metric = _metric(model_evaluator, qm)
-            ok, loss = model_evaluator.metric_eval(original, metric)
-            history.append({"float_layers": list(skip), "metric": metric, "loss": float(loss),
-                            "passed": bool(ok)})
-            log.info("auto calibration: %d layer(s) in float -> metric %.6g (%s)", len(skip), metric,
-                     "passes" if ok else "fails")
-            return bool(ok), metric
-
-        ok, metric = run([])
-        ranking: list[tuple[str, float]] = []
-        skip: list[str] = []
-        if not ok:
-            qm = fake_quant_graph(graph.fused, records, graph.record_file).to(dev).eval()
-            ranking = list(sens.rank(graph.fused.eval(), qm, seen, candidates, records))
-            order = [name for name, _ in ranking]
-
-            def passes(k: int) -> bool:
-                if k not in cache:
-                    cache[k] = run(order[:k])
-                return cache[k][0]
-
-            k = int(search.search(len(order), passes))
-            if not passes(k):
-                raise CalibrationError(f"the metric is not met even with {k} of {len(order)} "
-                                       "quantized layer(s) left in float")
-            skip, metric = order[:k], cache[k][1]
-
-        files = _write_outputs(graph, records, skip, ranking, history, original, metric, save_dir,
-                               write_quant_config_json, write_record, atomic_write_text,
-                               export_models)
-        return AutoCalibrationResult(original, metric, skip, ranking, history, files)
+        model_evaluator.calibration(model)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        handle.remove()
+    if not graph.session.done:
+        raise CalibrationError(f"the evaluator's calibration() ran {graph.session.batches_seen} "
+                               f"batch(es); the config's batch_num is {graph.config.batch_num}")
+    records = check_records(graph, finish_calibration(graph), graph.record_file)
+    candidates = [n for n in records if n in set(graph.quant_layers)]
+    history: list[dict] = []
+    cache: dict[int, tuple[bool, float]] = {}
+
+    def run(skip: Sequence[str]) -> tuple[bool, float]:
+        kept = {n: r for n, r in records.items() if n not in set(skip)}
+        qm = fake_quant_graph(graph.fused, kept, graph.record_file).to(dev).eval()
+        metric = _metric(model_evaluator, qm)
+        ok, loss = model_evaluator.metric_eval(original, metric)
+        history.append({"float_layers": list(skip), "metric": metric, "loss": float(loss),
+                        "passed": bool(ok)})
+        log.info("auto calibration: %d layer(s) in float -> metric %.6g (%s)", len(skip), metric,
+                 "passes" if ok else "fails")
+        return bool(ok), metric
+
+    ok, metric = run([])
+    ranking: list[tuple[str, float]] = []
+    skip: list[str] = []
+    if not ok:
+        qm = fake_quant_graph(graph.fused, records, graph.record_file).to(dev).eval()
+        ranking = list(sens.rank(graph.fused.eval(), qm, seen, candidates, records))
+        order = [name for name, _ in ranking]
+
+        def passes(k: int) -> bool:
+            if k not in cache:
+                cache[k] = run(order[:k])
+            return cache[k][0]
+
+        k = int(search.search(len(order), passes))
+        if not passes(k):
+            raise CalibrationError(f"the metric is not met even with {k} of {len(order)} "
+                                   "quantized layer(s) left in float")
+        skip, metric = order[:k], cache[k][1]
+
+    files = _write_outputs(graph, records, skip, ranking, history, original, metric, save_dir,
+                           write_quant_config_json, write_record, atomic_write_text,
+                           export_models)
+    return AutoCalibrationResult(original, metric, skip, ranking, history, files)
 
 
 def _write_outputs(graph: Any, records: dict, skip: Sequence[str], ranking: list, history: list,

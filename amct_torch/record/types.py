@@ -1,4 +1,5 @@
-"""One layer's entry of the scale/offset record (``SingleLayerRecord`` of seed 000)."""
+"""One layer's entry of the scale/offset record (``SingleLayerRecord`` in
+``proto/scale_offset_record.proto``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,10 +1,11 @@
-"""Checks of a record against the model (SPEC §4), run when a record is consumed
-(convert_model, save_model). Each failure raises ``RecordError`` naming the layer and file and
-saying what to change."""
+"""Checks of a record against the model (the rules of docs/config_and_record.md, "Record"),
+run once when a record is consumed (convert_model, save_model, the one-call job before it
+writes). Each failure raises ``RecordError`` naming the layer and file and saying what to
+change."""
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from amct_torch.config.layers import LayerInfo
 from amct_torch.errors import RecordError
@@ -16,7 +17,7 @@ def _finite_positive(v: float) -> bool:
 
 
 #: plausible scales (docs/config_and_record.md): calibration never writes a scale below
-#: FLT_EPS (SPEC: smaller becomes 1.0), and above SCALE_MAX the dequant scale
+#: FLT_EPS (a smaller one becomes 1.0), and above SCALE_MAX the dequant scale
 #: scale_d·scale_w and 255·scale could leave float32; outside [SCALE_MIN, SCALE_MAX] the
 #: quantized input or weight degenerates (3e38 makes every input the constant offset_d)
 SCALE_MIN = 1.1920929e-07
@@ -30,12 +31,12 @@ def _plausible(name: str, v: float) -> "str | None":
     return None
 
 
-def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str) -> None:
-    """All rules of SPEC §4 for one entry whose layer exists in the model."""
+def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Optional[str]) -> None:
+    """Every rule for one entry whose layer exists in the model."""
     def fail(text: str) -> None:
         raise RecordError(text, file=path, layer=name)
 
-    joint = info.type == "Eltwise"  # joint_quant: one shared input factor (SPEC §3.3)
+    joint = info.type == "Eltwise"  # joint_quant: one shared input factor
     if not info.quantizable and not joint:
         fail(f"layer type {info.type} is not quantizable here (quantizable: Convolution, "
              "Deconvolution, InnerProduct, AVE non-global Pooling, and Eltwise with "
@@ -89,9 +90,11 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: str)
 
 
 def validate_record(records: Mapping[str, LayerRecord], layers: Sequence[LayerInfo],
-                    path: str) -> None:
+                    path: Optional[str]) -> None:
     """Refuse an empty record, keys that are not quantizable layers of the model, and every
-    entry that breaks a rule of SPEC §4."""
+    entry that breaks a rule (``validate_layer_record``). ``path``: the file the record was
+    read from, named in the errors (None for a record computed in memory, whose caller names
+    the files its values came from)."""
     if not records:
         raise RecordError("the record is empty: no layer has quantization factors", file=path)
     by_name = {l.name: l for l in layers}

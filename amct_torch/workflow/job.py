@@ -1,12 +1,15 @@
 """``amct_torch.quantize``: the whole AMCT workflow in one call.
 
-Why: most users do not want five calls and two intermediate files. This runs
-create_quant_config → init → quantize_model → the calibration loop → save_model (+ ONNX, + the
-per-layer report) with sensible defaults, and writes every output under one prefix. The job
-has three steps over one ``QuantizeOptions``: plan (validate, refuse bad outputs, open the
-output transaction), calibrate, write. All work happens in a staging folder beside the
-outputs and the results are committed together at the end (``amct_torch.transaction``): a
-failure or a kill leaves no partial or mixed outputs.
+Why: most users do not want five calls and two intermediate files. This runs the AMCT steps
+(``amct_torch.steps``: load, BN fusion + ARQ, calibration, finish) with the data loading, the
+calibration loop, the per-layer report and the exporters, with sensible defaults, and writes
+every output under one prefix. The job has four steps over one ``QuantizeOptions``: plan
+(validate, refuse bad outputs, open the output transaction), load and check (the model, the
+config, and every option against them -- ONNX included -- before any calibration work),
+calibrate (the record, weight and activation factors, stays in memory and is validated once),
+write. All files are written into a staging folder beside the outputs, the record once, and
+committed together at the end (``amct_torch.transaction``): a failure or a kill leaves no file
+of the run published.
 """
 from __future__ import annotations
 
@@ -14,18 +17,27 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from amct_torch.api import checked_records, init, quantize_model, save_model
-from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
+from amct_torch.caffe.memory import check_activation_memory
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
-from amct_torch.steps.quant_graph import QuantGraph
-from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
+from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
 from amct_torch.output_names import model_paths
+from amct_torch.record import LayerRecord
+from amct_torch.steps import (
+    QuantGraph,
+    check_records,
+    finish_calibration,
+    load,
+    quantize_weights,
+    start_calibration,
+    write_records,
+)
 from amct_torch.transaction import OutputTransaction, check_outputs
 from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, report_use
 from amct_torch.workflow.options import QuantizeOptions
@@ -94,7 +106,7 @@ class _Plan:
 
 @dataclass
 class _Calibrated:
-    """What calibration leaves for the writing step."""
+    """What calibration leaves for the writing step: the graph and its validated record."""
 
     graph: QuantGraph
     model: Any
@@ -103,30 +115,33 @@ class _Calibrated:
     batch_size: Optional[int]
     count: Optional[int]
     config_file: str
-    onnx_problem: Any = None
-    records: dict = field(default_factory=dict)
+    records: dict[str, LayerRecord]
 
 
 def run(opts: QuantizeOptions) -> QuantizeResult:
-    """The job for ``opts``: plan, calibrate, write; every error names the user's files."""
+    """The job for ``opts``: plan, load and check, calibrate, write; every error names the
+    user's files."""
     from amct_torch.progress import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
     prog = JobProgress(5 + bool(opts.improve) + bool(opts.onnx) + bool(opts.report) + (opts.save_type is not None),
                        progress_enabled(opts.quiet))
     try:
-        cal = _calibrate(opts, plan, prog)
+        graph, config_file = _load_and_check(opts, plan, prog)
+        cal = _calibrate(opts, plan, graph, config_file, prog)
         if plan.tx is None:  # only rank 0 writes; its work folder is removed below
-            return QuantizeResult(files={}, records=checked_records(cal.graph), float_model=cal.model,
-                                  quant_model=None, graph=cal.graph, device=plan.device, rank=plan.ctx.rank)
+            return QuantizeResult(files={}, records=cal.records, float_model=cal.model, quant_model=None,
+                                  graph=cal.graph, device=plan.device, rank=plan.ctx.rank)
         return _write(opts, plan, cal, prog)
     except (CalibrationError, DataError) as err:
         if err.file is None and opts.data_path:
             # weights are checked for NaN/Inf up front: what is left comes from the data
             raise err.with_file(opts.data_path) from None
-        raise _user_paths(err, plan, opts) from None
-    except AmctError as err:
-        raise _user_paths(err, plan, opts) from None
+        raise
+    except (RecordError, ExportError) as err:
+        if err.file is None and err.layer is not None:
+            raise _computed_factors(err, opts) from None
+        raise
     except OSError as err:
         # a full disk or a vanished folder while writing: name the output, never the staging copy
         where = err.filename if isinstance(err.filename, str) else None
@@ -156,35 +171,50 @@ def _plan(opts: QuantizeOptions) -> _Plan:
     check_outputs(list(finals.values()), opts.inputs)
     tx = None
     if ctx is None or ctx.is_writer:
-        tx = OutputTransaction(list(finals.values()), opts.inputs).begin(os.path.basename(opts.output))
+        tx = OutputTransaction(list(finals.values()), opts.inputs,
+                               owns_prefix=opts.output).begin(os.path.basename(opts.output))
         tmp = tx.staging
     else:  # ranks > 0 write nothing: private work folder
         tmp = tempfile.mkdtemp(prefix="amct_")
-    os.mkdir(os.path.join(tmp, "work"))
     staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
     return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)))
 
 
-def _calibrate(opts: QuantizeOptions, plan: _Plan, prog) -> _Calibrated:
-    """Read the model and config, fuse + ARQ, and run the calibration batches."""
-    from amct_torch.export.onnx.preflight import onnx_preflight
+def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGraph, str]:
+    """The end of planning: the quant config (written from a quant.cfg or the defaults, or the
+    user's JSON) and the model, then every option checked against them before any calibration
+    work -- the ONNX models' mapping and ``onnx_outputs`` by the ONNX preflight (a problem is an
+    ``ExportError`` naming the model file; nothing of the run is published)."""
+    from amct_torch.export.onnx.preflight import onnx_preflight, raise_if
 
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
                        opts.batch_num or 1, opts.activation_offset)
-    graph = init(cfg, opts.model_file, opts.weights_file, plan.staged["record"])
-    # whether the ONNX models can be written is known before calibrating
-    onnx_problem = onnx_preflight(graph.model, opts.model_file, opts.onnx_outputs, graph.config) if opts.onnx else None
+    try:
+        graph = load(cfg, opts.model_file, opts.weights_file)
+    except ConfigError as err:
+        if err.file == cfg and cfg != opts.config:  # the JSON this run made from the user's quant.cfg
+            raise err.with_file(opts.config) from None
+        raise
+    if opts.onnx:
+        raise_if(onnx_preflight(graph.model, opts.model_file, opts.onnx_outputs, graph.config))
     if opts.batch_num is not None:
         graph.config.batch_num = int(opts.batch_num)
+    return graph, cfg
+
+
+def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_file: str, prog) -> _Calibrated:
+    """Fuse + ARQ, run the calibration batches, and check the record (in memory) once."""
     n = graph.config.batch_num
     prog.start("BN fusion + ARQ")
-    model = quantize_model(graph, None, None, ifmr_mode=opts.ifmr_mode)  # not kept: not written
-    model.to(plan.device)
+    quantize_weights(graph)
+    start_calibration(graph, ifmr_mode=opts.ifmr_mode)
+    model = graph.fused.to(plan.device)
     prog.start("calibrating")
     inputs_decl = graph.model.caffe_inputs
     count = count_samples(opts.calibration_data, inputs_decl)
     bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
+    check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device)  # before any batch
     check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
     batches = calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess)
     # all calibration batches only for what reads them again (bias correction, ONNX);
@@ -192,38 +222,33 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, prog) -> _Calibrated:
     keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
     if opts.checkpoint is not None:
         _fingerprint_run(graph, opts, n, bs)
-    if plan.ctx is not None or opts.checkpoint is not None:
-        from amct_torch.calibration.distributed import DistContext, run_sharded_calibration
-        rest = run_sharded_calibration(model, graph.session, keeper(batches, n),
-                                       plan.ctx or DistContext(device=plan.device), quiet=opts.quiet,
-                                       checkpoint=opts.checkpoint)
-    else:
-        rest = run_calibration(model, graph.session, keeper(batches, n), plan.device, quiet=opts.quiet)
+    rest = run_calibration(model, graph.session, keeper(batches, n), plan.device, quiet=opts.quiet,
+                           ctx=plan.ctx, checkpoint=opts.checkpoint)
     report_use(keeper, count, n, bs)
-    return _Calibrated(graph, model, keeper, rest, bs, count, cfg, onnx_problem)
+    records = check_records(graph, finish_calibration(graph), None)
+    return _Calibrated(graph, model, keeper, rest, bs, count, config_file, records)
 
 
 def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> QuantizeResult:
-    """Every output into the staging folder, then one commit; the ONNX problem found before
-    calibration (if any) is raised once the other outputs are in place."""
-    from amct_torch.export.graph_outputs import export_onnx_model
-    from amct_torch.export.onnx.preflight import raise_if
+    """Every output into the staging folder -- the record written once, from memory -- then
+    one commit."""
+    from amct_torch.export.graph_outputs import export_models, export_onnx_model
 
-    graph, model, staged = cal.graph, cal.model, plan.staged
+    graph, model, staged, records = cal.graph, cal.model, plan.staged, cal.records
     files = {"config": staged["config"], "record": staged["record"]}
     if cal.config_file != staged["config"]:  # the user's JSON config, copied as it was read
         shutil.copyfile(cal.config_file, staged["config"])
-    records = checked_records(graph)
+    write_records(records, staged["record"])
     if opts.improve == "bias_correction":
         prog.start("bias correction")
         model = _bias_correct(graph, records, cal.keeper.cache, plan.device)
     if opts.save_type is not None:
         prog.start("writing the Caffe models")
-        for p in save_model(graph, opts.save_type, plan.prefix, _staged=True):
+        for p in export_models(graph, records, opts.save_type, plan.prefix):
             files[_kind(p, plan.prefix)] = p
     prog.start("building the fake-quant model")
-    quant_model = fake_quant_graph(graph.fused, records, graph.record_file).to(plan.device)
-    if opts.onnx and cal.onnx_problem is None:
+    quant_model = fake_quant_graph(graph.fused, records).to(plan.device)
+    if opts.onnx:
         prog.start("writing the ONNX models")
         calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
         files["onnx_float"], files["onnx"] = export_onnx_model(
@@ -233,14 +258,14 @@ def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> Quanti
     if opts.report:
         prog.start("per-layer report")
         stats = _report(opts, plan, cal, model, quant_model, records, files)
-    graph.record_file = plan.finals["record"]
     prog.start("committing the outputs")
-    plan.tx.commit([plan.finals[k] for k in files])
+    published = plan.tx.commit([plan.finals[k] for k in files])  # an earlier run's others go
+    graph.record_file = plan.finals["record"]  # save_model(result.graph, ...) reads it
     final = {k: plan.finals[k] for k in files}
-    raise_if(cal.onnx_problem)  # the other outputs are written: now the ONNX problem (exit 2)
     return QuantizeResult(files=final, records=records, float_model=model,
                           quant_model=quant_model, graph=graph, report=stats, device=plan.device,
-                          samples_used=cal.keeper.samples, samples_total=cal.count)
+                          samples_used=cal.keeper.samples, samples_total=cal.count,
+                          removed=published.removed)
 
 
 def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files) -> list:
@@ -296,6 +321,7 @@ def _fingerprint_run(graph: QuantGraph, opts: QuantizeOptions, batch_num: int, b
     """What a checkpoint must share with this run to be resumed (checkpoint.py)."""
     import dataclasses
     import hashlib
+
     from amct_torch.calibration.checkpoint import describe_data, set_run_fingerprint
     from amct_torch.config.json_config import quant_config_to_json
     with open(opts.model_file, "rb") as f:
@@ -307,31 +333,20 @@ def _fingerprint_run(graph: QuantGraph, opts: QuantizeOptions, batch_num: int, b
                         data=describe_data(opts.calibration_data))
 
 
-def _user_paths(err: AmctError, plan: _Plan, opts: QuantizeOptions) -> AmctError:
-    """An error that names a file of the private work folder names the user's file instead:
-    the config it was made from; for the record this run computes, the weights (weight
-    factors) or the data (activation factors) its values came from; else the final path."""
-    tmp, finals = plan.tmp, plan.finals
-    if err.file is None or os.path.dirname(os.path.abspath(err.file)) not in (
-            os.path.abspath(tmp), os.path.join(os.path.abspath(tmp), "work")):
-        return err
-    base = os.path.basename(err.file)
-    if base == os.path.basename(finals["config"]) and opts.config is not None:
-        return err.with_file(opts.config)
-    if base == os.path.basename(finals["record"]):
-        source = opts.weights_file if ("scale_w" in err.message or "offset_w" in err.message) else opts.data_path
-        err.message = f"computed factors: {err.message}"
-        return err.with_file(source)
-    for p in finals.values():
-        if os.path.basename(p) == base:
-            return err.with_file(p)
-    return err.with_file(None)
+def _computed_factors(err: AmctError, opts: QuantizeOptions) -> AmctError:
+    """An error about the factors this run computed (in memory: no file to name) names the
+    user's file they came from: the caffemodel for the weight factors, else the calibration
+    data."""
+    weights = "scale_w" in err.message or "offset_w" in err.message
+    err.message = f"computed factors: {err.message}"
+    return err.with_file(opts.weights_file if weights else opts.data_path)
 
 
 def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.device) -> Any:
     """Fold the bias correction into ``graph.fused`` (what every output is written from) and
     return an uncorrected copy of it: the float model the report and the caller compare with."""
     import copy
+
     from amct_torch.improve.bias_correction import correct_biases
 
     float_model = copy.deepcopy(graph.fused)

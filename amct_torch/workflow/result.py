@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from amct_torch.steps.quant_graph import QuantGraph
+from amct_torch.steps import QuantGraph
 
 
 @dataclass
@@ -14,10 +14,10 @@ class QuantizeResult:
     """What ``quantize`` produced.
 
     ``files``: kind → path of every file written (``record``, ``config``, ``fake_quant_model``,
-    ``deploy_model``, ``onnx``, ``report``…); ``records``: the record as read back;
-    ``float_model``/``quant_model``: the fused float torch model and its fake-quant twin (on
-    ``device``); ``report``: per-layer ``LayerStat`` rows, worst first (None when not asked);
-    ``graph``: the ``QuantGraph``."""
+    ``deploy_model``, ``onnx``, ``report``…); ``records``: the record as written (the values
+    the file holds); ``float_model``/``quant_model``: the fused float torch model and its
+    fake-quant twin (on ``device``); ``report``: per-layer ``LayerStat`` rows, worst first
+    (None when not asked); ``graph``: the ``QuantGraph``."""
 
     files: dict[str, str]
     records: dict
@@ -31,3 +31,5 @@ class QuantizeResult:
     #: samples that calibrated, and samples in the data (None when the data is an iterable)
     samples_used: Optional[int] = None
     samples_total: Optional[int] = None
+    #: an earlier run's files of the output prefix that this run does not write, removed
+    removed: list[str] = field(default_factory=list)

@@ -1,5 +1,5 @@
-"""quantize_model(graph, None, None): the one-call API's path — no modified model written,
-and the calibration gives the same record as with the files written."""
+"""quantize_model(graph, None, None): no modified model written, and the calibration gives the
+same record as with the files written."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """Fail fast: whether the ONNX models can be written is checked before calibration; the
-other outputs are still written, then the problem is reported naming the user's model file
-and the layer (CLI: one line, exit 2)."""
+problem is reported naming the user's model file and the layer (CLI: one line, exit 2) and no
+file of the run is written."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +26,7 @@ def test_preflight_names_model_and_layer(tmp_path, caplog):
     assert onnx_preflight(load_caffe(ok_proto, ok_model), ok_proto) is None
 
 
-def test_calibrate_writes_caffe_outputs_then_exits_2(tmp_path, capsys):
+def test_calibrate_exits_2_before_calibration_and_writes_nothing(tmp_path, capsys):
     proto, model = ssd_net(tmp_path, eta=0.9)
     data = tmp_path / "calib.npy"
     np.save(data, natural_images_bgr(size=64, count=4, seed=1) / 64.0)
@@ -36,15 +36,13 @@ def test_calibrate_writes_caffe_outputs_then_exits_2(tmp_path, capsys):
     assert rc == 2
     assert any(proto in line and "detection_out" in line and "eta" in line for line in err), err
     assert "/amct_" not in err[-1] and "record" not in err[-1]  # names the model, not a temp record
-    for suffix in ("_fake_quant_model.prototxt", "_deploy_weights.caffemodel", "_record.txt"):
-        assert os.path.exists(out + suffix), suffix
-    assert not os.path.exists(out + "_quant.onnx") and not os.path.exists(out + "_float.onnx")
+    assert not os.path.exists(os.path.dirname(out))  # no file of the run, nor its folder
 
 
 def test_grouped_per_channel_deconvolution_found_before_calibration(tmp_path, capsys):
     """A quantized per-channel Deconvolution with group > 1 (the default config) has no single
-    ONNX quantization axis: known from the config, reported naming the layer; the Caffe outputs
-    are written."""
+    ONNX quantization axis: known from the config, reported naming the layer; nothing is
+    written."""
     from helpers.caffe_nets import make_net, rand
     body = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }\n'
             'layer { name: "up" type: "Deconvolution" bottom: "conv" top: "up" convolution_param { num_output: 4 kernel_size: 2 stride: 2 group: 2 } }\n')
@@ -56,4 +54,4 @@ def test_grouped_per_channel_deconvolution_found_before_calibration(tmp_path, ca
     rc = main(["calibrate", "-q", proto, model, str(data), "-o", out, "--onnx", "--report-batches", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and proto in err[-1] and "'up'" in err[-1] and "channel_wise" in err[-1], err
-    assert os.path.exists(out + "_deploy_model.prototxt") and not os.path.exists(out + "_quant.onnx")
+    assert not os.path.exists(os.path.dirname(out))

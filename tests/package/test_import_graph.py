@@ -85,3 +85,12 @@ def test_floors():
             assert not {d for d in deps if d.startswith("amct_torch.workflow")}, name
         if name.startswith("amct_torch.kernels"):
             assert not {d for d in deps if d.startswith("amct_torch.calibration")}, name
+        # the AMCT steps work in memory below AMCT's file-based API and the one-call job
+        if name.startswith("amct_torch.steps"):
+            assert not {d for d in deps if d.startswith(
+                ("amct_torch.api", "amct_torch.workflow", "amct_torch.quality", "amct_torch.cli"))}, name
+        if name == "amct_torch.api":
+            assert not {d for d in deps if d.startswith(("amct_torch.workflow", "amct_torch.cli"))}, name
+        # calibration is the floor the steps stand on
+        if name.startswith(("amct_torch.calibration", "amct_torch.record", "amct_torch.export")):
+            assert not {d for d in deps if d.startswith(("amct_torch.steps", "amct_torch.api"))}, name

@@ -7,9 +7,18 @@ import numpy as np
 import pytest
 
 from amct_torch.errors import RecordError
-from amct_torch.record import (LayerRecord, empty_record, merge_activation_factors,
-                               parse_record_text, read_record, write_record,
-                               write_weight_factors)
+from amct_torch.record import (
+    LayerRecord,
+    add_activation_factors,
+    add_weight_factors,
+    empty_record,
+    format_record,
+    merge_activation_factors,
+    parse_record_text,
+    read_record,
+    write_record,
+    write_weight_factors,
+)
 from helpers.configs import DATA, write
 
 
@@ -71,6 +80,22 @@ def test_weights_first_then_activations_merged(tmp_path):
     again = read_record(path)
     assert again["conv1"].scale_d == 0.25 and again["conv1"].scale_w == [0.5, 0.25]
     assert again["fc1"] == recs["fc1"]
+
+
+def test_in_memory_merges_write_what_the_file_merges_write(tmp_path):
+    """The steps merge in memory and write once; AMCT's API merges into the file: same bytes.
+    The dict merged into is left as it was."""
+    path = str(tmp_path / "r.txt")
+    weights = {"b": ([0.3, 0.7], [0, 0]), "a": ([2.0], [0])}
+    acts = {"a": (0.1, -3, 64, 1, 1), "elt": (0.2, 5, None, None, None), "b": (1 / 3, 0, 3, 8, 8)}
+    write_weight_factors(path, weights, skip_fusion=["b"])
+    merge_activation_factors(path, acts)
+    first = add_weight_factors({}, weights, skip_fusion=["b"])
+    kept = repr(first)
+    both = add_activation_factors(first, acts)
+    assert repr(first) == kept and first["a"].scale_d is None
+    assert format_record(both) == open(path).read()
+    assert list(both) == ["b", "a", "elt"]
 
 
 def test_merge_into_missing_file_creates_it(tmp_path):

@@ -9,12 +9,19 @@ import os
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_config_property import _corrupt
 
 from amct_torch.errors import RecordError
-from amct_torch.record import (LayerRecord, format_record, parse_record_text, read_record,
-                               validate_record, write_record)
+from amct_torch.record import (
+    LayerRecord,
+    as_stored,
+    format_record,
+    parse_record_text,
+    read_record,
+    validate_record,
+    write_record,
+)
 from helpers.configs import LAYERS
-from test_config_property import _corrupt
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -47,6 +54,16 @@ def test_write_read_round_trip_is_exact(tmp_path, records):
                 math.copysign(1, b.scale_d) == math.copysign(1, r.scale_d)
         assert (b.offset_d, b.offset_w, b.shift_bit, b.channels, b.height, b.width, b.skip_fusion) == \
             (r.offset_d, r.offset_w, r.shift_bit, r.channels, r.height, r.width, r.skip_fusion)
+
+
+@SETTINGS
+@given(records_st)
+def test_a_record_kept_in_memory_holds_what_the_file_would(tmp_path, records):
+    """``as_stored`` (what the one-call job computes from, never reading its record back) is
+    exactly what writing and reading the file gives."""
+    path = os.path.join(tmp_path, "r.txt")
+    write_record(path, records)
+    assert repr(as_stored(records)) == repr(read_record(path))
 
 
 def _valid() -> dict:

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from amct_torch.config import LayerInfo
 from amct_torch.errors import RecordError
 from amct_torch.record import LayerRecord, read_record, validate_record
 from helpers.configs import DATA, LAYERS
-from amct_torch.config import LayerInfo
 
 PATH = "/x/record.txt"
 

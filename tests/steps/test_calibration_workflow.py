@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from google.protobuf import text_format
 
 from amct_torch import RecordError, create_quant_config, init, quantize_model, save_model
 from amct_torch.algorithms import hfmg
@@ -19,7 +20,6 @@ from amct_torch.examples import example_data, example_model
 from amct_torch.fusion import fuse_bn
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.record import read_record, validate_record
-from google.protobuf import text_format
 
 BATCH = 30
 
