@@ -30,7 +30,7 @@ DETERMINISTIC = ("constant", "bilinear")
 _CONV_LIKE = {"weight_filler": None, "bias_filler": 0.0}
 
 #: type -> (param field, [(filler field or None, default when absent)] in blob order).
-_FILLERS: dict[str, tuple[str, list[tuple[Optional[str], Optional[float]]]]] = {
+_FILLERS: dict[str, tuple[str, list[tuple[str, Optional[float]]]]] = {
     "Convolution": ("convolution_param", list(_CONV_LIKE.items())),
     "Deconvolution": ("convolution_param", list(_CONV_LIKE.items())),
     "InnerProduct": ("inner_product_param", list(_CONV_LIKE.items())),
@@ -46,7 +46,7 @@ def has_fillers(layer: pb.LayerParameter) -> bool:
     return _spec(layer) is not None
 
 
-def _spec(layer: pb.LayerParameter) -> Optional[tuple[str, list[tuple[Optional[str], Optional[float]]]]]:
+def _spec(layer: pb.LayerParameter) -> Optional[tuple[str, list[tuple[str, Optional[float]]]]]:
     if layer.type in _FILLERS:
         return _FILLERS[layer.type]
     if layer.HasField("convolution_param"):  # the forks' convolution types use Caffe's params
@@ -67,7 +67,7 @@ def fill_blobs(layer: pb.LayerParameter, shapes: list[tuple[int, ...]], weights_
         fillers = fillers[1:]  # the scale comes from the second bottom: only the bias is a blob
     out = []
     for (field, default), shape in zip(fillers, shapes):
-        given = field is not None and param.HasField(field)
+        given = param.HasField(field)
         if not given:
             if default is None:
                 raise ModelError(f"the caffemodel has no weight blobs for this layer and the prototxt "

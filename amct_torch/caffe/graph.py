@@ -22,9 +22,9 @@ from torch.func import functional_call
 
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
 from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
+from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
 from amct_torch.caffe.layers.conv import _ConvBase
 from amct_torch.caffe.layers.quant import DeQuantLayer
-from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
 from amct_torch.errors import AmctError, ModelError
 
 
@@ -125,11 +125,10 @@ def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
     for i, layer in enumerate(parsed.layers):
         cls = layer_class_of(layer, build.model_file)
         check_bottoms_exist(build, i, layer, producers)
-        bshapes = [build.shapes.get(b) for b in layer.bottom]
-        known = all(s is not None for s in bshapes)
-        blobs = layer_blobs(build, layer, cls, bshapes if known else None)
-        module = make_module(build, cls, layer, blobs, bshapes if known else None)
-        out_shapes = top_shapes(build, cls, module, layer, bshapes if known else None)
+        bshapes = known_bottom_shapes(build, layer)
+        blobs = layer_blobs(build, layer, cls, bshapes)
+        module = make_module(build, cls, layer, blobs, bshapes)
+        out_shapes = top_shapes(build, cls, module, layer, bshapes)
         add_layer_node(build, layer, module, out_shapes)
     return finish_graph(build)
 
@@ -206,6 +205,13 @@ def check_bottoms_exist(build: _Build, i: int, layer: Any, producers: dict[str, 
                if later else "")
         raise ModelError(f"bottom blob '{b}' is not produced by any earlier layer or input{why}",
                          file=build.model_file, layer=layer.name)
+
+
+def known_bottom_shapes(build: _Build, layer: Any) -> Optional[list[tuple[int, ...]]]:
+    """The bottoms' shapes when all are known (pushed through from the declared inputs)."""
+    shapes = [build.shapes.get(b) for b in layer.bottom]
+    known = [s for s in shapes if s is not None]
+    return known if len(known) == len(shapes) else None
 
 
 def layer_blobs(build: _Build, layer: Any, cls: type[CaffeLayer],
@@ -360,7 +366,7 @@ def _mark_inplace(graph: fx.Graph, root: nn.Module) -> None:
             continue
         if src.op != "call_module" or uses.get(src, 0) != 1:
             continue
-        producer = root.get_submodule(src.target)
+        producer = root.get_submodule(str(src.target))
         mod.inplace = bool(getattr(producer, "fresh_output", False))
 
 

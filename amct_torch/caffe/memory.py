@@ -70,7 +70,7 @@ def estimate_activation_memory(gm: Any) -> ActivationEstimate:
         if live > peak:
             peak, peak_at = live, n
         live -= ends.pop(i, 0)
-    largest = max(size, key=size.get, default=None)
+    largest = max(size, key=lambda n: size[n], default=None)
     per = BYTES_PER_VALUE / batch0
     return ActivationEstimate(peak * per, None if peak_at is None else peak_at.meta.get("caffe_layer"),
                               (size[largest] if largest is not None else 0) * per,

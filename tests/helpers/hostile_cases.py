@@ -552,6 +552,7 @@ def model_fault_cases(folder: str) -> list[Case]:
     """Broken models accepted before, model faults blamed on the data, and model sizes that
     cannot fit: each must name the model file at fault (and its layer)."""
     import cv2
+
     from helpers.ssd import ssd_net
     good = model_text()
     cases = []
