@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from amct_torch.caffe.graph import layer_modules, load_caffe
+from amct_torch.caffe.netio import read_net
 from amct_torch.cli import main
 from amct_torch.export import fake_quant_graph
 from amct_torch.fusion import fuse_bn
@@ -230,13 +231,30 @@ def _check_quantized(tmp_path, proto, model, out, dw_layers, quantized_convs, ou
     fast = _run(out + "_quant.onnx", x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)[output]
     sqnr = 10 * np.log10((want ** 2).sum() / ((fast - want) ** 2).sum())
     assert sqnr >= min_sqnr, sqnr
-    # the Caffe outputs keep the user's types
+    # the Caffe outputs keep the user's types and parameters (BatchNorm/Scale are folded; a
+    # folded convolution gains bias_term)
+    src = {l.name: l for l in read_net(proto).net.layer}
     for kind in ("fake_quant_model", "deploy_model"):
-        text = open(f"{out}_{kind}.prototxt").read()
-        for t in {mods[n].caffe_type for n in mods}:
-            if t not in ("BatchNorm", "Scale"):  # folded into the convolutions
-                assert f'type: "{t}"' in text, (kind, t)
+        written = {l.name: l for l in read_net(f"{out}_{kind}.prototxt").net.layer}
+        for name, layer in src.items():
+            if layer.type in ("BatchNorm", "Scale", "Input"):
+                continue
+            w = written[name]
+            assert w.type == layer.type, (kind, name)
+            for f in _FORK_PARAMS:
+                a, b = getattr(layer, f), getattr(w, f)
+                if f == "convolution_param":
+                    a, b = type(a)(), type(b)()
+                    a.CopyFrom(getattr(layer, f))
+                    b.CopyFrom(getattr(w, f))
+                    a.ClearField("bias_term")
+                    b.ClearField("bias_term")
+                assert a == b, (kind, name, f)
     return recs
+
+
+_FORK_PARAMS = ("convolution_param", "bn_param", "relu6_param", "shuffle_channel_param",
+                "hardsigmoid_param", "upsample_param", "pooling_param")
 
 
 def test_mobilenet_yolo_calibrate_onnx_cli(tmp_path, capsys):
