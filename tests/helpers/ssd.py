@@ -24,8 +24,9 @@ def _bn_relu(name, top):
 
 def ssd_net(folder, *, share_location=True, background=0, code_type="CENTER_SIZE", encoded=False,
             keep_top_k=20, top_k=30, conf_thr=0.3, nms=0.45, eta=1.0, prior1="", prior2="",
-            size=64, seed=0, name="ssd", loc_scale=0.5) -> tuple[str, str]:
-    """Write the net; ``prior1``/``prior2``: extra prior_box_param text of the two heads."""
+            size=64, seed=0, name="ssd", loc_scale=0.5, head_bias=True) -> tuple[str, str]:
+    """Write the net; ``prior1``/``prior2``: extra prior_box_param text of the two heads;
+    ``head_bias``: False gives the loc/conf convolutions no bias (as some face detectors)."""
     rng = np.random.default_rng(seed)
     c = NUM_CLASSES
     body, blobs = "", {}
@@ -61,8 +62,8 @@ def ssd_net(folder, *, share_location=True, background=0, code_type="CENTER_SIZE
              ("h2", "res3", 16, prior2 or "min_size: 28 max_size: 48 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: true")]
     for h, src, ch, pp in heads:
         n_prior = _num_priors(pp)
-        conv(f"{h}_loc", src, ch, n_prior * n_loc * 4, scale=loc_scale)
-        conv(f"{h}_conf", src, ch, n_prior * c, scale=0.4)
+        conv(f"{h}_loc", src, ch, n_prior * n_loc * 4, scale=loc_scale, bias=head_bias)
+        conv(f"{h}_conf", src, ch, n_prior * c, scale=0.4, bias=head_bias)
         for kind in ("loc", "conf"):
             body += (f'layer {{ name: "{h}_{kind}_perm" type: "Permute" bottom: "{h}_{kind}" top: "{h}_{kind}_perm" permute_param {{ order: 0 order: 2 order: 3 order: 1 }} }}\n'
                      f'layer {{ name: "{h}_{kind}_flat" type: "Flatten" bottom: "{h}_{kind}_perm" top: "{h}_{kind}_flat" flatten_param {{ axis: 1 }} }}\n')

@@ -6,10 +6,15 @@ but in AMCT's model the output of a convolution that feeds an Eltwise, a graph o
 layer that is not quantized has no Q: ORT then keeps a float Conv over dequantized tensors
 (on a ResNet, 20 of 53 convolutions; on an SSD backbone, every head). The same arithmetic
 written with integer operators is ``ConvInteger(q_x, q_w)`` (or ``MatMulInteger``) → int32
-accumulator → ``DequantizeLinear`` (× scale_d·scale_w per output channel) → + bias: the fake-quant
-model's numbers with the exact integer sum instead of a float one (the two differ by float
-rounding only), and no Q added (AMCT's semantics kept). ORT's ``ConvInteger`` takes a scalar
-weight zero point, which ARQ's symmetric weights satisfy (0).
+accumulator → ``Cast`` to float → ``Mul`` by scale_d·scale_w per output channel → + bias: the
+fake-quant model's numbers with the exact integer sum instead of a float one (the two differ by
+float rounding only), and no Q added (AMCT's semantics kept). ORT's ``ConvInteger`` takes a
+scalar weight zero point, which ARQ's symmetric weights satisfy (0).
+
+Why Cast and Mul, not an int32 ``DequantizeLinear`` (the same arithmetic): ORT's QDQ passes
+treat every DequantizeLinear as an activation pair end and copy it, zero point included, across
+a Transpose/Reshape that follows (an SSD head: conv without bias → Permute → Flatten), writing a
+``QuantizeLinear`` with an int32 zero point that ORT itself then refuses to load.
 
 The pass rewrites the builder's node list after the graph is written (``rewrite``); a layer
 that ORT fuses anyway (its output goes only to a QuantizeLinear, possibly through a ReLU that
@@ -22,15 +27,15 @@ from typing import Optional
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 
-def _inputs(n: onnx.NodeProto) -> list[str]:
+def node_inputs(n: onnx.NodeProto) -> list[str]:
     """The values a node reads, those its subgraphs (If branches) read from outside included."""
     out = [i for i in n.input if i]
     for a in n.attribute:
         if a.type == onnx.AttributeProto.GRAPH:
-            out += [i for sn in a.g.node for i in _inputs(sn)]
+            out += [i for sn in a.g.node for i in node_inputs(sn)]
     return out
 
 
@@ -39,7 +44,7 @@ def _index(nodes: list[onnx.NodeProto]) -> tuple[dict, dict]:
     for n in nodes:
         for o in n.output:
             prod[o] = n
-        for i in _inputs(n):
+        for i in node_inputs(n):
             cons[i].append(n)
     return prod, cons
 
@@ -48,7 +53,7 @@ def _index(nodes: list[onnx.NodeProto]) -> tuple[dict, dict]:
 _PASS = ("MaxPool", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
 
-def _fused_by_ort(node: onnx.NodeProto, cons: dict, inits: dict, outputs: set) -> bool:
+def _fused_by_ort(node: onnx.NodeProto, cons: dict, arrays: dict, outputs: set) -> bool:
     """True when ORT's QDQ fusion turns ``node`` into an int8 kernel as it is: its output
     reaches exactly one QuantizeLinear through single-consumer MaxPool/Transpose/Reshape steps
     and at most one ReLU that the Q's zero point (the grid minimum) makes redundant."""
@@ -67,11 +72,17 @@ def _fused_by_ort(node: onnx.NodeProto, cons: dict, inits: dict, outputs: set) -
         y = u.output[0]
     if not relu:
         return True
-    zp = inits.get(u.input[2]) if len(u.input) > 2 else None
-    if zp is None:
+    z = arrays.get(u.input[2]) if len(u.input) > 2 else None
+    if z is None:
         return False
-    z = numpy_helper.to_array(zp)
     return bool(np.all(z == (0 if z.dtype == np.uint8 else -128)))  # Q(ReLU(x)) == Q(x)
+
+
+def _shifted(w: np.ndarray, light: bool) -> np.ndarray:
+    """int8 weights as uint8 w + 128 (zero point 128); the preflight's placeholder as is."""
+    if light:
+        return np.broadcast_to(np.uint8(128), w.shape)
+    return (w.astype(np.int16) + 128).astype(np.uint8)
 
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
@@ -84,7 +95,7 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 def rewrite(b, graph_outputs: set) -> int:
     """Rewrite, in builder ``b``, every quantized Conv/Gemm that ORT would leave in float into
     the integer form; returns how many were rewritten."""
-    inits = {t.name: t for t in b.inits}
+    arrays = b.arrays
     prod, cons = _index(b.nodes)
     done = 0
     for node in list(b.nodes):
@@ -97,32 +108,34 @@ def rewrite(b, graph_outputs: set) -> int:
             flat, xdq = xdq, prod.get(xdq.input[0])
         wdq = prod.get(w_in)
         if not (xdq is not None and xdq.op_type == "DequantizeLinear" and wdq is not None
-                and wdq.op_type == "DequantizeLinear" and wdq.input[0] in inits):
+                and wdq.op_type == "DequantizeLinear" and wdq.input[0] in arrays):
             continue
         if node.op_type == "Gemm" and (_attr(node, "transB", 0) != 1 or _attr(node, "transA", 0)):
             continue
-        if _fused_by_ort(node, cons, inits, graph_outputs):
+        if _fused_by_ort(node, cons, arrays, graph_outputs):
             continue
-        _integer(b, node, xdq, wdq, flat, inits, prod)
+        b.current = b.owner.get(node.name)
+        _integer(b, node, xdq, wdq, flat, arrays, prod)
+        b.current = None
         done += 1
     if done:
         _prune(b, graph_outputs)
     return done
 
 
-def _integer(b, node, xdq, wdq, flat, inits: dict, prod: dict) -> None:
+def _integer(b, node, xdq, wdq, flat, arrays: dict, prod: dict) -> None:
     name = node.name.rsplit("_", 1)[0]
     q, x_scale, x_zp = xdq.input[0], xdq.input[1], xdq.input[2]
-    w = numpy_helper.to_array(inits[wdq.input[0]])
-    s_w = numpy_helper.to_array(inits[wdq.input[1]]).astype(np.float64).reshape(-1)
-    s_d = float(numpy_helper.to_array(inits[x_scale]))
+    w = arrays[wdq.input[0]]
+    s_w = arrays[wdq.input[1]].astype(np.float64).reshape(-1)
+    s_d = float(arrays[x_scale])
     deq = (s_d * s_w).astype(np.float32)  # per output channel, or one value
     new: list[onnx.NodeProto] = []
     conv = node.op_type == "Conv"
     if conv:
         # uint8 weights w + 128 with zero point 128 (the same values): ORT 1.32's ConvInteger
         # runs U8U8 as fast as a float Conv, U8S8 4.7x slower (64ch 3x3 56x56: 3.8 vs 17.9 ms)
-        wu = b.init(f"{name}_weight_uint8", (w.astype(np.int16) + 128).astype(np.uint8))
+        wu = b.init(f"{name}_weight_uint8", _shifted(w, b.light))
         zero = b.init(f"{name}_w_zero", np.array(128, np.uint8))
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         acc = b.uniq(f"{name}_acc")
@@ -135,7 +148,8 @@ def _integer(b, node, xdq, wdq, flat, inits: dict, prod: dict) -> None:
             qf = b.uniq(f"{name}_q_flat")
             new.append(helper.make_node("Flatten", [q], [qf], name=b.uniq(f"{name}_q_Flatten"), axis=1))
             q = qf
-        wt = b.init(f"{name}_weight_int8_t", np.ascontiguousarray(w.T))
+        wt = b.init(f"{name}_weight_int8_t", np.broadcast_to(np.int8(0), w.T.shape) if b.light
+                    else np.ascontiguousarray(w.T))
         acc = b.uniq(f"{name}_acc")
         new.append(helper.make_node("MatMulInteger", [q, wt, x_zp, zero], [acc],
                                     name=b.uniq(f"{name}_MatMulInteger")))
@@ -143,19 +157,20 @@ def _integer(b, node, xdq, wdq, flat, inits: dict, prod: dict) -> None:
     bias_in = node.input[2] if len(node.input) > 2 and node.input[2] else None
     bdq = prod.get(bias_in) if bias_in else None
     if bdq is not None and bdq.op_type == "DequantizeLinear":  # int32 bias: add it to the sum
-        b32 = numpy_helper.to_array(inits[bdq.input[0]]).astype(np.int32).reshape(view)
+        b32 = arrays[bdq.input[0]].astype(np.int32).reshape(view)
         summed = b.uniq(f"{name}_acc_bias")
         new.append(helper.make_node("Add", [acc, b.init(f"{name}_bias_int32_v", b32)], [summed],
                                     name=b.uniq(f"{name}_AddInt")))
         acc, bias_in = summed, None
-    # int32 → float × scale_d·scale_w in one DequantizeLinear (per output channel on axis 1)
+    # int32 → float × scale_d·scale_w per output channel (axis 1): DequantizeLinear's own
+    # arithmetic, written so that no QDQ pass of a runtime touches it
+    accf = b.uniq(f"{name}_acc_float")
+    new.append(helper.make_node("Cast", [acc], [accf], name=b.uniq(f"{name}_Cast"), to=onnx.TensorProto.FLOAT))
     y = node.output[0] if bias_in is None else b.uniq(f"{name}_scaled")
-    dq = b.init(f"{name}_deq_scale", deq.reshape(-1) if deq.size > 1 else deq.reshape(()))
-    zp = b.init(f"{name}_acc_zero", np.zeros(deq.size, np.int32) if deq.size > 1 else np.array(0, np.int32))
-    new.append(helper.make_node("DequantizeLinear", [acc, dq, zp], [y], name=b.uniq(f"{name}_Dequantize"),
-                                **({"axis": 1} if deq.size > 1 else {})))
+    dq = b.init(f"{name}_deq_scale", deq.reshape(view) if deq.size > 1 else deq.reshape(()))
+    new.append(helper.make_node("Mul", [accf, dq], [y], name=b.uniq(f"{name}_Rescale")))
     if bias_in is not None:
-        bias = numpy_helper.to_array(inits[bias_in]).astype(np.float32).reshape(view)
+        bias = arrays[bias_in].astype(np.float32).reshape(view)
         new.append(helper.make_node("Add", [y, b.init(f"{name}_bias_v", bias)], [node.output[0]],
                                     name=b.uniq(f"{name}_Add")))
     i = list(b.nodes).index(node)
@@ -163,13 +178,12 @@ def _integer(b, node, xdq, wdq, flat, inits: dict, prod: dict) -> None:
 
 
 def _prune(b, graph_outputs: set) -> None:
-    """Drop nodes whose outputs nobody reads (the replaced weight DQs, unused Flattens) and
-    initializers no node reads."""
+    """Drop nodes whose outputs nobody reads (the replaced weight DQs, unused Flattens); the
+    builder writes only the initializers still read."""
     while True:
         _, cons = _index(b.nodes)
         keep = [n for n in b.nodes if any(o in graph_outputs or cons.get(o) for o in n.output)]
         if len(keep) == len(b.nodes):
             break
         b.nodes[:] = keep
-    used = {i for n in b.nodes for i in _inputs(n)}
-    b.inits[:] = [t for t in b.inits if t.name in used]
+

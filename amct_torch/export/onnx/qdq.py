@@ -5,7 +5,7 @@ node is one Caffe layer, so mapping layer → ONNX ops (Conv, Gemm, pools, Relu,
 is short, needs no tracing or extra dependencies, and puts the Q/DQ nodes exactly where the
 Caffe fake-quant model has its Quant layers.
 
-Quant model (SPEC §5.4, §7): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
+Quant model (docs/export.md, "ONNX"): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
 DequantizeLinear`` (one pair per distinct input and factors, shared like the Caffe Quant);
 weights are int8 initializers (ARQ grid with the record's scale_w) behind ``DequantizeLinear``
 (per channel through ``axis``). A bias stays float by default (``bias="float"``), as in the
@@ -42,17 +42,21 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import fx
 
-from amct_torch.output_names import ONNX_ACTIVATIONS
+from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
-from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
-from amct_torch.export.onnx.integer import rewrite
-from amct_torch.export.onnx.layers import write_layer
-from amct_torch.export.onnx.shapes import Probe, _shapes, pick_outputs, probe
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
+from amct_torch.export.onnx import layers_mobile  # noqa: F401  (register: mobile / YOLO / SegNet forks)
+from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
+from amct_torch.export.onnx.integer import node_inputs, rewrite
+from amct_torch.export.onnx.layers import write_layer
+from amct_torch.export.onnx.shapes import Probe, pick_outputs, probe
+from amct_torch.export.onnx.validate import check_runtime, check_structure
+from amct_torch.output_names import ONNX_ACTIVATIONS
 from amct_torch.record import LayerRecord
 
 OPSET = 17
+LIGHT_ELEMENTS = 1024  # the preflight writes arrays larger than this as shape-only inputs
 _MAX, _AVE = 0, 1
 _SUM, _PROD = 1, 0
 
@@ -64,7 +68,8 @@ class _Builder:
                  file: Optional[str], bias: str = "float",
                  out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
                  eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
-                 elt_factors: Optional[Mapping[str, tuple[float, int]]] = None) -> None:
+                 elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
+                 light: bool = False) -> None:
         self.gm, self.plan, self.act, self.file = gm, plan, activations, file
         self.bias_form = bias
         self.out_factors = dict(out_factors or {})
@@ -72,8 +77,13 @@ class _Builder:
         self.elt_factors = dict(elt_factors or {})
         self.dq_factors: dict[str, tuple[float, int]] = {}
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
+        # every initializer's value by name (views of the weights, not copies); the TensorProtos
+        # are made once the graph is final (``tensors``), for the values still used
+        self.arrays: dict[str, np.ndarray] = {}
+        self.light = light
         self.names: set[str] = set()
+        self.owner: dict[str, str] = {}  # ONNX name -> the Caffe layer it was written for
+        self.current: Optional[str] = None
         self.qcache: dict[tuple, str] = {}
         self.constants: dict[str, np.ndarray] = {}  # folded values (PriorBox) by ONNX name
         self.static_layers: list[str] = []  # layers that fixed the spatial size as constants
@@ -98,12 +108,34 @@ class _Builder:
             i += 1
             out = f"{base}_{i}"
         self.names.add(out)
+        if self.current is not None:
+            self.owner[out] = self.current
         return out
 
     def init(self, base: str, arr: np.ndarray) -> str:
         name = self.uniq(base)
-        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        self.arrays[name] = np.asarray(arr)
         return name
+
+    def tensors(self) -> tuple[list[onnx.TensorProto], list[onnx.ValueInfoProto]]:
+        """The initializers, and (``light``: the preflight) the large ones as graph inputs of
+        their shape and type instead: the graph is checked without serialising the weights."""
+        inits, shapes = [], []
+        used = {i for n in self.nodes for i in node_inputs(n)}
+        for name, arr in self.arrays.items():
+            if name not in used:  # replaced (integer form) or folded (priors): not written
+                continue
+            if self.light and arr.size > LIGHT_ELEMENTS:
+                shapes.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+            else:
+                inits.append(numpy_helper.from_array(arr, name))
+        return inits, shapes
+
+    def layer_of(self, text: str) -> Optional[str]:
+        """The Caffe layer whose ONNX names occur in ``text`` (the longest name found wins)."""
+        best = max((n for n in self.owner if n in text), key=len, default=None)
+        return None if best is None else self.owner[best]
 
     def node(self, op: str, inputs: list[str], base: str, n_out: int = 1, **attrs) -> list[str]:
         outs = [self.uniq(base if n_out == 1 else f"{base}_{k}") for k in range(n_out)]
@@ -119,7 +151,7 @@ class _Builder:
         return self.qdq(x, lq.name, "in", lq.scale_d, lq.offset_d)
 
     def qdq(self, x: str, name: str, where: str, scale_d: float, offset_d: int) -> str:
-        """``QuantizeLinear → DequantizeLinear`` of SPEC §5.4 on ``x`` (one pair per value and
+        """``QuantizeLinear → DequantizeLinear`` (the fake quantization) on ``x`` (one pair per value and
         factors), named ``{name}_{where}_q`` / ``_dq``."""
         key = (x, float(scale_d), int(offset_d))
         if key in self.qcache:
@@ -139,7 +171,7 @@ class _Builder:
         return dq
 
     def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int) -> str:
-        qw = self.init(f"{lq.name}_weight_int8", w_int8.astype(np.int8))
+        qw = self.init(f"{lq.name}_weight_int8", np.asarray(w_int8, np.int8))
         if lq.per_channel:
             s = self.init(f"{lq.name}_weight_scale", lq.scale_w.astype(np.float32))
             z = self.init(f"{lq.name}_weight_zero_point", np.zeros(lq.scale_w.size, np.int8))
@@ -151,7 +183,7 @@ class _Builder:
     def quant_bias(self, lq: LayerQuant) -> str:
         if self.bias_form == "float":
             return self.init(f"{lq.name}_bias", lq.bias.astype(np.float32))
-        qb = self.init(f"{lq.name}_bias_int32", lq.bias_int32.astype(np.int32))
+        qb = self.init(f"{lq.name}_bias_int32", np.asarray(lq.bias_int32, np.int32))
         s = self.init(f"{lq.name}_bias_scale", lq.deq_scale.astype(np.float32))
         z = self.init(f"{lq.name}_bias_zero_point", np.zeros(lq.deq_scale.size, np.int32))
         return self.node("DequantizeLinear", [qb, s, z], f"{lq.name}_bias", axis=0)[0]
@@ -163,12 +195,12 @@ class _Builder:
         if lq is not None:
             n_q = len(xs) if lq.joint else 1
             xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
-        if t in ("Convolution", "Deconvolution", "InnerProduct"):
+        if t in ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise"):
             y = self._conv(mod, xs[0], lq) if t != "InnerProduct" else self._fc(mod, xs[0], in_shapes[0], lq)
             if name in self.out_factors:
                 y = self.qdq(y, name, "out", *self.out_factors[name])
             return [y]
-        if t == "Pooling":
+        if t == "Pooling" and mod.num_tops == 1:  # with a mask top: layers_mobile
             return [self._pool(mod, xs[0], in_shapes[0])]
         if t == "ReLU":
             if mod.negative_slope != 0.0:
@@ -176,7 +208,7 @@ class _Builder:
             return self.node("Relu", xs, name)
         if t in ("Sigmoid", "TanH", "AbsVal"):
             return self.node({"Sigmoid": "Sigmoid", "TanH": "Tanh", "AbsVal": "Abs"}[t], xs, name)
-        if t == "Dropout":
+        if t == "Dropout" and getattr(mod, "scale", 1.0) == 1.0:  # else caffe-fast-rcnn's scaling (layers_rcnn)
             return self.node("Identity", xs, name)
         if t == "Softmax":
             axis = int(mod.layer_param.softmax_param.axis)
@@ -212,7 +244,8 @@ class _Builder:
         deconv = mod.caffe_type == "Deconvolution"
         if lq is not None and deconv and lq.per_channel and mod.groups > 1:
             self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
-                           "ONNX quantization axis; quantize this layer per tensor")
+                           "ONNX quantization axis; set channel_wise false for this layer (quant.cfg "
+                           "override_layer_configs) or skip it")
         ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0)
         (ph, pw), kernel = mod.padding, list(mod.kernel_size)
         return self.node("ConvTranspose" if deconv else "Conv", ins, mod.caffe_name,
@@ -315,6 +348,11 @@ class _Builder:
         return y
 
 
+def _shape_of(pr: Probe, node: fx.Node) -> tuple:
+    """The (first) output shape of ``node`` at the declared size."""
+    return tuple(pr.out(node)[0])
+
+
 def _dims(shape: tuple, varying: set, batch_name: str, prefix: str) -> list:
     return [(batch_name if i == 0 else f"{prefix}_d{i}") if i in varying else int(d)
             for i, d in enumerate(shape)]
@@ -326,29 +364,34 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
            elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
            outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
-           probed: Optional[Probe] = None, integer_ops: bool = True) -> onnx.ModelProto:
-    """One ONNX model of ``gm`` (float when ``plan`` is empty). The batch is symbolic; the
+           probed: Optional[Probe] = None, integer_ops: bool = True,
+           light: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
+    """One ONNX model of ``gm`` (float when ``plan`` is empty) and the builder that wrote it
+    (its ``layer_of`` maps an ONNX name back to a Caffe layer). The batch is symbolic; the
     spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
-    ``onnx_shapes``), otherwise the declared size is fixed."""
+    ``onnx_shapes``), otherwise the declared size is fixed. ``light`` (the preflight): large
+    initializers become shape-only graph inputs. The model passes ``onnx.checker``'s full
+    check (an ExportError naming ``file`` and the layer otherwise)."""
     pr = probed or probe(gm, try_spatial=dynamic_spatial is not False)
     want_spatial = pr.spatial and dynamic_spatial is not False
     model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                     elt_factors, outputs, want_spatial, integer_ops)
+                     elt_factors, outputs, want_spatial, integer_ops, light)
     if want_spatial and b.static_layers:
         if dynamic_spatial:
             raise ExportError(f"ONNX export: the net has a fixed spatial size (layer "
                               f"'{b.static_layers[0]}' needs it as a constant)", file=file)
         model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                         elt_factors, outputs, False, integer_ops)
-    onnx.checker.check_model(model, full_check=True)
-    return model
+                         elt_factors, outputs, False, integer_ops, light)
+    check_structure(model, file, b.layer_of, f"the {graph_name} ONNX model")
+    return model, b
 
 
 def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
-          outputs, spatial: bool, integer_ops: bool = True) -> tuple[onnx.ModelProto, "_Builder"]:
+          outputs, spatial: bool, integer_ops: bool = True,
+          light: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
     cpu = pr.gm
     chosen, needed = pick_outputs(cpu, outputs, file)
-    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors)
+    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors, light)
     # the graph outputs carry the blob names: reserved, so no inner value takes them (an
     # in-place last layer writes under its bottom's name)
     inputs = {n.meta.get("caffe_blob", n.name) for n in cpu.graph.nodes if n.op == "placeholder"}
@@ -360,7 +403,7 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
         if node.op == "placeholder":
             name = b.uniq(node.meta.get("caffe_blob", node.name))
             value[node] = name
-            shape = tuple(node.meta["tensor_meta"].shape)
+            shape = tuple(pr.out(node)[0])
             dims = ["N"] + [("H" if i == 2 else "W") if spatial and len(shape) == 4 and i >= 2 else int(d)
                             for i, d in enumerate(shape) if i > 0]
             g_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
@@ -370,16 +413,19 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
             mod = cpu.get_submodule(node.target)
             if not isinstance(mod, CaffeLayer):
                 raise ExportError(f"graph node '{node.name}' is not a Caffe layer", file=file)
-            shapes = [a.meta["tensor_meta"].shape for a in node.args]
+            shapes = [_shape_of(pr, a) for a in node.args]
             ins = [value[a] for a in node.args]
+            b.current = mod.caffe_name
             if ins and all(isinstance(x, str) and x in b.constants for x in ins):
                 value[node] = b.fold(mod, ins)  # e.g. the Concat of folded priors
+                b.current = None
                 continue
             outs = b.layer(mod, [value[a] for a in node.args], shapes, plan.get(mod.caffe_name),
-                           [s for s in _shapes(node)])
+                           pr.out(node))
+            b.current = None
             value[node] = outs[0] if len(outs) == 1 else outs  # type: ignore[assignment]
         elif node.op == "call_function" and node.target is operator.getitem:
-            value[node] = value[node.args[0]][node.args[1]]  # type: ignore[index]
+            value[node] = value[node.args[0]][node.args[1]]
         elif node.op != "output":
             raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
     outs = []
@@ -387,12 +433,13 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
         src, name = value[v], key
         if src != key:
             b.nodes.append(helper.make_node("Identity", [src], [key], name=b.uniq(f"{key}_output")))
-        shape = _shapes(v)[0]
+        shape = _shape_of(pr, v)
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                   _dims(shape, pr.dims(v, 0, spatial), "N", name)))
     if plan and integer_ops:
         rewrite(b, {o.name for o in outs})
-    graph = helper.make_graph(b.nodes, graph_name, g_inputs, outs, initializer=b.inits)
+    inits, weight_inputs = b.tensors()
+    graph = helper.make_graph(b.nodes, graph_name, g_inputs + weight_inputs, outs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="amct_torch")
     model.ir_version = min(model.ir_version, 8)
@@ -404,13 +451,15 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                 quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
                 calibration_data=None, file: Optional[str] = None,
                 outputs: Optional[Sequence[str]] = None,
-                dynamic_spatial: Optional[bool] = None, integer_ops: bool = True) -> tuple[str, str]:
+                dynamic_spatial: Optional[bool] = None, integer_ops: bool = True,
+                model_file: Optional[str] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
     ``activations``: "uint8" (default; zero point offset_d + 128: the same values as int8,
-    and the form ORT fuses into QLinearConv most often) or "int8" (zero point offset_d). ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8
-    kernels) or "int32" (round(b/(scale_d·scale_w)) behind DequantizeLinear).
+    and the form ORT fuses into QLinearConv most often) or "int8" (zero point offset_d).
+    ``bias``: "float" (the fake-quant model's bias; ORT quantizes it for its int8 kernels) or
+    "int32" (round(b/(scale_d·scale_w)) behind DequantizeLinear).
     ``quantize_residual_outputs`` (opt-in, departs from AMCT: one more rounding per residual
     branch): Q/DQ after quantized layers that feed an Eltwise, factors from min/max of
     ``calibration_data`` (an N×C×H×W array or an iterable of them) in the torch fake-quant
@@ -424,7 +473,11 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     symbolic. ``integer_ops`` (default): a quantized Conv/InnerProduct whose output no later
     layer quantizes is written as ConvInteger/MatMulInteger → int32 → × scale_d·scale_w (+ bias)
     (``onnx_integer``), so that ORT runs every quantized layer with int8 kernels; False keeps
-    the plain QDQ form there (the speed mode ``quantize_eltwise`` keeps its own form). Opset 17; both models pass ``onnx.checker`` (full check)."""
+    the plain QDQ form there (the speed mode ``quantize_eltwise`` keeps its own form). Opset 17.
+    Before anything is written both models pass ``onnx.checker`` (full check) and load in ONNX
+    Runtime (when installed; ``onnx_validate``); a refusal is an ExportError naming
+    ``model_file`` (default ``file``: the file errors about the graph name) and the layer, and
+    neither file is written."""
     if activations not in ONNX_ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
     if bias not in ("float", "int32"):
@@ -445,24 +498,32 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         elt_factors = {n: factors[n] for n in extra}
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
-    models = [(_build(graph, {}, activations, file, "float", outputs=outputs,
+    named = model_file if model_file is not None else file
+    models = [(_build(graph, {}, activations, named, "float", outputs=outputs,
                       dynamic_spatial=dynamic_spatial, probed=pr), float_path),
-              (_build(graph, plan, activations, file, "quant", bias, out_factors, eplan, elt_factors,
+              (_build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
                       outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
                       integer_ops=integer_ops and not quantize_eltwise), quant_path)]
-    for model, path in models:
-        tmp = f"{path}.tmp{os.getpid()}"
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
+    _write_checked(models, named)
     return float_path, quant_path
+
+
+def _write_checked(models: list, file: Optional[str]) -> None:
+    """Serialise each (model, builder) pair, have ONNX Runtime load it, and only when every
+    one loads write them (each atomically)."""
+    blobs = []
+    for (model, b), path in models:
+        data = model.SerializeToString()
+        check_runtime(data, file, b.layer_of, f"the model {os.path.basename(path)}")
+        blobs.append((data, path))
+    for data, path in blobs:
+        atomic_write_bytes(path, data)
 
 
 def export_float_onnx(graph: fx.GraphModule, path: str, *, outputs: Optional[Sequence[str]] = None,
                       dynamic_spatial: Optional[bool] = None, file: Optional[str] = None) -> str:
     """Write only the float model of ``graph`` to ``path`` (atomically); same options as
     ``export_onnx``. Returns ``path``."""
-    model = _build(graph, {}, "int8", file, "float", outputs=outputs, dynamic_spatial=dynamic_spatial)
-    tmp = f"{path}.tmp{os.getpid()}"
-    onnx.save(model, tmp)
-    os.replace(tmp, path)
+    built = _build(graph, {}, "int8", file, "float", outputs=outputs, dynamic_spatial=dynamic_spatial)
+    _write_checked([(built, path)], file)
     return path

@@ -2,14 +2,21 @@
 spatial size (they become symbolic dims), and which part of the graph feeds the outputs a user
 picked (``--onnx-outputs``).
 
-Why probing: a Caffe net does not say which of its sizes are free. Running the graph (shape
-propagation, on zeros, CPU) at the declared size, at batch 2, and at a larger spatial size
-shows which dims move with which input dim; a net that cannot run at another spatial size (an
-InnerProduct, a Reshape to constants) keeps its declared spatial size.
+Why probing: a Caffe net does not say which of its sizes are free. Propagating shapes through
+the graph at the declared size, at batch 2, and at a larger spatial size shows which dims move
+with which input dim; a net that cannot run at another spatial size (an InnerProduct, a Reshape
+to constants) keeps its declared spatial size.
+
+Why shapes and not a forward pass: the layers' own shape rules (``infer_shapes``, else a
+forward on the meta device, as the loader does) give every size without computing a value, so
+probing a ResNet-50 costs milliseconds instead of three forward passes. A layer whose output
+size depends on values (``data_dependent``: DetectionOutput, Proposal) is run alone on zeros
+of its input shapes; when that fails the probe runs the whole net on zeros as before.
 """
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -23,14 +30,19 @@ SPATIAL_PROBE = 16  # pixels added to each spatial input dim for the spatial pro
 
 @dataclass
 class Probe:
-    """``gm``: a CPU copy whose nodes carry ``tensor_meta`` at the declared size (batch 1);
-    ``batch[node]`` / ``varying[node]``: per output of the node, the set of dims that changed
-    with the batch / in any probe; ``spatial``: True when the net also ran at the larger
-    spatial size."""
+    """``gm``: the graph on the CPU (itself when it is there already); ``shapes[node]``: the
+    node's output shapes at the declared size (batch 1); ``batch[node]`` / ``varying[node]``:
+    per output of the node, the set of dims that changed with the batch / in any probe;
+    ``spatial``: True when the net also ran at the larger spatial size."""
     gm: fx.GraphModule
     batch: dict = field(default_factory=dict)
     varying: dict = field(default_factory=dict)
     spatial: bool = False
+    shapes: dict = field(default_factory=dict)
+
+    def out(self, node: fx.Node) -> list[Optional[tuple]]:
+        """The output shapes of ``node`` at the declared size."""
+        return list(self.shapes.get(node, []))
 
     def dims(self, node: fx.Node, k: int = 0, spatial: bool = False) -> set:
         """The symbolic dims of output ``k`` of ``node``."""
@@ -38,51 +50,27 @@ class Probe:
         return set(v[k]) if k < len(v) else set()
 
 
-def _shapes(node: fx.Node) -> list[Optional[tuple]]:
-    tm = node.meta.get("tensor_meta")
-    if tm is None or isinstance(tm, dict):
-        return []
-    if hasattr(tm, "shape"):  # one TensorMetadata (itself a NamedTuple)
-        return [tuple(tm.shape)]
-    return [tuple(t.shape) if hasattr(t, "shape") else None for t in tm]
-
-
 class _Recorder(fx.Interpreter):
     """Runs the graph and keeps each node's output shapes (ShapeProp prints a traceback for
     every failure, and a failing probe is expected here)."""
 
-    def __init__(self, gm: fx.GraphModule, keep_meta: bool) -> None:
+    def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
         self.seen: dict = {}
-        self.keep_meta = keep_meta
 
     def run_node(self, n: fx.Node):
         out = super().run_node(n)
         if isinstance(out, torch.Tensor):
             self.seen[n] = [tuple(out.shape)]
-            meta = out
         elif isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
             self.seen[n] = [tuple(o.shape) for o in out]
-            meta = out
         else:
-            self.seen[n], meta = [], None
-        if self.keep_meta:
-            if meta is None:
-                n.meta.pop("tensor_meta", None)
-            else:
-                n.meta["tensor_meta"] = _extract(meta)
+            self.seen[n] = []
         return out
 
 
-def _extract(t):
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-    if isinstance(t, torch.Tensor):
-        return _extract_tensor_metadata(t)
-    return tuple(_extract_tensor_metadata(o) for o in t)
-
-
-def _run(gm: fx.GraphModule, shapes: list[list[int]], keep_meta: bool = False) -> dict:
-    rec = _Recorder(gm, keep_meta)
+def _run(gm: fx.GraphModule, shapes: list[list[int]]) -> dict:
+    rec = _Recorder(gm)
     with torch.no_grad():
         rec.run(*[torch.zeros(s) for s in shapes])
     return rec.seen
@@ -100,26 +88,107 @@ def _diff(base: dict, other: dict, into: dict) -> None:
                 dims[k].update(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
 
+class _NeedsData(Exception):
+    """A layer's output shape could not be found without running the whole net."""
+
+
+def _meta(shape: tuple, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _module_shapes(mod: torch.nn.Module, ins: list) -> list:
+    """Output tensors (meta) of ``mod`` for input tensors ``ins`` (meta): its shape rule, a
+    meta forward, or (a data-dependent layer) a real run on zeros."""
+    from amct_torch.caffe.layers import CaffeLayer
+    shapes = [tuple(t.shape) for t in ins]
+    inferred = mod.infer_shapes(shapes) if isinstance(mod, CaffeLayer) else None
+    if inferred is not None:
+        if any(s is None for s in inferred):
+            raise _NeedsData()
+        return [_meta(tuple(s)) for s in inferred]
+    with torch.no_grad():
+        if getattr(mod, "data_dependent", False):
+            try:
+                out = mod(*[torch.zeros(s, dtype=t.dtype) for s, t in zip(shapes, ins)])
+            except Exception as err:  # zeros may not suit it: run the whole net
+                raise _NeedsData() from err
+        else:
+            from torch.func import functional_call
+            state = {k: v.to("meta") for k, v in list(mod.named_parameters()) + list(mod.named_buffers())}
+            out = functional_call(mod, state, tuple(ins))
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        raise _NeedsData()
+    return [_meta(tuple(o.shape), o.dtype) for o in outs]
+
+
+def _shape_run(gm: fx.GraphModule, shapes: list[list[int]]) -> dict:
+    """``_run``'s result (node -> output shapes) from shape rules alone; raises ``_NeedsData``
+    where values are needed, and the layer's own error where the shapes do not fit."""
+    seen: dict = {}
+    env: dict = {}
+    inputs = iter(shapes)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            out = _meta(tuple(next(inputs)))
+        elif n.op == "call_module":
+            ins = [env[a] for a in n.args]
+            res = _module_shapes(gm.get_submodule(n.target), ins)
+            out = res[0] if len(res) == 1 and _single_top(gm, n) else tuple(res)
+        elif n.op == "call_function" and n.target is operator.getitem:
+            out = env[n.args[0]][n.args[1]]
+        elif n.op == "output":
+            continue
+        else:
+            raise _NeedsData()
+        env[n] = out
+        if isinstance(out, torch.Tensor):
+            seen[n] = [tuple(out.shape)]
+        else:
+            seen[n] = [tuple(o.shape) for o in out]
+    return seen
+
+
+def _single_top(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """True when the layer returns one tensor (one top), not a tuple."""
+    mod = gm.get_submodule(node.target)
+    tops = getattr(getattr(mod, "layer_param", None), "top", None)
+    return tops is None or len(tops) == 1
+
+
+def _on_cpu(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` itself when its tensors are on the CPU (nothing is written into it), else a CPU
+    copy."""
+    if all(t.device.type == "cpu" for t in list(gm.parameters()) + list(gm.buffers())):
+        return gm
+    return copy.deepcopy(gm).to("cpu")
+
+
 def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
     """Propagate shapes at the declared size, batch 2 and (if ``try_spatial``) a larger
-    spatial size; the returned copy holds the declared size's ``tensor_meta``."""
-    cpu = copy.deepcopy(gm).to("cpu")
+    spatial size."""
+    cpu = _on_cpu(gm)
     decl = [[1] + list(s[1:]) if s else [1] for _, s in gm.caffe_inputs]
+    run = _shape_run
+    try:
+        base = _shape_run(cpu, decl)
+    except _NeedsData:
+        run = _run
+        base = _run(cpu, decl)
     batch: dict = {}
-    base = _run(cpu, decl, keep_meta=True)  # the declared size's tensor_meta stays on the nodes
-    _diff(base, _run(cpu, [[2] + s[1:] for s in decl]), batch)
+    _diff(base, run(cpu, [[2] + s[1:] for s in decl]), batch)
     varying = {n: [set(d) for d in v] for n, v in batch.items()}
     spatial = False
     if try_spatial and all(len(s) == 4 for s in decl):
         big = [s[:2] + [s[2] + SPATIAL_PROBE, s[3] + SPATIAL_PROBE] for s in decl]
         try:
-            other = _run(cpu, big)
+            other = run(cpu, big)
             spatial = True
-        except Exception:  # noqa: BLE001 - any failure: the net has a fixed spatial size
+        except Exception:  # noqa: BLE001 - a shape rule or any failure: a fixed spatial size
             spatial = False
         if spatial:
             _diff(base, other, varying)
-    return Probe(cpu, batch, varying, spatial)
+    return Probe(cpu, batch, varying, spatial, base)
 
 
 def blob_nodes(gm: fx.GraphModule) -> dict[str, fx.Node]:
