@@ -21,6 +21,7 @@ from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_counts
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
+from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 _LEGACY_DIMS = ("num", "channels", "height", "width")
@@ -48,6 +49,7 @@ class ParsedNet:
 
 
 def _read_bytes(path: str) -> bytes:
+    check_regular_file(path, "file", ModelError)  # a FIFO or device would block the read
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -310,6 +312,9 @@ def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) ->
             shape = [] if not shapes else list(shapes[i if len(shapes) > 1 else 0].dim)
             out.append((top, shape))
     for name, shape in out:  # declared sizes: positive, each below 2^31 (issue 16)
+        if len(shape) > MAX_BLOB_AXES:
+            raise ModelError(f"input '{name}' declares {len(shape)} axes; Caffe allows at most "
+                             f"{MAX_BLOB_AXES}", file=file)
         if any(d < 1 or d >= 2 ** 31 for d in shape) or int(np.prod(shape, dtype=object)) >= 2 ** 31:
             raise ModelError(f"input '{name}' declares shape {shape}: every dimension must be "
                              ">= 1 and the input below 2^31 elements", file=file)

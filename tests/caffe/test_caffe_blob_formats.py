@@ -162,3 +162,13 @@ def test_the_data_and_double_data_blob_runs_with_the_double_values(tmp_path):
     ours = run_ours(proto, model, x)["conv"]
     ref = np.einsum("oc,nchw->nohw", w2.reshape(2, 3), x)
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_input_with_more_than_32_axes_is_refused(tmp_path):
+    relu = 'layer { name: "r" type: "ReLU" bottom: "data" top: "r" }'
+    proto, model = make_net(tmp_path, relu, {"data": [1] * 33}, {}, name="axes33")
+    with pytest.raises(ModelError) as info:
+        load_caffe(proto, model)
+    assert info.value.file == proto and "33 axes" in str(info.value)
+    proto, model = make_net(tmp_path, relu, {"data": [1] * 32}, {}, name="axes32")
+    assert load_caffe(proto, model).caffe_inputs[0][1] == [1] * 32
