@@ -415,3 +415,17 @@ def test_proposal_bad_parameters(tmp_path, param, shapes, msg):
     with pytest.raises(ModelError, match=msg) as e:
         load_caffe(p, m)
     assert e.value.layer == "y"
+
+
+# -- caffe-fast-rcnn's Dropout (py-faster-rcnn / R-FCN deploy nets) ---------------------------
+@pytest.mark.parametrize("param,scale", [("dropout_ratio: 0.5 scale_train: false", 0.5),
+                                         ("dropout_ratio: 0.3 scale_train: false", 0.7),
+                                         ("dropout_ratio: 0.3", 1.0)])
+def test_dropout_scale_train_false_scales_at_test_time(tmp_path, param, scale):
+    body = ('layer { name: "d" type: "Dropout" bottom: "data" top: "d" dropout_param { ' + param + ' } }\n'
+            'layer { name: "y" type: "Power" bottom: "d" top: "y" }')
+    p, m = make_net(tmp_path, body, {"data": (2, 3, 5, 7)})
+    x = rand(2, 3, 5, 7, seed=14)
+    ours = run_ours(p, m, x)["y"]
+    assert_close(ours, x * np.float32(scale))
+    assert_close(ours, run_cv(p, m, {"data": x}, ["y"])["y"])

@@ -309,3 +309,78 @@ def test_qdq_export_of_each_layer_runs(tmp_path):
     ops = optimized_ops(qpath, tmp_path)
     assert sum(ops[k] for k in INT8_CONV) == 2 and ops["Conv"] + ops["FusedConv"] == 0, ops
     assert os.path.exists(fpath)
+
+
+# -- py-faster-rcnn's ZF test net, scaled down (same layer kinds and parameters) -----------------
+ZF = '''
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 12 kernel_size: 7 pad: 3 stride: 2 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "norm1" type: "LRN" bottom: "conv1" top: "norm1" lrn_param { local_size: 3 alpha: 0.00005 beta: 0.75 norm_region: WITHIN_CHANNEL engine: CAFFE } }
+layer { name: "pool1" type: "Pooling" bottom: "norm1" top: "pool1" pooling_param { kernel_size: 3 stride: 2 pad: 1 pool: MAX } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param { num_output: 16 kernel_size: 5 pad: 2 stride: 2 } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { kernel_size: 3 stride: 2 pad: 1 pool: MAX } }
+layer { name: "conv5" type: "Convolution" bottom: "pool2" top: "conv5" convolution_param { num_output: 16 kernel_size: 3 pad: 1 } }
+layer { name: "relu5" type: "ReLU" bottom: "conv5" top: "conv5" }
+layer { name: "rpn_conv/3x3" type: "Convolution" bottom: "conv5" top: "rpn/output" convolution_param { num_output: 16 kernel_size: 3 pad: 1 stride: 1 } }
+layer { name: "rpn_relu/3x3" type: "ReLU" bottom: "rpn/output" top: "rpn/output" }
+layer { name: "rpn_cls_score" type: "Convolution" bottom: "rpn/output" top: "rpn_cls_score" convolution_param { num_output: 18 kernel_size: 1 } }
+layer { name: "rpn_bbox_pred" type: "Convolution" bottom: "rpn/output" top: "rpn_bbox_pred" convolution_param { num_output: 36 kernel_size: 1 } }
+layer { bottom: "rpn_cls_score" top: "rpn_cls_score_reshape" name: "rpn_cls_score_reshape" type: "Reshape" reshape_param { shape { dim: 0 dim: 2 dim: -1 dim: 0 } } }
+layer { name: "rpn_cls_prob" type: "Softmax" bottom: "rpn_cls_score_reshape" top: "rpn_cls_prob" }
+layer { name: 'rpn_cls_prob_reshape' type: 'Reshape' bottom: 'rpn_cls_prob' top: 'rpn_cls_prob_reshape' reshape_param { shape { dim: 0 dim: 18 dim: -1 dim: 0 } } }
+layer { name: 'proposal' type: 'Python' bottom: 'rpn_cls_prob_reshape' bottom: 'rpn_bbox_pred' bottom: 'im_info' top: 'rois'
+  python_param { module: 'rpn.proposal_layer' layer: 'ProposalLayer' param_str: "'feat_stride': 16" } }
+layer { name: "roi_pool_conv5" type: "ROIPooling" bottom: "conv5" bottom: "rois" top: "roi_pool_conv5" roi_pooling_param { pooled_w: 6 pooled_h: 6 spatial_scale: 0.0625 } }
+layer { name: "fc6" type: "InnerProduct" bottom: "roi_pool_conv5" top: "fc6" inner_product_param { num_output: 32 } }
+layer { name: "relu6" type: "ReLU" bottom: "fc6" top: "fc6" }
+layer { name: "drop6" type: "Dropout" bottom: "fc6" top: "fc6" dropout_param { dropout_ratio: 0.5 scale_train: false } }
+layer { name: "cls_score" type: "InnerProduct" bottom: "fc6" top: "cls_score" inner_product_param { num_output: 21 } }
+layer { name: "bbox_pred" type: "InnerProduct" bottom: "fc6" top: "bbox_pred" inner_product_param { num_output: 84 } }
+layer { name: "cls_prob" type: "Softmax" bottom: "cls_score" top: "cls_prob" loss_param { ignore_label: -1 normalize: true } }
+'''
+
+
+def _by_roi(rois: np.ndarray, *outs: np.ndarray) -> list[np.ndarray]:
+    """Rows sorted by their ROI (rounded to 0.1 px): tied proposal scores may come in another
+    order from OpenCV (the same boxes)."""
+    key = np.round(rois[:, 1:], 1)
+    order = np.lexsort(key.T[::-1])
+    return [rois[order]] + [o[order] for o in outs]
+
+
+@pytest.mark.parametrize("scale", [1 / 32, 1.0], ids=["distinct_scores", "tied_scores"])
+def test_zf_faster_rcnn_like_net_matches_opencv(tmp_path, scale):
+    """The whole detector (LRN, padded pooling, the RPN reshapes, the Python proposal, ROI
+    pooling, caffe-fast-rcnn's scaled Dropout) against OpenCV, which runs the same net with the
+    proposal as its Proposal type; then the float ONNX model against torch. With the raw input
+    the RPN's softmax saturates and many scores tie: the same boxes, rows compared by ROI."""
+    rng = np.random.default_rng(4)
+    shapes = {"conv1": (12, 3, 7, 7), "conv2": (16, 12, 5, 5), "conv5": (16, 16, 3, 3), "rpn_conv/3x3": (16, 16, 3, 3),
+              "rpn_cls_score": (18, 16, 1, 1), "rpn_bbox_pred": (36, 16, 1, 1), "fc6": (32, 576),
+              "cls_score": (21, 32), "bbox_pred": (84, 32)}
+    small = {"rpn_cls_score": 0.02, "rpn_bbox_pred": 0.02}
+    blobs = {k: [(rng.standard_normal(s) * np.sqrt(2 / np.prod(s[1:])) * small.get(k, 1)).astype(np.float32),
+                 (rng.standard_normal(s[0]) * 0.05).astype(np.float32)] for k, s in shapes.items()}
+    inputs = {"data": (1, 3, 96, 128), "im_info": (1, 3)}
+    body = ZF + 'layer { name: "rois_out" type: "Split" bottom: "rois" top: "rois_copy" }\n'
+    p, m = make_net(tmp_path, body, inputs, blobs, name="zf")
+    cv_body = body.replace("type: 'Python'", "type: 'Proposal'").replace(
+        "python_param { module: 'rpn.proposal_layer' layer: 'ProposalLayer' param_str: \"'feat_stride': 16\" }",
+        "proposal_param { feat_stride: 16 ratio: 0.5 ratio: 1 ratio: 2 scale: 8 scale: 16 scale: 32 }")
+    pc, mc = make_net(tmp_path, cv_body, inputs, blobs, name="zf_cv")
+    x = ((natural_images_bgr(size=128, count=1, seed=5)[:, :, :96] - 110) * scale).astype(np.float32)
+    info = np.array([[96, 128, 1]], np.float32)
+    ours = run_ours(p, m, x, info)
+    ref = run_cv(pc, mc, {"data": x, "im_info": info}, ["rois_out", "cls_prob", "bbox_pred"])
+    n = ours["cls_prob"].shape[0]
+    assert 10 < n < ref["cls_prob"].shape[0]   # OpenCV pads to post_nms_topn rows with zero ROIs
+    a = _by_roi(ours["rois_copy"], ours["cls_prob"], ours["bbox_pred"])
+    b = _by_roi(ref["rois_out"][:n], ref["cls_prob"][:n], ref["bbox_pred"][:n])
+    assert np.abs(a[0] - b[0]).max() <= 0.01 * scale * 32
+    for k, (u, v) in enumerate(zip(a[1:], b[1:])):
+        assert rel_err(u, v) <= 1e-4, k
+    onx, _ = export_and_run(p, m, {"data": x, "im_info": info})
+    c = _by_roi(onx["rois_copy"], onx["cls_prob"], onx["bbox_pred"])
+    for u, v in zip(a, c):
+        assert u.shape == v.shape and rel_err(v, u) <= 1e-4

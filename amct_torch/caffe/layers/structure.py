@@ -323,12 +323,21 @@ class ArgMaxLayer(CaffeLayer):
 
 @register("Dropout")
 class DropoutLayer(CaffeLayer):
-    """Identity at test time (Caffe scales during training instead)."""
+    """Identity at test time (Caffe scales during training instead); caffe-fast-rcnn's
+    ``scale_train: false`` (py-faster-rcnn, R-FCN) multiplies by ``scale`` = 1 - dropout_ratio
+    instead, as that fork and OpenCV do."""
 
     same_shape = True
 
+    def setup(self, blobs, bottom_shapes):
+        super().setup(blobs, bottom_shapes)
+        p = self.layer_param.dropout_param
+        self.scale = 1.0 if p.scale_train else float(1.0 - p.dropout_ratio)
+        if not self.scale > 0:
+            self.fail(f"Dropout with scale_train false needs dropout_ratio < 1, got {p.dropout_ratio}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        return x if self.scale == 1.0 else x * self.scale
 
 
 @register("Silence")

@@ -179,3 +179,10 @@ def _proposal(b, mod, xs, ins, outs):
         return rois
     sc = _op(b, mod, "GatherND", [vals, pair], "kept_scores")
     return rois + b.node("Unsqueeze", [sc, _c(b, mod, "sc_ax", [1], np.int64)], f"{name}_scores")
+
+
+@mapping("Dropout")
+def _dropout_scaled(b, mod, xs, ins, outs):
+    """caffe-fast-rcnn's ``scale_train: false`` Dropout: × (1 − dropout_ratio) at test time
+    (the plain Dropout is an Identity written by ``qdq``)."""
+    return b.node("Mul", [xs[0], _c(b, mod, "scale", mod.scale)], mod.caffe_name)
