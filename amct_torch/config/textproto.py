@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from amct_torch.errors import AmctError
+from amct_torch.inputs.limits import check_regular_file
 
 M = TypeVar("M", bound=Message)
 
@@ -158,6 +159,7 @@ def parse_text_proto(text: str, message_cls: Type[M], path: str, error_cls: Type
 
 def read_text_file(path: str, error_cls: Type[AmctError], what: str) -> str:
     """Read a user's text file; missing files and bad encodings become ``error_cls``."""
+    check_regular_file(path, what, error_cls)  # a FIFO or device would block the read
     try:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()

@@ -165,3 +165,16 @@ def test_truncated_png_gives_one_line_naming_it(tmp_path):
         f.write(raw[:raw.index(b"IEND") - 4])  # every chunk whole, the end missing
     line = _one_clean_error(_cli(*_calibrate(str(folder), str(tmp_path / "out" / "m"))), p)
     assert "libpng" not in line
+
+
+@pytest.mark.parametrize("which", ["quant_cfg", "evaluate_model", "reference_weights", "config_model"])
+def test_a_fifo_as_a_model_or_config_file_is_refused_without_blocking(tmp_path, which):
+    model, weights = example_model()
+    fifo = str(tmp_path / f"{which}.fifo")
+    os.mkfifo(fifo)
+    argv = {"quant_cfg": ["config", model, weights, "--quant-cfg", fifo, "-o", str(tmp_path / "c.json")],
+            "evaluate_model": ["evaluate", fifo, weights, DATA],
+            "reference_weights": ["evaluate", model, weights, DATA, "--reference", model, fifo],
+            "config_model": ["config", fifo, weights, "-o", str(tmp_path / "c.json")]}[which]
+    line = _one_clean_error(_cli(*argv, "-q", timeout=120), fifo)
+    assert "FIFO" in line and not os.path.exists(tmp_path / "c.json")
