@@ -67,7 +67,7 @@ def library() -> Optional[ctypes.CDLL]:
                         _state["lib"] = lib       # the self-check calls the kernels through library()
                         problem = self_check()
                         if problem:
-                            native_build.discard(lib._amct_path)     # never reused
+                            native_build.discard(getattr(lib, "_amct_path"))     # never reused
                             lib = None
                             _state["why"] = f"self-check failed: {problem}"
                 except Exception as exc:  # noqa: BLE001 - a build problem must never stop a calibration
@@ -77,6 +77,15 @@ def library() -> Optional[ctypes.CDLL]:
                 if lib is None:
                     log.info("native histogram kernels unavailable (%s); using torch ops", _state.get("why"))
     return _state["lib"]
+
+
+def _lib() -> ctypes.CDLL:
+    """The loaded kernels for a wrapper below; callers check ``library()`` first, so None here
+    is a caller's bug, reported with the reason the kernels are missing."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the CPU kernels are not loaded ({unavailable_reason()})")
+    return lib
 
 
 def unavailable_reason() -> Optional[str]:
@@ -156,7 +165,7 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor, offs
         raise ValueError("add_packed takes int64 CPU rows of packed entries")
     _check(counts, torch.int64, acc.shape[1], "add_packed counts")
     _check(dsum, torch.float64, acc.shape[1], "add_packed offset sums")
-    library().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], offset_bits,
+    _lib().amct_add_packed(acc.shape[0], acc.data_ptr(), acc.stride(0), acc.shape[1], offset_bits,
                               counts.data_ptr(), dsum.data_ptr(), _decode_threads(threads, acc.shape[1]))
 
 
@@ -173,7 +182,7 @@ def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> Non
     _check(buf, torch.float32, None, "insert_extremes buffer")
     _check(cand, torch.float32, None, "insert_extremes candidates")
     cand = cand.clone()                                   # the kernel reorders it
-    if library().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest)):
+    if _lib().amct_insert_extremes(buf.data_ptr(), buf.numel(), cand.data_ptr(), cand.numel(), int(largest)):
         raise MemoryError("no memory to merge the streaming IFMR candidates")
 
 
@@ -182,7 +191,7 @@ def frame_for(gmin: float, gmax: float, nbins: int, rel_bits: int, min_exp: int,
     a floor, as ``IfmrStreamingObserver._frame_for``) that a committing update uses; for the
     tests, which hold the two to the same answers."""
     out = (ctypes.c_int64 * 2)()
-    library().amct_frame_for(gmin, gmax, nbins, rel_bits, min_exp, e_floor, out)
+    _lib().amct_frame_for(gmin, gmax, nbins, rel_bits, min_exp, e_floor, out)
     return int(out[0]), int(out[1])
 
 
@@ -250,7 +259,7 @@ def stream_update(x: torch.Tensor, s: float, base: float, slots: int, offset_bit
     cand = _buffer("cand", (pieces, 2, cap + 1), torch.float32)
     res = _buffer("res", (pieces, 3), torch.int64)
     ext = _buffer("ext", (pieces + 2, 2), torch.float32)     # + what a commit reports
-    lib = library()
+    lib = _lib()
     if commit is not None:
         c = commit
         if slots != c.nbins + 1 or c.top.numel() < 1:
@@ -297,7 +306,7 @@ def chunk_bounds(x: torch.Tensor, chunk: int, k: int, threads: int = 1) -> Chunk
     res = _buffer("chunk_res", (4,), torch.float32)
     nan = _buffer("chunk_nan", (1,), torch.int64)
     nt = max(1, min(threads, n // MIN_PER_THREAD))
-    library().amct_chunk_bounds(nt, x.data_ptr(), n, chunk, k, scratch[0].data_ptr(), scratch[1].data_ptr(),
+    _lib().amct_chunk_bounds(nt, x.data_ptr(), n, chunk, k, scratch[0].data_ptr(), scratch[1].data_ptr(),
                                 res.data_ptr(), nan.data_ptr())
     hi, lo, kth_hi, kth_lo = res.tolist()
     return ChunkBounds(hi, lo, kth_hi, kth_lo, int(nan[0]))
@@ -332,7 +341,7 @@ def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threa
     cnt = _buffer("hfmg", (pieces, stride), torch.int32)
     ext = _buffer("hfmg_ext", (pieces, 2), torch.float32)
     res = _buffer("hfmg_res", (pieces, 2), torch.int64)
-    library().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, mx, w, nbins,
+    _lib().amct_hfmg_hist_mt(pieces, min(pieces, threads), x.data_ptr(), bounds.data_ptr(), mn, mx, w, nbins,
                                 cnt.data_ptr(), stride, ext.data_ptr(), res.data_ptr(),
                                 None if into is None else into.data_ptr())
     flags, ends = res.tolist(), ext.tolist()
@@ -346,7 +355,7 @@ def hfmg_pass(x: torch.Tensor, mn: float, mx: float, w: float, nbins: int, threa
 def set_isa(want: int) -> int:
     """Vector width of the kernels: 0 the 4-lane code, -1 the widest the CPU has; returns
     the choice in use (0: 4 lanes, 1: AVX2). For the tests, which run both."""
-    return int(library().amct_set_isa(want))
+    return int(_lib().amct_set_isa(want))
 
 
 def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, rights: torch.Tensor,
@@ -367,7 +376,7 @@ def hfmg_losses(pref: torch.Tensor, cnt: torch.Tensor, lefts: torch.Tensor, righ
             lefts.numel() and not bool(((lefts >= 0) & (lefts <= rights) & (rights < n)).all())):
         raise ValueError("hfmg_losses: candidate ranges must satisfy 0 <= left <= right < bins")
     out = torch.empty(lefts.numel(), dtype=torch.float64)
-    library().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),
+    _lib().amct_hfmg_losses(pref.data_ptr(), cnt.data_ptr(), cnt.numel() - 1, lefts.data_ptr(),
                                rights.data_ptr(), lefts.numel(), width, flt_eps, out.data_ptr(),
                                max(1, min(threads, lefts.numel() // 64)), int(int64_only))
     return out
@@ -388,7 +397,7 @@ def ifmr_hist_losses(counts: torch.Tensor, dsum: torch.Tensor, start: float, wid
     _check(k, torch.float64, m_lo.numel(), "ifmr_hist_losses level counts")
     _check(s, torch.float64, m_lo.numel(), "ifmr_hist_losses steps")
     out = torch.empty(m_lo.numel(), dtype=torch.float64)
-    if library().amct_ifmr_hist_losses(counts.data_ptr(), dsum.data_ptr(), counts.numel(), start, width,
+    if _lib().amct_ifmr_hist_losses(counts.data_ptr(), dsum.data_ptr(), counts.numel(), start, width,
                                        m_lo.data_ptr(), k.data_ptr(), s.data_ptr(), m_lo.numel(), out.data_ptr()):
         raise MemoryError("no memory for the IFMR prefix sums")
     return out
@@ -402,7 +411,7 @@ def hfmg_walk(counts: torch.Tensor):
     torch.cumsum(counts.to(torch.int64).cpu(), 0, out=pre[1:])
     lefts = torch.empty(max(n, 1), dtype=torch.int64)
     rights = torch.empty(max(n, 1), dtype=torch.int64)
-    k = library().amct_hfmg_walk(pre.data_ptr(), n, lefts.data_ptr(), rights.data_ptr())
+    k = _lib().amct_hfmg_walk(pre.data_ptr(), n, lefts.data_ptr(), rights.data_ptr())
     return lefts[:k], rights[:k]
 
 
@@ -413,7 +422,7 @@ def hfmg_redistribute(counts: torch.Tensor, old_min: float, old_max: float, new_
     counts = counts.contiguous()
     _check(counts, torch.int64, None, "hfmg_redistribute counts")
     out = torch.empty_like(counts)
-    library().amct_hfmg_redistribute(counts.data_ptr(), counts.numel(), old_min, old_max, new_min, new_max,
+    _lib().amct_hfmg_redistribute(counts.data_ptr(), counts.numel(), old_min, old_max, new_min, new_max,
                                      out.data_ptr())
     return out
 
@@ -447,7 +456,7 @@ def self_check() -> Optional[str]:
                     return f"HFMG extremes differ from torch's (vector width {isa})"
                 if hi > lo:
                     r = hfmg_pass(data, lo, hi, hfmg.bin_width(lo, hi, 2048), 2048, threads=2)
-                    if r.outside or not torch.equal(r.counts, hfmg.histogram(data, lo, hi, 2048)):
+                    if r.outside or r.counts is None or not torch.equal(r.counts, hfmg.histogram(data, lo, hi, 2048)):
                         return f"HFMG histogram differs from the torch formula (vector width {isa})"
     finally:
         set_isa(-1)
