@@ -184,7 +184,17 @@ def recover(staging: str, inputs: Iterable[Optional[str]] = ()) -> list[str]:
         return []
     if not os.path.isdir(staging) or os.path.islink(staging):
         raise AmctError("a file is in the way of the staging folder; remove it", file=staging)
-    fd = _try_lock(os.path.join(staging, _LOCK))
+    lock = os.path.join(staging, _LOCK)
+    if os.path.lexists(lock) and (os.path.islink(lock) or not os.path.isfile(lock)):
+        # a live run's lock is a regular file it made: anything else is debris of no run
+        log.warning("%s: discarding the staging folder of an earlier run whose lock is not a "
+                    "file", staging)
+        return _discard(staging)
+    try:
+        fd = _try_lock(lock)
+    except OSError as err:
+        raise AmctError(f"cannot open the lock of an earlier run's staging folder ({err.strerror or err}); "
+                        "delete the folder", file=staging) from None
     if fd is None:
         raise AmctError("another amct-torch run is writing outputs with this prefix right now",
                         file=staging)
@@ -199,10 +209,20 @@ def recover(staging: str, inputs: Iterable[Optional[str]] = ()) -> list[str]:
                             "damaged (its outputs were never complete)", staging)
             else:
                 done = _finish(staging, doc, ins)
-        shutil.rmtree(staging, ignore_errors=True)
+        _discard(staging)
     finally:
         os.close(fd)
     return done
+
+
+def _discard(staging: str) -> list[str]:
+    """Remove a dead run's staging folder; ``AmctError`` naming it when it cannot be removed
+    (a later run could never start on this prefix otherwise)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    if os.path.lexists(staging):
+        raise AmctError("cannot remove the staging folder of an earlier run (permissions?); "
+                        "delete it", file=staging)
+    return []
 
 
 def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:

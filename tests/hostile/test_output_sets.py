@@ -290,3 +290,25 @@ def test_sigterm_while_saving_a_checkpoint_leaves_no_temporary_file(tmp_path, mo
     with pytest.raises(Terminated), clean_exit_on_signals():
         checkpoint.save_checkpoint(object(), str(tmp_path / "run.ckpt"))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_staging_folder_whose_lock_is_not_a_file_is_discarded(tmp_path):
+    prefix = str(tmp_path / "m")
+    staging = staging_folder(prefix)
+    os.makedirs(os.path.join(staging, "lock"))
+    tx = OutputTransaction([prefix + "_record.txt"], name="m").begin()
+    tx.abort()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_staging_folder_that_cannot_be_removed_is_one_clear_error(tmp_path, monkeypatch):
+    from amct_torch import transaction
+    from amct_torch.errors import AmctError
+    prefix = str(tmp_path / "m")
+    staging = staging_folder(prefix)
+    os.makedirs(os.path.join(staging, "work"))
+    # what a folder the user cannot write in does to the removal (root would remove it anyway)
+    monkeypatch.setattr(transaction.shutil, "rmtree", lambda path, ignore_errors=False: None)
+    with pytest.raises(AmctError, match="delete it") as err:
+        OutputTransaction([prefix + "_record.txt"], name="m").begin()
+    assert err.value.file == staging
