@@ -172,3 +172,25 @@ def test_input_with_more_than_32_axes_is_refused(tmp_path):
     assert info.value.file == proto and "33 axes" in str(info.value)
     proto, model = make_net(tmp_path, relu, {"data": [1] * 32}, {}, name="axes32")
     assert load_caffe(proto, model).caffe_inputs[0][1] == [1] * 32
+
+
+def test_real_nsfw_model_shrunk_to_fp16_matches_opencv(nsfw_model, tmp_path):
+    """The real ResNet-50-1by2 halved by OpenCV's shrinker: every Convolution/InnerProduct blob
+    is the fp16 rounding of the original, and the class probabilities match OpenCV's reading of
+    the shrunk file."""
+    from helpers.data import natural_images_bgr
+    proto, weights = nsfw_model
+    shrunk = str(tmp_path / "nsfw_fp16.caffemodel")
+    cv2.dnn.shrinkCaffeModel(weights, shrunk)
+    orig = layer_modules(load_caffe(proto, weights))
+    half = load_caffe(proto, shrunk)
+    halved = 0
+    for name, mod in layer_modules(half).items():
+        if mod.caffe_type in ("Convolution", "InnerProduct"):
+            for got, want in zip(mod.caffe_blobs(), orig[name].caffe_blobs()):
+                np.testing.assert_array_equal(got, np.asarray(want).astype(np.float16).astype(np.float32))
+                halved += 1
+    assert halved > 50
+    x = natural_images_bgr(224, 2)
+    ref = run_cv(proto, shrunk, {"data": x}, ["prob"])["prob"]
+    assert_close(run_ours(proto, shrunk, x)["prob"], ref, 1e-4)
