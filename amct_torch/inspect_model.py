@@ -1,0 +1,246 @@
+"""``amct-torch inspect MODEL [WEIGHTS]``: what a user asks first about a Caffe model, in about
+a second and without data.
+
+Why: before choosing calibration data and waiting for a calibration, a user wants to know
+whether the tool can handle the model at all: its inputs and their shapes, which layer types it
+has, which layers the (default or given) config quantizes, every layer the loader does not
+support (all of them, not only the first one a load would stop at), and whether the ONNX export
+will work (the ONNX preflight's answer, ``export/onnx/preflight.py``).
+
+Exit codes: 0 everything is supported; 2 a file cannot be read (the one-line error every
+command prints); 3 the model was read but something is unsupported (a layer type, a Python
+layer, or the ONNX export), each listed with its layer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+EXIT_OK = 0
+EXIT_UNSUPPORTED = 3
+
+
+@dataclass
+class Unsupported:
+    """One layer the tool cannot handle, and why (in words)."""
+
+    layer: str
+    type: str
+    reason: str
+
+
+@dataclass
+class Inspection:
+    """The answers, as ``inspect`` prints them (``format``) or as JSON (``to_json``)."""
+
+    model_file: str
+    weights_file: Optional[str]
+    config: str
+    inputs: list[tuple[str, Optional[list[int]]]]
+    layer_types: dict[str, int]
+    quantizable: list[str]
+    quantized: list[str]
+    unsupported: list[Unsupported] = field(default_factory=list)
+    outputs: list[tuple[str, Optional[list[int]]]] = field(default_factory=list)
+    onnx_ok: Optional[bool] = None
+    onnx_message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_UNSUPPORTED if self.unsupported or self.onnx_ok is False else EXIT_OK
+
+    def to_json(self) -> dict:
+        """Plain types only (lists, dicts, strings, numbers, booleans, null)."""
+        return {
+            "model": self.model_file, "weights": self.weights_file, "config": self.config,
+            "inputs": [{"name": n, "shape": s} for n, s in self.inputs],
+            "outputs": [{"name": n, "shape": s} for n, s in self.outputs],
+            "layers": sum(self.layer_types.values()), "layer_types": dict(self.layer_types),
+            "quantizable": list(self.quantizable), "quantized": list(self.quantized),
+            "unsupported": [asdict(u) for u in self.unsupported],
+            "onnx": {"ok": self.onnx_ok, "message": self.onnx_message},
+            "supported": self.exit_code == EXIT_OK, "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def format(self) -> str:
+        """The plain-text answer, one topic per line (long lists wrapped)."""
+        def shape(s: Optional[list[int]]) -> str:
+            return "[?]" if s is None else "[" + ", ".join(str(d) for d in s) + "]"
+
+        lines = [f"model        {self.model_file}",
+                 f"weights      {self.weights_file or 'none (zeros: structure and shapes only)'}"]
+        lines.append("inputs       " + ("; ".join(f"{n} {shape(s)}" for n, s in self.inputs) or "none"))
+        if self.outputs:
+            lines.append("outputs      " + "; ".join(f"{n} {shape(s)}" for n, s in self.outputs))
+        types = ", ".join(f"{t} {c}" for t, c in self.layer_types.items())
+        lines.append(f"layers       {sum(self.layer_types.values())}: {types}")
+        skipped = [n for n in self.quantizable if n not in set(self.quantized)]
+        lines.append(f"quantized    {len(self.quantized)} of {len(self.quantizable)} quantizable layers "
+                     f"({self.config})" + (": " + ", ".join(self.quantized) if self.quantized else ""))
+        if skipped:
+            lines.append(f"not quantized {', '.join(skipped)}")
+        if self.unsupported:
+            lines.append(f"unsupported  {len(self.unsupported)} layer(s):")
+            lines += [f"  layer '{u.layer}' (type {u.type}): {u.reason}" for u in self.unsupported]
+        else:
+            lines.append("unsupported  none")
+        verdict = {True: "will work", False: "will fail", None: "not checked"}[self.onnx_ok]
+        lines.append(f"ONNX export  {verdict}: {self.onnx_message}")
+        lines.append(f"result       {'supported' if self.exit_code == EXIT_OK else 'NOT supported'} "
+                     f"(exit {self.exit_code}; {self.seconds:.2f} s)")
+        return "\n".join(_wrap(line) for line in lines)
+
+
+def _wrap(line: str, width: int = 100, indent: int = 13) -> str:
+    """A long line wrapped at commas/spaces with the continuation indented under the value."""
+    if len(line) <= width:
+        return line
+    out, cur = [], ""
+    for word in line.split(" "):
+        if cur and len(cur) + 1 + len(word) > width:
+            out.append(cur)
+            cur = " " * indent + word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    out.append(cur)
+    return "\n".join(out)
+
+
+def _unsupported(parsed: Any) -> list[Unsupported]:
+    """Every layer whose type the loader lacks, and every Python layer it does not know."""
+    from amct_torch.caffe.layers import layer_class, rcnn
+    known_python: set[tuple[str, str]] = getattr(rcnn, "KNOWN_PYTHON", set())
+    known = ", ".join(f"{m}.{c}" for m, c in sorted(known_python)) or "none"
+    out = []
+    for layer in parsed.layers:
+        if layer_class(layer.type) is None:
+            out.append(Unsupported(layer.name, layer.type, "unknown layer type"))
+        elif layer.type == "Python":
+            p = layer.python_param
+            if (p.module, p.layer) not in known_python:
+                out.append(Unsupported(layer.name, layer.type,
+                                       f"Python layer (module '{p.module}', class '{p.layer}') runs code "
+                                       f"that is not in the model files; known Python layers: {known}"))
+    return out
+
+
+def _config(path: Optional[str], infos: list, model_file: str) -> Any:
+    """The QuantConfig: defaults, or the user's quant.cfg / JSON config."""
+    from amct_torch.config import default_quant_config, parse_quant_cfg, read_quant_config_json, resolve_quant_cfg
+    from amct_torch.errors import ConfigError
+    if path is None:
+        return default_quant_config(infos, path=model_file)
+    if not os.path.isfile(path):
+        raise ConfigError("quant config not found", file=path)
+    if path.lower().endswith(".json"):
+        return read_quant_config_json(path, infos)
+    return resolve_quant_cfg(parse_quant_cfg(path), infos, path)
+
+
+def _outputs(gm: Any) -> list[tuple[str, Optional[list[int]]]]:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    res = []
+    for name, node in dict(out_node.args[0]).items():
+        s = node.meta.get("caffe_shape")
+        res.append((name, None if s is None else [int(d) for d in s]))
+    return res
+
+
+def inspect_model(model_file: str, weights_file: Optional[str] = None,
+                  config: Optional[str] = None, onnx: bool = True) -> Inspection:
+    """Read the model (and weights), list its types and unsupported layers, resolve the quant
+    config and (``onnx``, when the graph loads) run the ONNX preflight. A file that cannot be
+    read raises its AmctError; anything unsupported is reported in the result."""
+    from amct_torch.caffe.netio import read_net
+    from amct_torch.config import layer_infos_from_net
+    t0 = time.perf_counter()
+    parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
+    infos = layer_infos_from_net(parsed.net)
+    qc = _config(config, infos, model_file)
+    res = Inspection(
+        model_file=model_file, weights_file=weights_file,
+        config="default config" if config is None else f"config {config}",
+        inputs=[(n, None if not s else [int(d) for d in s]) for n, s in parsed.inputs],
+        layer_types=dict(Counter(layer.type for layer in parsed.layers).most_common()),
+        quantizable=sorted(i.name for i in infos if i.quantizable),
+        quantized=sorted(qc.enabled_layers()),
+        unsupported=_unsupported(parsed))
+    if res.unsupported:
+        res.onnx_message = "the model has unsupported layers"
+    else:
+        from amct_torch.caffe.graph import build_graph
+        from amct_torch.caffe.layers.quant import mark_integer_quants
+        gm = build_graph(parsed)
+        mark_integer_quants(gm)
+        res.outputs = _outputs(gm)
+        if onnx:
+            _onnx_answer(res, gm, qc, model_file)
+        else:
+            res.onnx_message = "skipped (--no-onnx)"
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _onnx_answer(res: Inspection, gm: Any, qc: Any, model_file: str) -> None:
+    from amct_torch.errors import ExportError
+    try:
+        from amct_torch.export.onnx.preflight import preflight_onnx
+    except ImportError as err:  # the onnx package itself is missing
+        res.onnx_ok, res.onnx_message = False, f"cannot check: {err}"
+        return
+    try:
+        pre = preflight_onnx(gm, qc, model_file=model_file)
+    except ExportError as err:
+        res.onnx_ok = False
+        res.onnx_message = err.message + (f" (layer '{err.layer}')" if err.layer else "")
+        return
+    res.onnx_ok = True
+    res.onnx_message = (f"float model {pre.float_nodes} nodes, QDQ model {pre.quant_nodes} nodes, "
+                        f"{pre.quantized} quantized layers; checked with {pre.checked_with}")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``inspect`` subcommand (registered by ``amct_torch.cli``)."""
+    p = sub.add_parser("inspect", help="what a model has and whether it is supported (no data needed)",
+                       description="Read MODEL (and WEIGHTS) and print its inputs and shapes, its layer "
+                                   "types with counts, the layers the config quantizes, every layer that "
+                                   "is not supported, and whether the ONNX export will work. Exit 0: "
+                                   "supported; 2: a file cannot be read; 3: something is not supported.",
+                       epilog="examples:\n  amct-torch inspect deploy.prototxt weights.caffemodel\n"
+                              "  amct-torch inspect deploy.prototxt --config quant.cfg --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="deploy prototxt")
+    p.add_argument("weights", nargs="?", default=None,
+                   help="caffemodel (optional: without it the structure and shapes are checked with zero weights)")
+    p.add_argument("--config", default=None,
+                   help="quant.cfg or JSON quant config (default: quantize every quantizable layer)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--no-onnx", action="store_true", help="skip the ONNX export check")
+    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+    return p
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """CLI entry: prints the answer; exit 0 (supported) or 3 (something unsupported)."""
+    from amct_torch.errors import ModelError
+    from amct_torch.threads import prefer_passive_waits
+    prefer_passive_waits()  # before torch loads: on a busy machine idle threads sleep, not spin
+    for path, what in ((args.model, "model file"), (args.weights, "weights file")):
+        if path is not None and not os.path.isfile(path):
+            raise ModelError(f"{what} not found", file=path)
+    res = inspect_model(args.model, args.weights, args.config, onnx=not args.no_onnx)
+    if args.json:
+        json.dump(res.to_json(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(res.format())
+    return res.exit_code
