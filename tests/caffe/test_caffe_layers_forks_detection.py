@@ -8,6 +8,7 @@ image for the ROI layers (OpenCV runs batch 1). Odd sizes throughout."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -429,3 +430,62 @@ def test_dropout_scale_train_false_scales_at_test_time(tmp_path, param, scale):
     ours = run_ours(p, m, x)["y"]
     assert_close(ours, x * np.float32(scale))
     assert_close(ours, run_cv(p, m, {"data": x}, ["y"])["y"])
+
+
+# -- Region (YOLOv2) --------------------------------------------------------------------------
+REGION = ('layer {{ name: "perm" type: "Permute" bottom: "data" top: "perm" permute_param {{ order: 0 order: 2 order: 3 order: 1 }} }}\n'
+          'layer {{ name: "y" type: "Region" bottom: "perm" top: "y" region_param {{ classes: {c} coords: 4 {p} }} }}')
+ANCHORS = np.array([1.08, 1.19, 3.42, 4.41, 6.63, 11.38, 9.42, 5.11, 16.62, 10.52], np.float32)
+
+
+def region_net(tmp_path, a, c, h, w, param, name="region"):
+    p, m = make_net(tmp_path, REGION.format(c=c, p=param), {"data": (1, a * (5 + c), h, w)},
+                    {"y": [ANCHORS[:2 * a].reshape(1, -1)]}, name=name)
+    # OpenCV reads a prototxt bool only as a number (``softmax: true`` reaches it as false) and
+    # the anchor count only as ``anchors`` (the forks' ``num`` / ``boxes_of_each_grid``)
+    text = open(p).read().replace("softmax: true", "softmax: 1").replace("logistic: true", "logistic: 1")
+    text = text.replace("boxes_of_each_grid:", "anchors:").replace("num:", "anchors:")
+    cv_proto = os.path.join(str(tmp_path), f"{name}_cv.prototxt")
+    open(cv_proto, "w").write(text)
+    return p, m, cv_proto
+
+
+@pytest.mark.parametrize("a,c,h,w,param,scale", [
+    (5, 4, 13, 13, "anchors: 5 softmax: true", 2.0),
+    (3, 2, 4, 5, "anchors: 3 softmax: true nms_threshold: 0 thresh: 0.1", 1.0),
+    (3, 2, 7, 5, "num: 3 softmax: true thresh: 0.1", 1.0),
+    (2, 3, 5, 3, "boxes_of_each_grid: 2 logistic: true nms_threshold: 0.3 thresh: 0.3", 1.0),
+    (5, 20, 9, 11, "anchors: 5 softmax: true nms_threshold: 0.45 thresh: 0.05", 3.0),
+])
+def test_region_matches_opencv(tmp_path, a, c, h, w, param, scale):
+    p, m, cv_proto = region_net(tmp_path, a, c, h, w, param)
+    x = rand(1, a * (5 + c), h, w, seed=15) * scale
+    ours = run_ours(p, m, x)["y"]
+    ref = run_cv(cv_proto, m, {"data": x}, ["y"])["y"]
+    assert ours.shape == (h * w * a, 5 + c)
+    assert_close(ours, ref)
+    assert np.array_equal(ours[:, 5:] > 0, ref[:, 5:] > 0)   # the same scores survive NMS
+
+
+@pytest.mark.parametrize("param,blobs,msg", [
+    ("anchors: 5 num: 4 softmax: true", 5, "disagree"),
+    ("anchors: 5", 5, "softmax or logistic"),
+    ("anchors: 5 softmax: true softmax_tree: true", 5, "softmax_tree"),
+    ("anchors: 5 softmax: true", 5, "coords"),
+    ("anchors: 4 softmax: true", 5, "anchor blob"),
+])
+def test_region_bad_parameters(tmp_path, param, blobs, msg):
+    body = REGION.format(c=2, p=param)
+    if msg == "coords":
+        body = body.replace("coords: 4", "coords: 5")
+    p, m = make_net(tmp_path, body, {"data": (1, 35, 3, 3)}, {"y": [ANCHORS[:2 * blobs].reshape(1, -1)]})
+    with pytest.raises(ModelError, match=msg) as e:
+        run_ours(p, m, rand(1, 35, 3, 3))
+    assert e.value.layer == "y"
+
+
+def test_region_input_must_be_channels_last(tmp_path):
+    body = 'layer { name: "y" type: "Region" bottom: "data" top: "y" region_param { classes: 2 anchors: 5 softmax: true } }'
+    p, m = make_net(tmp_path, body, {"data": (1, 35, 3, 3)}, {"y": [ANCHORS.reshape(1, -1)]})
+    with pytest.raises(ModelError, match="channels last"):
+        run_ours(p, m, rand(1, 35, 3, 3))

@@ -384,3 +384,68 @@ def test_zf_faster_rcnn_like_net_matches_opencv(tmp_path, scale):
     c = _by_roi(onx["rois_copy"], onx["cls_prob"], onx["bbox_pred"])
     for u, v in zip(a, c):
         assert u.shape == v.shape and rel_err(v, u) <= 1e-4
+
+
+# -- YOLOv2: Reorg + Region ----------------------------------------------------------------------
+ANCHORS = np.array([1.08, 1.19, 3.42, 4.41, 6.63, 11.38, 9.42, 5.11, 16.62, 10.52], np.float32)
+PERMUTE = 'permute_param { order: 0 order: 2 order: 3 order: 1 }'
+
+
+@pytest.mark.parametrize("a,c,h,w,param,scale", [
+    (5, 4, 13, 13, "anchors: 5 softmax: true", 2.0),
+    (3, 2, 4, 5, "anchors: 3 softmax: true nms_threshold: 0 thresh: 0.1", 1.0),
+    (2, 3, 5, 3, "num: 2 logistic: true nms_threshold: 0.3 thresh: 0.3", 1.0),
+    (5, 20, 9, 11, "anchors: 5 softmax: true nms_threshold: 0.45 thresh: 0.05", 3.0),
+])
+def test_region_float_onnx(tmp_path, a, c, h, w, param, scale):
+    body = (f'layer {{ name: "perm" type: "Permute" bottom: "data" top: "perm" {PERMUTE} }}\n'
+            f'layer {{ name: "y" type: "Region" bottom: "perm" top: "y" region_param {{ classes: {c} {param} }} }}')
+    p, m = make_net(tmp_path, body, {"data": (1, a * (5 + c), h, w)}, {"y": [ANCHORS[:2 * a].reshape(1, -1)]})
+    for n, seed in ((1, 1), (2, 2)):
+        x = rand(n, a * (5 + c), h, w, seed=seed) * scale
+        ours = run_ours(p, m, x)["y"]
+        onx, _ = export_and_run(p, m, {"data": x})
+        assert onx["y"].shape == ours.shape and rel_err(onx["y"], ours) <= 1e-5
+        assert np.array_equal(onx["y"][:, 5:] > 0, ours[:, 5:] > 0)
+
+
+YOLO = '''
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 8 kernel_size: 3 pad: 1 stride: 2 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { negative_slope: 0.1 } }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2" convolution_param { num_output: 16 kernel_size: 3 pad: 1 stride: 2 } }
+layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" relu_param { negative_slope: 0.1 } }
+layer { name: "reorg" type: "Reorg" bottom: "conv1" top: "reorg" reorg_param { stride: 2 } }
+layer { name: "cat" type: "Concat" bottom: "reorg" bottom: "conv2" top: "cat" }
+layer { name: "conv3" type: "Convolution" bottom: "cat" top: "conv3" convolution_param { num_output: 35 kernel_size: 1 } }
+layer { name: "perm" type: "Permute" bottom: "conv3" top: "perm" permute_param { order: 0 order: 2 order: 3 order: 1 } }
+layer { name: "region" type: "Region" bottom: "perm" top: "region" region_param { classes: 2 coords: 4 anchors: 5 softmax: true thresh: 0.05 } }
+'''
+
+
+def test_yolov2_like_net_end_to_end(tmp_path):
+    rng = np.random.default_rng(5)
+    f = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    blobs = {"conv1": [f(8, 3, 3, 3), f(8)], "conv2": [f(16, 8, 3, 3), f(16)], "conv3": [f(35, 48, 1, 1), f(35)],
+             "region": [ANCHORS.reshape(1, -1)]}
+    p, m = make_net(tmp_path, YOLO, {"data": (1, 3, 52, 52)}, blobs, name="yolo")
+    imgs = (natural_images_bgr(size=52, count=6, seed=6) / 64.0).astype(np.float32)
+    out = str(tmp_path / "out" / "yolo")
+    res = amct_torch.quantize(p, m, imgs[:4], output=out, onnx=True, batch_num=2, batch_size=2, quiet=True)
+    assert set(res.records) == {"conv1", "conv2", "conv3"}
+    for kind in ("fake_quant", "deploy"):
+        written = _layer_blocks(f"{out}_{kind}_model.prototxt")
+        src = {lp.name: lp for lp in text_format.Parse(open(p).read(), pb.NetParameter()).layer}
+        for name in ("reorg", "region"):
+            assert written[name].type == src[name].type
+            assert written[name].reorg_param == src[name].reorg_param
+            assert written[name].region_param == src[name].region_param
+    x = imgs[4:5]
+    ref = run_ours(p, m, x)["region"]
+    flt = run_onnx(out + "_float.onnx", {"data": x})["region"]
+    assert flt.shape == ref.shape == (13 * 13 * 5, 7) and rel_err(flt, ref) <= 1e-4
+    q = run_onnx(out + "_quant.onnx", {"data": x})["region"]
+    assert q.shape == ref.shape
+    assert np.abs(q[:, [0, 1, 4]] - ref[:, [0, 1, 4]]).max() < 0.05          # centres, objectness
+    assert np.abs(np.log(q[:, 2:4] / ref[:, 2:4])).max() < 0.2               # sizes (exp of the logits)
+    ops = optimized_ops(out + "_quant.onnx", tmp_path)
+    assert sum(ops[k] for k in INT8_CONV) == 3 and ops["Conv"] + ops["FusedConv"] == 0, ops
