@@ -162,7 +162,7 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
 def onnx_preflight(gm: fx.GraphModule, model_file: str, outputs: Optional[Sequence[str]] = None,
                    config: Any = None, activations: str = "uint8", speed: bool = False) -> Optional[ExportError]:
     """``preflight_onnx``'s problem returned instead of raised (None when the export will
-    work), logged as a warning at once."""
+    work), logged as a warning at once (``preflight_onnx`` raises instead: the one line)."""
     try:
         preflight_onnx(gm, config, activations=activations, outputs=outputs, model_file=model_file, speed=speed)
     except ExportError as problem:
