@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_checkpoint_resume import batches, setup
 
 from amct_torch.errors import CalibrationError
+from helpers.checkpoint_job import batches, setup
 
 
 class _Boom:

@@ -16,38 +16,10 @@ import torch
 
 if __name__ == "__main__":  # run as a script by the test itself: tests/ holds the helpers
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers.configs import use_hfmg
+from helpers.checkpoint_job import batches, setup  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BATCH_NUM = 6
 KILL_AT = 3          # the process dies when asked for batch index 3 (3 batches done)
-BATCH_SIZE = 30
-
-
-def batches(kill_at=None):
-    from amct_torch.examples import example_data
-    x, _ = example_data("calib")
-    for i in range(BATCH_NUM):
-        if i == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        yield torch.from_numpy(x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE])
-
-
-def setup(tmp: str, mode: str, tag: str):
-    """init + quantize_model of the example with IFMR (exact/streaming) or HFMG everywhere."""
-    from amct_torch.api import init, quantize_model
-    from amct_torch.config import create_quant_config
-    from amct_torch.examples import example_model
-    model, weights = example_model()
-    cfg = os.path.join(tmp, f"{mode}.json")
-    create_quant_config(cfg, model, weights, batch_num=BATCH_NUM)
-    if mode == "hfmg":
-        use_hfmg(cfg, num_of_bins=2048)
-    rec = os.path.join(tmp, f"{mode}_{tag}_record.txt")
-    graph = init(cfg, model, weights, rec)
-    m = quantize_model(graph, os.path.join(tmp, f"{tag}.prototxt"), os.path.join(tmp, f"{tag}.caffemodel"),
-                       ifmr_mode="exact" if mode == "exact" else "streaming")
-    return graph, m
 
 
 def run(tmp: str, mode: str, tag: str, kill_at=None) -> str:

@@ -11,11 +11,11 @@ from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amct_torch.config import (parse_quant_cfg_text, parse_quant_config_json,
-                               quant_config_to_json, resolve_quant_cfg)
+from amct_torch.config import parse_quant_cfg_text, parse_quant_config_json, quant_config_to_json, resolve_quant_cfg
 from amct_torch.errors import ConfigError
 from amct_torch.proto import calibration_config_pb2 as pb
 from helpers.configs import LAYERS
+from helpers.corrupt import corrupt_text
 
 QUANTIZABLE = ["conv1", "conv2", "deconv1", "fc1", "pool1"]
 TYPES = {"conv1": "Convolution", "conv2": "Convolution", "deconv1": "Deconvolution",
@@ -77,31 +77,10 @@ def test_valid_configs_resolve_and_round_trip_through_json(cfg):
     assert back == qc
 
 
-def _corrupt(text: str, data) -> str:
-    """Apply one to three random edits: delete a span, insert junk, duplicate a span, truncate."""
-    for _ in range(data.draw(st.integers(1, 3))):
-        n = len(text)
-        i = data.draw(st.integers(0, n))
-        j = data.draw(st.integers(i, min(n, i + 12)))
-        kind = data.draw(st.sampled_from(["delete", "insert", "dup", "truncate", "replace"]))
-        junk = data.draw(st.text(alphabet='{}:"\'\\#\n -0123456789.eEabcnuflsrtx,[]', max_size=6))
-        if kind == "delete":
-            text = text[:i] + text[j:]
-        elif kind == "insert":
-            text = text[:i] + junk + text[i:]
-        elif kind == "dup":
-            text = text[:j] + text[i:j] + text[j:]
-        elif kind == "truncate":
-            text = text[:i]
-        else:
-            text = text[:i] + junk + text[j:]
-    return text
-
-
 @SETTINGS
 @given(configs(), st.data())
 def test_corrupted_quant_cfg_gives_config_error_or_valid_config(cfg, data):
-    text = _corrupt(text_format.MessageToString(cfg), data)
+    text = corrupt_text(text_format.MessageToString(cfg), data)
     try:
         resolve_quant_cfg(parse_quant_cfg_text(text, "c.cfg"), LAYERS, "c.cfg")
     except ConfigError as e:
@@ -112,7 +91,7 @@ def test_corrupted_quant_cfg_gives_config_error_or_valid_config(cfg, data):
 @given(configs(), st.data())
 def test_corrupted_json_gives_config_error_or_valid_config(cfg, data):
     qc = resolve_quant_cfg(cfg, LAYERS, "c.cfg")
-    text = _corrupt(json.dumps(quant_config_to_json(qc), indent=1), data)
+    text = corrupt_text(json.dumps(quant_config_to_json(qc), indent=1), data)
     try:
         parse_quant_config_json(text, LAYERS, "c.json")
     except ConfigError as e:

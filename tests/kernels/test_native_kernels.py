@@ -163,7 +163,7 @@ def test_hfmg_widening_batch_reports_every_slices_extremes(backend, threads, mon
 
 
 def _widening_case(backend, threads):
-    from test_algo_hfmg import ref_hist, ref_redistribute
+    from helpers.hfmg_reference import ref_hist, ref_redistribute
     g = torch.Generator().manual_seed(5)
     first = torch.rand(40_000, generator=g) * 2 - 1
     first[0], first[1] = -1.0, 1.0
@@ -207,7 +207,7 @@ def test_redistribute_kernel_gives_the_torch_formulas_integers():
     the plain loop of test_algo_hfmg, on ranges that grow on one side, both sides, by whole old
     bins (splits exactly on edges), by a factor that puts many old bins into one, and on huge
     counts."""
-    from test_algo_hfmg import ref_redistribute
+    from helpers.hfmg_reference import ref_redistribute
     impls = [hfmg.redistribute] + ([native.hfmg_redistribute] if native.library() is not None else [])
     rng = np.random.default_rng(11)
     cases = [(-1.0, 1.0, -1.0, 3.0), (-1.0, 1.0, -2.0, 1.0), (0.0, 2.0, -0.5, 2.5),

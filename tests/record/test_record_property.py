@@ -9,7 +9,6 @@ import os
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_config_property import _corrupt
 
 from amct_torch.errors import RecordError
 from amct_torch.record import (
@@ -22,20 +21,11 @@ from amct_torch.record import (
     write_record,
 )
 from helpers.configs import LAYERS
+from helpers.corrupt import corrupt_text
+from helpers.record_strategies import records_st
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-f32 = st.floats(width=32, allow_nan=False)
-u32 = st.integers(0, 2 ** 32 - 1)
-i32 = st.integers(-2 ** 31, 2 ** 31 - 1)
-
-records_st = st.dictionaries(
-    st.text(min_size=1, max_size=12),
-    st.builds(LayerRecord, scale_d=st.none() | f32, offset_d=st.none() | i32,
-              scale_w=st.lists(f32, max_size=5), offset_w=st.lists(i32, max_size=5),
-              shift_bit=st.lists(u32, max_size=3), channels=st.none() | u32,
-              height=st.none() | u32, width=st.none() | u32, skip_fusion=st.booleans()),
-    max_size=6)
 
 
 @SETTINGS
@@ -75,7 +65,7 @@ def _valid() -> dict:
 @SETTINGS
 @given(st.data())
 def test_corrupted_record_gives_record_error_or_valid_record(data):
-    text = _corrupt(format_record(_valid()), data)
+    text = corrupt_text(format_record(_valid()), data)
     try:
         validate_record(parse_record_text(text, "c.txt"), LAYERS, "c.txt")
     except RecordError as e:

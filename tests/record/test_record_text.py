@@ -7,13 +7,13 @@ from __future__ import annotations
 from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_config_property import _corrupt
-from test_record_property import records_st
 
 from amct_torch.config.textproto import join_multiline_strings
 from amct_torch.errors import RecordError
 from amct_torch.proto import scale_offset_record_pb2 as pb
 from amct_torch.record import LayerRecord, format_record, parse_record_text
+from helpers.corrupt import corrupt_text
+from helpers.record_strategies import records_st
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -93,7 +93,7 @@ def test_reader_matches_protobuf_on_reformatted_and_corrupted_text(records, data
     text = text_format.MessageToString(to_message(records), as_one_line=data.draw(st.booleans()))
     if data.draw(st.booleans()):
         text = text.replace("value {", "value: {").replace(" ", data.draw(LAYOUT))
-    text = _corrupt(text, data) if data.draw(st.booleans()) else text
+    text = corrupt_text(text, data) if data.draw(st.booleans()) else text
     ref = protobuf_entries(text)
     got = ours(text)
     if ref is None:
