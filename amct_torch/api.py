@@ -105,7 +105,7 @@ def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modifi
     record_file = graph.record_file
     write_records(quantize_weights(graph), record_file)
     if write:
-        save_caffe(graph.fused, os.fspath(modified_model_file), os.fspath(modified_weights_file))
+        save_caffe(graph.fused, outs[0], outs[1])
     start_calibration(graph, ifmr_mode=ifmr_mode, then=lambda records: write_records(records, record_file))
     log.info("run the returned model on %d batch(es) of calibration data", graph.config.batch_num)
     return graph.fused

@@ -5,7 +5,7 @@ change."""
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, NoReturn, Optional, Sequence
 
 from amct_torch.config.layers import LayerInfo
 from amct_torch.errors import RecordError
@@ -33,7 +33,7 @@ def _plausible(name: str, v: float) -> "str | None":
 
 def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Optional[str]) -> None:
     """Every rule for one entry whose layer exists in the model."""
-    def fail(text: str) -> None:
+    def fail(text: str) -> NoReturn:
         raise RecordError(text, file=path, layer=name)
 
     joint = info.type == "Eltwise"  # joint_quant: one shared input factor

@@ -132,7 +132,7 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
         if plan.tx is None:  # only rank 0 writes; its work folder is removed below
             return QuantizeResult(files={}, records=cal.records, float_model=cal.model, quant_model=None,
                                   graph=cal.graph, device=plan.device, rank=plan.ctx.rank)
-        return _write(opts, plan, cal, prog)
+        return _write(opts, plan, plan.tx, cal, prog)
     except (CalibrationError, DataError) as err:
         if err.file is None and opts.data_path:
             # weights are checked for NaN/Inf up front: what is left comes from the data
@@ -173,6 +173,7 @@ def _plan(opts: QuantizeOptions) -> _Plan:
     if ctx is None or ctx.is_writer:
         tx = OutputTransaction(list(finals.values()), opts.inputs,
                                owns_prefix=opts.output).begin(os.path.basename(opts.output))
+        assert tx.staging is not None  # begin() made it
         tmp = tx.staging
     else:  # ranks > 0 write nothing: private work folder
         tmp = tempfile.mkdtemp(prefix="amct_")
@@ -183,9 +184,10 @@ def _plan(opts: QuantizeOptions) -> _Plan:
 def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGraph, str]:
     """The end of planning: the quant config (written from a quant.cfg or the defaults, or the
     user's JSON) and the model, then every option checked against them before any calibration
-    work -- the ONNX models' mapping and ``onnx_outputs`` by the ONNX preflight (a problem is an
-    ``ExportError`` naming the model file; nothing of the run is published)."""
-    from amct_torch.export.onnx.preflight import onnx_preflight, raise_if
+    work: with ``onnx``, the ONNX preflight builds both models in memory as the exporter will
+    (layer mappings, ``onnx_outputs`` blob names, the QDQ form, the checker); a problem is an
+    ``ExportError`` naming the model file, and nothing of the run is published."""
+    from amct_torch.export.onnx.preflight import preflight_onnx
 
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
@@ -197,7 +199,8 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
             raise err.with_file(opts.config) from None
         raise
     if opts.onnx:
-        raise_if(onnx_preflight(graph.model, opts.model_file, opts.onnx_outputs, graph.config))
+        preflight_onnx(graph.model, graph.config, activations=opts.onnx_activations, outputs=opts.onnx_outputs,
+                       model_file=opts.model_file, speed=opts.onnx_speed)
     if opts.batch_num is not None:
         graph.config.batch_num = int(opts.batch_num)
     return graph, cfg
@@ -208,7 +211,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     n = graph.config.batch_num
     prog.start("BN fusion + ARQ")
     quantize_weights(graph)
-    start_calibration(graph, ifmr_mode=opts.ifmr_mode)
+    session = start_calibration(graph, ifmr_mode=opts.ifmr_mode)
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
     inputs_decl = graph.model.caffe_inputs
@@ -222,14 +225,14 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
     if opts.checkpoint is not None:
         _fingerprint_run(graph, opts, n, bs)
-    rest = run_calibration(model, graph.session, keeper(batches, n), plan.device, quiet=opts.quiet,
+    rest = run_calibration(model, session, keeper(batches, n), plan.device, quiet=opts.quiet,
                            ctx=plan.ctx, checkpoint=opts.checkpoint)
     report_use(keeper, count, n, bs)
     records = check_records(graph, finish_calibration(graph), None)
     return _Calibrated(graph, model, keeper, rest, bs, count, config_file, records)
 
 
-def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> QuantizeResult:
+def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Calibrated, prog) -> QuantizeResult:
     """Every output into the staging folder -- the record written once, from memory -- then
     one commit."""
     from amct_torch.export.graph_outputs import export_models, export_onnx_model
@@ -259,7 +262,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, prog) -> Quanti
         prog.start("per-layer report")
         stats = _report(opts, plan, cal, model, quant_model, records, files)
     prog.start("committing the outputs")
-    published = plan.tx.commit([plan.finals[k] for k in files])  # an earlier run's others go
+    published = tx.commit([plan.finals[k] for k in files])  # an earlier run's others go
     graph.record_file = plan.finals["record"]  # save_model(result.graph, ...) reads it
     final = {k: plan.finals[k] for k in files}
     return QuantizeResult(files=final, records=records, float_model=model,
