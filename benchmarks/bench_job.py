@@ -174,19 +174,19 @@ def phases_child(argv: list[str]) -> None:
                 times[phase] = times.get(phase, 0.0) + time.perf_counter() - t
         setattr(mod, attr, timed)
 
-    import amct_torch.api as api
     import amct_torch.caffe.graph as graph
     import amct_torch.caffe.netio as netio
+    import amct_torch.export.graph_outputs as graph_outputs
     wrap(netio, "read_net", "load_read_net")
     wrap(graph, "build_graph", "load_build_graph")
     wrap(oneshot, "_config_json", "config_json")
-    for mod in (api, oneshot):
-        wrap(mod, "init", "init_total")
-        wrap(mod, "quantize_model", "fuse_arq_modified_model")
-        wrap(mod, "save_model", "write_caffe_outputs")
+    wrap(oneshot, "load", "load_total")
+    wrap(oneshot, "quantize_weights", "fuse_arq")
+    wrap(graph_outputs, "export_models", "write_caffe_outputs")
     wrap(oneshot, "calibration_batches", "data_setup")
     wrap(oneshot, "run_calibration", "calibration")
-    wrap(oneshot, "checked_records", "records")
+    wrap(oneshot, "check_records", "records")
+    wrap(oneshot, "write_records", "record_write")
     wrap(oneshot, "fake_quant_graph", "fake_quant_graph")
     wrap(oneshot, "_move", "move_outputs")
     import amct_torch.quality.report as report
