@@ -489,3 +489,32 @@ def test_region_input_must_be_channels_last(tmp_path):
     p, m = make_net(tmp_path, body, {"data": (1, 35, 3, 3)}, {"y": [ANCHORS.reshape(1, -1)]})
     with pytest.raises(ModelError, match="channels last"):
         run_ours(p, m, rand(1, 35, 3, 3))
+
+
+# -- the same modules on CUDA --------------------------------------------------------------
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_fork_layers_on_cuda_match_cpu(tmp_path):
+    """Every module builds its index tensors on the input's device: CUDA gives the CPU's rows."""
+    cases = []
+    p, m = make_net(tmp_path, INTERP.format("zoom_factor: 2 pad_beg: -1"), {"data": (1, 3, 9, 7)}, name="i")
+    cases.append((p, m, [rand(1, 3, 9, 7)]))
+    p, m = make_net(tmp_path, MVN.format("across_channels: true"), {"data": (2, 3, 5, 7)}, name="m")
+    cases.append((p, m, [rand(2, 3, 5, 7)]))
+    p, m = make_net(tmp_path, REORG.format("stride: 2"), {"data": (1, 8, 6, 10)}, name="r")
+    cases.append((p, m, [rand(1, 8, 6, 10)]))
+    rois = make_rois(12, 10, 12, 16, n=2)
+    for i, body in enumerate((ROIP.format("pooled_h: 3 pooled_w: 2 spatial_scale: 0.0625"),
+                              PSROI.format("spatial_scale: 0.0625 output_dim: 2 group_size: 3"))):
+        c = 3 if i == 0 else 18
+        p, m = make_net(tmp_path, body, {"data": (2, c, 10, 12), "rois": rois.shape}, name=f"roi{i}")
+        cases.append((p, m, [rand(2, c, 10, 12), rois]))
+    s, d, info = rpn_inputs(9, 5, 7, (100, 130, 1))
+    p, m = make_net(tmp_path, PROPOSAL.format(STD), {"s": s.shape, "d": d.shape, "im_info": info.shape}, name="p")
+    cases.append((p, m, [s, d, info]))
+    p, m, _ = region_net(tmp_path, 5, 4, 13, 13, "anchors: 5 softmax: true")
+    cases.append((p, m, [rand(1, 45, 13, 13) * 2]))
+    for p, m, xs in cases:
+        cpu, gpu = run_ours(p, m, *xs), run_ours(p, m, *xs, device="cuda")
+        for k in cpu:
+            assert cpu[k].shape == gpu[k].shape
+            assert_close(gpu[k], cpu[k], tol=1e-5)

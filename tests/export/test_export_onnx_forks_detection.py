@@ -449,3 +449,19 @@ def test_yolov2_like_net_end_to_end(tmp_path):
     assert np.abs(np.log(q[:, 2:4] / ref[:, 2:4])).max() < 0.2               # sizes (exp of the logits)
     ops = optimized_ops(out + "_quant.onnx", tmp_path)
     assert sum(ops[k] for k in INT8_CONV) == 3 and ops["Conv"] + ops["FusedConv"] == 0, ops
+
+
+def test_interp_and_mvn_keep_a_symbolic_spatial_size(tmp_path):
+    """Interp computes its output size from the runtime shape: the model runs at other sizes."""
+    from amct_torch.export.onnx.qdq import export_float_onnx
+    body = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }\n'
+            'layer { name: "mvn" type: "MVN" bottom: "conv" top: "mvn" }\n'
+            'layer { name: "shrink" type: "Interp" bottom: "mvn" top: "shrink" interp_param { shrink_factor: 2 pad_end: -1 } }\n'
+            'layer { name: "y" type: "Interp" bottom: "shrink" top: "y" interp_param { zoom_factor: 3 } }')
+    p, m = make_net(tmp_path, body, {"data": (1, 3, 16, 16)}, {"conv": [rand(4, 3, 3, 3, seed=1), rand(4, seed=2)]})
+    path = export_float_onnx(load_caffe(p, m), str(tmp_path / "dyn.onnx"), dynamic_spatial=True)
+    for h, w in ((16, 16), (37, 29), (9, 24)):
+        x = rand(2, 3, h, w, seed=h)
+        ours = run_ours(p, m, x)["y"]
+        onx = run_onnx(path, {"data": x})["y"]
+        assert onx.shape == ours.shape and rel_err(onx, ours) <= 1e-5, (h, w)
