@@ -229,3 +229,26 @@ def test_preflight_models_carry_no_weights(tmp_path):
                   for i in light.graph.input[1:]}
     assert shape_only and all(real[n] == v for n, v in shape_only.items()), shape_only
     assert [(n.op_type, n.name) for n in light.graph.node] == [(n.op_type, n.name) for n in onnx.load(qp).graph.node]
+
+
+def test_without_onnxruntime_the_checker_alone_runs(tmp_path, monkeypatch, caplog):
+    """onnxruntime is optional: without it the models are still checked by onnx.checker and
+    written, with one warning that says so (and inspect's answer says how it checked)."""
+    import importlib.util
+    import logging
+
+    from amct_torch.export.onnx import validate
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    monkeypatch.setattr(validate, "_warned", [])
+    proto, gm, recs = _head_net(tmp_path, bias=False)
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        paths = export_onnx(gm, recs, str(tmp_path / "m"), file=proto)
+        export_onnx(gm, recs, str(tmp_path / "n"), file=proto)
+    assert all(os.path.exists(p) for p in paths)
+    assert caplog.text.count("onnxruntime is not installed") == 1
+    assert validate.runtime_status() == "onnx.checker only (onnxruntime is not installed)"
+    monkeypatch.setattr(qdq, "rewrite", _old_int32_dequantize)  # only a runtime refuses this one
+    export_onnx(gm, recs, str(tmp_path / "o"), file=proto)
+    onnx.checker.check_model(onnx.load(str(tmp_path / "o_quant.onnx")), full_check=True)
