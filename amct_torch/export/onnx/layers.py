@@ -370,7 +370,3 @@ def _dequant(b, mod, xs, ins, outs):
         b.fail(mod, "the deploy model's integer layers are not exported to ONNX")
     return b.node("Identity", xs, mod.caffe_name)
 
-
-
-# the forks' segmentation / detection layers register themselves (they import ``mapping`` from here)
-from amct_torch.export.onnx import layers_rcnn, layers_segmentation  # noqa: E402,F401

@@ -46,7 +46,7 @@ from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
-from amct_torch.export.onnx import layers_mobile  # noqa: F401  (register: mobile / YOLO / SegNet forks)
+from amct_torch.export.onnx import layers_mobile, layers_rcnn, layers_segmentation  # noqa: F401  (register the forks' layers)
 from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
