@@ -431,6 +431,9 @@ def count_samples(data: Any, inputs: Sequence[tuple[str, Optional[Sequence[int]]
     if not isinstance(data, (str, os.PathLike)):
         return None
     path = os.fspath(data)
+    if len(inputs) > 1 and os.path.isfile(path):
+        from amct_torch.inputs.named_arrays import named_npz_samples
+        return named_npz_samples(path, inputs, ArrayFile)
     if os.path.isdir(path):
         total = 0
         for p in _files(path):
@@ -590,9 +593,9 @@ def calibration_batches(data: Any, inputs: Sequence[tuple[str, Optional[Sequence
     bs = int(batch_size) if batch_size is not None else 1
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
-        if len(specs) != 1:
-            raise DataError("data from a path is supported for single-input nets only; pass an "
-                            "iterable of tuples for several inputs", file=path)
+        if len(specs) != 1:  # one .npz holding an array per input, named after it
+            from amct_torch.inputs.named_arrays import named_npz_batches
+            return named_npz_batches(path, specs, bs, ArrayFile)
         if os.path.isdir(path):
             return _batched(_folder_samples(path, pre, specs[0], bs), bs, specs[0])
         check_regular_file(path, "calibration data")

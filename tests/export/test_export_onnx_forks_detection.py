@@ -465,3 +465,19 @@ def test_interp_and_mvn_keep_a_symbolic_spatial_size(tmp_path):
         ours = run_ours(p, m, x)["y"]
         onx = run_onnx(path, {"data": x})["y"]
         assert onx.shape == ours.shape and rel_err(onx, ours) <= 1e-5, (h, w)
+
+
+def test_calibrate_command_takes_data_and_im_info_from_one_npz(tmp_path, capsys):
+    """A two-input net from the command line: one .npz with an array per input, named after it."""
+    from amct_torch.cli import main
+    p, m = frcnn_net(tmp_path)
+    imgs = (natural_images_bgr(size=48, count=4, seed=8)[:, :, :40, :48] / 64.0).astype(np.float32)
+    info = np.tile(np.array([[40, 48, 1]], np.float32), (4, 1))
+    np.savez(tmp_path / "calib.npz", data=imgs, im_info=info)
+    out = str(tmp_path / "out" / "frcnn")
+    assert main(["calibrate", "-q", p, m, str(tmp_path / "calib.npz"), "-o", out, "--onnx",
+                 "--batch-size", "2", "--batch-num", "2"]) == 0
+    assert os.path.exists(out + "_quant.onnx") and os.path.exists(out + "_record.txt")
+    np.savez(tmp_path / "bad.npz", data=imgs)
+    assert main(["calibrate", "-q", p, m, str(tmp_path / "bad.npz"), "-o", str(tmp_path / "o2" / "x")]) == 2
+    assert "im_info" in capsys.readouterr().err
