@@ -51,6 +51,9 @@ from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltw
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
 from amct_torch.export.onnx.shapes import Probe, pick_outputs, probe
+from amct_torch.export.onnx.targets import apply as apply_target
+from amct_torch.export.onnx.targets import check_records as check_target_records
+from amct_torch.export.onnx.targets import get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.output_names import ONNX_ACTIVATIONS
 from amct_torch.record import LayerRecord
@@ -452,7 +455,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                 calibration_data=None, file: Optional[str] = None,
                 outputs: Optional[Sequence[str]] = None,
                 dynamic_spatial: Optional[bool] = None, integer_ops: bool = True,
-                model_file: Optional[str] = None) -> tuple[str, str]:
+                model_file: Optional[str] = None, target: str = "onnxruntime") -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
@@ -477,12 +480,20 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     Before anything is written both models pass ``onnx.checker`` (full check) and load in ONNX
     Runtime (when installed; ``onnx_validate``); a refusal is an ExportError naming
     ``model_file`` (default ``file``: the file errors about the graph name) and the layer, and
-    neither file is written."""
+    neither file is written. ``target``: the runtime the QDQ model is laid out for
+    ("onnxruntime", the default, is this form; "openvino" and "tensorrt" fix ``activations``
+    and ``integer_ops`` and rewrite the model, ``onnx_targets``)."""
+    tg = get_target(target)
+    activations = tg.activations or activations
+    integer_ops = integer_ops if tg.integer_ops is None else tg.integer_ops
     if activations not in ONNX_ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
     if bias not in ("float", "int32"):
         raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
     plan = plan_layers(graph, records, file)
+    if tg.symmetric and (quantize_residual_outputs or quantize_eltwise):
+        raise ValueError(f"the speed modes calibrate asymmetric factors, which target {target} cannot take")
+    check_target_records(target, ((n, lq.offset_d) for n, lq in plan.items()), file)
     out_factors, eplan, elt_factors = None, None, None
     if quantize_residual_outputs or quantize_eltwise:
         if calibration_data is None:
@@ -499,11 +510,13 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
     named = model_file if model_file is not None else file
+    quant = _build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
+                   outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
+                   integer_ops=integer_ops and not quantize_eltwise)
+    if target != "onnxruntime":
+        check_structure(apply_target(target, quant[0]), named, quant[1].layer_of, "the quant ONNX model")
     models = [(_build(graph, {}, activations, named, "float", outputs=outputs,
-                      dynamic_spatial=dynamic_spatial, probed=pr), float_path),
-              (_build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
-                      outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
-                      integer_ops=integer_ops and not quantize_eltwise), quant_path)]
+                      dynamic_spatial=dynamic_spatial, probed=pr), float_path), (quant, quant_path)]
     _write_checked(models, named)
     return float_path, quant_path
 

@@ -1,0 +1,247 @@
+"""The QDQ model's layout for the runtime that will run it (``--onnx-target``).
+
+Why targets: every runtime turns QuantizeLinear/DequantizeLinear pairs into int8 kernels by
+its own pattern rules, and a layout one runtime fuses another leaves in float. Measured on the
+models of docs/export.md ("Runtime targets"):
+
+- ``onnxruntime`` (default): the model as ``export_onnx`` has always written it (uint8
+  activations, the ConvInteger/MatMulInteger integer form where nothing requantizes a layer's
+  output). Nothing here touches it.
+- ``openvino``: OpenVINO's low-precision transformations recognise a quantized convolution or
+  MatMul only as dequantization (Convert/Subtract/Multiply, i.e. DequantizeLinear) feeding it
+  directly on both the activation and the int8 weight; ConvInteger/MatMulInteger are
+  decomposed into float arithmetic, so the integer form ran in f32 (every layer of a PReLU
+  net). The target writes the plain QDQ form (``integer_ops`` off), uint8 activations (with int8
+  activations the CPU plugin left the convolution after a Concat in float), and moves the
+  stride of a 1×1 strided, unpadded convolution into an explicit subsampling (``Slice`` with
+  steps) in front of its quantizer: the CPU plugin otherwise inserts that subsampling itself
+  between the DequantizeLinear and the convolution, after which the convolution is no longer
+  recognised (ResNet's projection shortcuts ran in bf16/f32). Subsampling before rounding is
+  exact: the same values reach the same kernel.
+- ``tensorrt``: TensorRT's explicit quantization takes signed int8 with zero point 0 only
+  (symmetric activations: AMCT's ``activation_offset: false``), per-tensor activation scales,
+  weights per output channel (Conv axis 0, Gemm with transB axis 0), float bias, and plain
+  Q/DQ in front of every quantized Conv/Gemm (no ConvInteger). It fuses an elementwise Add into
+  the convolution producing one of its inputs when the other input (the residual) arrives
+  through a DequantizeLinear: where the residual is a value some layer already quantizes (a
+  ResNet identity shortcut is the previous block's output, which the next convolution
+  quantizes), the Add reads it through that same Q/DQ pair (one rounding the AMCT model does not
+  apply; no new factors). An FC's Q/DQ is repeated after its Flatten (the same codes) so
+  that the Gemm reads a DequantizeLinear directly. The record's offsets must all be 0; ``check_config`` refuses an
+  asymmetric quant config before calibration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from amct_torch.errors import ConfigError, ExportError
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one runtime target fixes in the QDQ model (None: the caller's choice stands)."""
+
+    name: str
+    activations: Optional[str]
+    integer_ops: Optional[bool]
+    symmetric: bool
+
+
+TARGETS = {
+    "onnxruntime": Target("onnxruntime", None, None, False),
+    "openvino": Target("openvino", "uint8", False, False),
+    "tensorrt": Target("tensorrt", "int8", False, True),
+}
+
+
+def get_target(name: str) -> Target:
+    """The target called ``name``; a ValueError lists the choices."""
+    if name not in TARGETS:
+        raise ValueError(f"onnx target must be one of {', '.join(TARGETS)}, got {name!r}")
+    return TARGETS[name]
+
+
+def symmetric_fix(source: str) -> str:
+    """How to ask for symmetric activations, for an error message."""
+    return (f"set activation_offset: false in the quant config ({source}), or pass "
+            "--no-activation-offset / activation_offset=False without a config")
+
+
+def check_options(target: str, activation_offset: bool, config: Optional[str], speed: bool = False) -> None:
+    """Refuse, before any file is read, a target that cannot express the settings: TensorRT
+    with asymmetric activations and no config file (the config, when given, decides and is
+    checked by ``check_config`` once read), or with the speed mode (whose extra factors are
+    asymmetric min/max)."""
+    if get_target(target).symmetric and speed:
+        raise ConfigError("--onnx-target tensorrt cannot take --onnx-quantize-eltwise (its extra "
+                          "factors are asymmetric); drop one of the two options")
+    if get_target(target).symmetric and config is None and activation_offset:
+        raise ConfigError("--onnx-target tensorrt needs symmetric activations (TensorRT takes "
+                          "only zero point 0): " + symmetric_fix("--config"))
+
+
+def check_config(target: str, quant_config: Any, config_file: Optional[str]) -> None:
+    """Refuse, before calibration, a quant config whose quantized layers a target cannot
+    express: TensorRT and any layer with asymmetric activations (the config's
+    ``activation_offset`` or a layer's ``asymmetric``), naming the first such layer."""
+    if not get_target(target).symmetric:
+        return
+    bad = [n for n, c in quant_config.layers.items() if c.quant_enable and c.asymmetric]
+    if bad:
+        raise ConfigError(f"--onnx-target tensorrt needs symmetric activations (TensorRT takes only "
+                          f"zero point 0), but layer '{bad[0]}'" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+                          + " is asymmetric: " + symmetric_fix(config_file or "--config")
+                          + " (a JSON config: activation_quant_params.asymmetric false per layer)",
+                          file=config_file)
+
+
+def check_records(target: str, offsets: Iterable[tuple[str, int]], file: Optional[str]) -> None:
+    """A record with a non-zero activation offset cannot be written for TensorRT."""
+    if not get_target(target).symmetric:
+        return
+    for name, off in offsets:
+        if int(off) != 0:
+            raise ExportError(f"ONNX export for TensorRT: layer '{name}' has activation offset {off}; "
+                              "TensorRT takes only zero point 0: calibrate with " + symmetric_fix("--config"),
+                              file=file, layer=name)
+
+
+def apply(target: str, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The built QDQ model rewritten in place for ``target`` (onnxruntime: unchanged)."""
+    if target == "openvino":
+        _subsample_strided_pointwise(model)
+    elif target == "tensorrt":
+        _residual_through_qdq(model)
+        _requantize_after_reshape(model)
+    return model
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _fresh(model: onnx.ModelProto, base: str) -> str:
+    taken = {o for n in model.graph.node for o in list(n.output) + [n.name]} | \
+            {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
+    out, k = base, 1
+    while out in taken:
+        k += 1
+        out = f"{base}_{k}"
+    return out
+
+
+def _subsample_strided_pointwise(model: onnx.ModelProto) -> None:
+    """Conv(k=1×1, stride s, no padding) fed by Q→DQ of x becomes Q→DQ of Slice(x, steps s)
+    → Conv(stride 1): the same products, with the subsampling where OpenVINO keeps the int8
+    pattern intact (one Slice and pair per (x, factors, stride), shared by the convolutions)."""
+    g = model.graph
+    prod = {o: n for n in g.node for o in n.output}
+    made: dict[tuple, str] = {}
+    before: dict[int, list] = {}
+    for n in g.node:
+        if n.op_type != "Conv":
+            continue
+        a = _attrs(n)
+        strides = list(a.get("strides", []))
+        if list(a.get("kernel_shape", [])) != [1, 1] or not strides or strides == [1, 1] or any(a.get("pads", [])) \
+                or any(d != 1 for d in a.get("dilations", [1, 1])):
+            continue
+        dq = prod.get(n.input[0])
+        q = prod.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear":
+            continue
+        key = (q.input[0], tuple(q.input[1:]), tuple(strides))
+        if key not in made:
+            base = _fresh(model, f"{n.name}_subsample")
+            consts = [numpy_helper.from_array(np.asarray(v, np.int64), f"{base}_{k}") for k, v in
+                      (("starts", [0, 0]), ("ends", [np.iinfo(np.int64).max] * 2), ("axes", [2, 3]),
+                       ("steps", strides))]
+            g.initializer.extend(consts)
+            sl = helper.make_node("Slice", [q.input[0]] + [c.name for c in consts], [base], name=base)
+            q2 = helper.make_node("QuantizeLinear", [base] + list(q.input[1:]), [f"{base}_q"], name=f"{base}_q")
+            d2 = helper.make_node("DequantizeLinear", [f"{base}_q"] + list(dq.input[1:]), [f"{base}_dq"],
+                                  name=f"{base}_dq")
+            before.setdefault(id(n), []).extend([sl, q2, d2])
+            made[key] = d2.output[0]
+        n.input[0] = made[key]
+        for att in n.attribute:
+            if att.name == "strides":
+                att.ints[:] = [1, 1]
+    if made:
+        nodes = [m for n in g.node for m in before.get(id(n), []) + [n]]
+        del g.node[:]
+        g.node.extend(nodes)
+        _drop_unused(model)
+
+
+def _residual_through_qdq(model: onnx.ModelProto) -> None:
+    """An Add input that is not dequantized but is quantized elsewhere (Q(x) → DQ) reads that
+    DQ's output instead, so that TensorRT fuses the Add into the convolution on the other input
+    with an int8 residual."""
+    g = model.graph
+    prod = {o: n for n in g.node for o in n.output}
+    qdq: dict[str, str] = {}
+    for n in g.node:  # x -> the output of the first DQ(Q(x)) pair
+        if n.op_type == "DequantizeLinear" and n.input[0] in prod and prod[n.input[0]].op_type == "QuantizeLinear":
+            qdq.setdefault(prod[n.input[0]].input[0], n.output[0])
+    for n in g.node:
+        if n.op_type != "Add" or len(n.input) != 2:
+            continue
+        feeds = [prod.get(i) for i in n.input]
+        if not any(f is not None and f.op_type == "Conv" for f in feeds):
+            continue  # only where TensorRT has a convolution to fuse the Add into
+        for k, x in enumerate(n.input):
+            f = feeds[k]
+            if (f is None or f.op_type != "DequantizeLinear") and x in qdq:
+                n.input[k] = qdq[x]
+
+
+def _requantize_after_reshape(model: onnx.ModelProto) -> None:
+    """Gemm ← Flatten/Reshape ← DQ(Q(x)): the same Q/DQ pair repeated after the reshape, so
+    that the Gemm's input is dequantized directly (re-quantizing grid values with the same
+    factors gives the same codes: no rounding is added)."""
+    g = model.graph
+    prod = {o: n for n in g.node for o in n.output}
+    after: dict[int, list] = {}
+    for n in g.node:
+        if n.op_type != "Gemm":
+            continue
+        r = prod.get(n.input[0])
+        dq = prod.get(r.input[0]) if r is not None and r.op_type in ("Flatten", "Reshape") else None
+        if dq is None or dq.op_type != "DequantizeLinear" or prod.get(dq.input[0]) is None:
+            continue
+        q = prod[dq.input[0]]
+        base = _fresh(model, f"{n.name}_input")
+        q2 = helper.make_node("QuantizeLinear", [r.output[0]] + list(q.input[1:]), [f"{base}_q"], name=f"{base}_q")
+        d2 = helper.make_node("DequantizeLinear", [f"{base}_q"] + list(dq.input[1:]), [f"{base}_dq"],
+                              name=f"{base}_dq")
+        after.setdefault(id(r), []).extend([q2, d2])
+        n.input[0] = d2.output[0]
+    if after:
+        nodes = [m for n in g.node for m in [n] + after.get(id(n), [])]
+        del g.node[:]
+        g.node.extend(nodes)
+
+
+def _drop_unused(model: onnx.ModelProto) -> None:
+    used = {i for n in model.graph.node for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
+    nodes = list(model.graph.node)
+    outputs = {o.name for o in model.graph.output}
+    while True:  # the Q/DQ pairs the rewired convolutions no longer read
+        used = {i for n in nodes for i in n.input} | outputs
+        keep = [n for n in nodes if any(o in used for o in n.output)]
+        if len(keep) == len(nodes):
+            break
+        nodes = keep
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in nodes for i in n.input}
+    for t in [t for t in model.graph.initializer if t.name not in used]:
+        model.graph.initializer.remove(t)
