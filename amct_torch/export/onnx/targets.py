@@ -153,7 +153,7 @@ def _subsample_strided_pointwise(model: onnx.ModelProto) -> None:
             continue
         dq = prod.get(n.input[0])
         q = prod.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is None or q.op_type != "QuantizeLinear":
+        if dq is None or q is None or q.op_type != "QuantizeLinear":
             continue
         key = (q.input[0], tuple(q.input[1:]), tuple(strides))
         if key not in made:
@@ -213,7 +213,7 @@ def _requantize_after_reshape(model: onnx.ModelProto) -> None:
             continue
         r = prod.get(n.input[0])
         dq = prod.get(r.input[0]) if r is not None and r.op_type in ("Flatten", "Reshape") else None
-        if dq is None or dq.op_type != "DequantizeLinear" or prod.get(dq.input[0]) is None:
+        if r is None or dq is None or dq.op_type != "DequantizeLinear" or prod.get(dq.input[0]) is None:
             continue
         q = prod[dq.input[0]]
         base = _fresh(model, f"{n.name}_input")
