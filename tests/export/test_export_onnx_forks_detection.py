@@ -236,6 +236,11 @@ def test_faster_rcnn_like_net_end_to_end(tmp_path):
         assert flt[k].shape == ref[k].shape and rel_err(flt[k], ref[k]) <= 1e-4, k
     q = run_onnx(out + "_quant.onnx", {"data": x, "im_info": info})
     assert q["cls_prob"].shape[1] == 3 and np.isfinite(q["cls_prob"]).all()
+    # two images with their own sizes: one NMS per image in ONNX, image after image in torch
+    x2, info2 = imgs[4:6].astype(np.float32), np.array([[40, 48, 1], [30, 41, 1]], np.float32)
+    ref2, flt2 = run_ours(p, m, x2, info2), run_onnx(out + "_float.onnx", {"data": x2, "im_info": info2})
+    for k in ("cls_prob", "ave_cls"):
+        assert flt2[k].shape == ref2[k].shape and rel_err(flt2[k], ref2[k]) <= 1e-4, k
     ops = optimized_ops(out + "_quant.onnx", tmp_path)
     assert sum(ops[k] for k in INT8_CONV) == 6 and ops["Conv"] + ops["FusedConv"] == 0, ops
     # cls_score (nothing requantizes it) is MatMulInteger; fc6, requantized by cls_score, is left
