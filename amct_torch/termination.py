@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 #: the signals that end a command with its staging folder cleaned (as Ctrl-C does)
 CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -30,14 +30,17 @@ class Terminated(SystemExit):
         self.committed = committed
 
 
+#: signals held back (``signals_held``): nesting depth, and the first one that arrived
+_HELD: dict[str, Any] = {"depth": 0, "pending": None}
+
+
 class SignalGuard:
     """While installed: SIGTERM/SIGHUP raise ``Terminated`` in the main thread (so the
-    writer's cleanup runs), or wait while ``hold`` is set (a commit's renames)."""
+    writer's cleanup runs), or wait until the end of a ``signals_held`` block. The hold is
+    process-wide, so whichever guard's handler is installed honours every hold."""
 
     def __init__(self) -> None:
         self._old: dict[int, Any] = {}
-        self.hold = False
-        self.pending: Optional[int] = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -52,22 +55,11 @@ class SignalGuard:
                 pass
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.hold:
-            self.pending = self.pending or signum
+        if _HELD["depth"]:
+            _HELD["pending"] = _HELD["pending"] or signum
             return
         self.restore()  # a second signal during the cleanup ends the process at once
         raise Terminated(signum)
-
-    def release(self, done: bool) -> None:
-        """End the hold (``done``: the transaction is closed, the handlers go); a signal that
-        arrived during it is raised now."""
-        self.hold = False
-        if done:
-            self.restore()
-        if self.pending is not None:
-            signum, self.pending = self.pending, None
-            self.restore()
-            raise Terminated(signum, committed=done)
 
     def restore(self) -> None:
         for sig, old in self._old.items():
@@ -76,6 +68,24 @@ class SignalGuard:
             except (OSError, ValueError):
                 pass
         self._old = {}
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """For the block (a commit's renames: the set must be whole): a termination signal waits,
+    and is raised as ``Terminated(committed=True)`` when the block has completed."""
+    _HELD["depth"] += 1
+    try:
+        yield
+    except BaseException:
+        _HELD["depth"] -= 1
+        if not _HELD["depth"]:
+            _HELD["pending"] = None  # the block's own error ends the command
+        raise
+    _HELD["depth"] -= 1
+    if not _HELD["depth"] and _HELD["pending"] is not None:
+        signum, _HELD["pending"] = _HELD["pending"], None
+        raise Terminated(signum, committed=True)
 
 
 @contextmanager

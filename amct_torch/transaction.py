@@ -41,7 +41,7 @@ from typing import Iterable, Optional, Sequence
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError
 from amct_torch.output_names import prefix_outputs
-from amct_torch.termination import SignalGuard, Terminated
+from amct_torch.termination import SignalGuard, Terminated, signals_held
 
 __all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
            "same_file", "staging_folder"]
@@ -273,6 +273,7 @@ class OutputTransaction:
         self._lock: Optional[int] = None
         self._created: list[str] = []
         self._signals = SignalGuard()
+        self._committed = False  # past the commit point (the manifest is written)
 
     def begin(self, name: Optional[str] = None) -> "OutputTransaction":
         """Check the outputs, create the folder, clean a killed run's staging folder and make
@@ -284,17 +285,20 @@ class OutputTransaction:
         recover(staging, self.inputs)
         self._signals.install()  # from here a SIGTERM cleans up like Ctrl-C
         try:
-            os.mkdir(staging, 0o700)
-        except FileExistsError:
-            self._signals.restore()
-            raise AmctError("another amct-torch run is writing outputs with this prefix right "
-                            "now", file=staging) from None
-        except OSError as err:
-            self._signals.restore()
-            raise AmctError(f"cannot write in the output folder: {err.strerror or err}",
-                            file=self.folder) from None
-        self.staging = staging
-        self._lock = _try_lock(os.path.join(staging, _LOCK))
+            with signals_held():  # the folder made and recorded as ours, or neither
+                try:
+                    os.mkdir(staging, 0o700)
+                except FileExistsError:
+                    raise AmctError("another amct-torch run is writing outputs with this prefix "
+                                    "right now", file=staging) from None
+                except OSError as err:
+                    raise AmctError(f"cannot write in the output folder: {err.strerror or err}",
+                                    file=self.folder) from None
+                self.staging = staging
+            self._lock = _try_lock(os.path.join(staging, _LOCK))
+        except BaseException:  # Terminated included: nothing of this run stays
+            self.abort()
+            raise
         return self
 
     def staged(self, final: str) -> str:
@@ -347,23 +351,30 @@ class OutputTransaction:
                 os.close(fd)
             os.chmod(self.staged(p), mode)
         fsync_dir(self.staging)
-        self._signals.hold = True  # from the commit point on, a signal waits for the whole set
-        try:
+        with signals_held():  # from the commit point on, a signal waits for the whole set
             atomic_write_text(os.path.join(self.staging, MANIFEST),
                               json.dumps({"moves": [os.path.basename(p) for p in moves],
                                           "removes": [os.path.basename(p) for p in stale]}))
+            self._committed = True
             for p in moves:
                 os.replace(self.staged(p), p)
             removed = _unlink_stale(stale)
             fsync_dir(self.folder)
             self._created = []
             self._close()
-        finally:
-            self._signals.release(self.staging is None)
         return Published(moves, removed)
 
     def abort(self) -> None:
-        """Discard everything staged (the previous outputs stay as they were)."""
+        """Discard everything staged (the previous outputs stay as they were); past the
+        commit point (an error amid the renames) finish the set instead, or leave it, with its
+        manifest, for the next run to finish."""
+        if self.staging is not None and self._committed:
+            staging, self.staging = self.staging, None
+            self._close()  # our lock goes first: recover takes it
+            try:
+                recover(staging, self.inputs)
+            except (AmctError, OSError):
+                pass
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
         self._close()
@@ -381,8 +392,7 @@ class OutputTransaction:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
-        if not self._signals.hold:
-            self._signals.restore()
+        self._signals.restore()
 
     def __enter__(self) -> "OutputTransaction":
         return self if self.staging is not None else self.begin()

@@ -197,16 +197,15 @@ def test_sigterm_during_calibration_cleans_the_staging_folder_and_exits_143(tmp_
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen([sys.executable, "-m", "amct_torch.cli", "calibrate", model, weights, DATA,
-                             "--device", "cpu", "-q", "--batch-num", "30", "--batch-size", "6",
-                             "-o", prefix], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--device", "cpu", "-q", "--batch-num", "180", "--batch-size", "1",
+                             "--onnx", "-o", prefix], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     staging = staging_folder(prefix)
     t0 = time.time()
     while not os.path.exists(staging) and proc.poll() is None and time.time() - t0 < 120:
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before its staging folder was seen"
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # at once: the run is loading the model or calibrating
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == ["amct-torch calibrate: terminated by signal 15; no output was written"]
@@ -214,7 +213,16 @@ def test_sigterm_during_calibration_cleans_the_staging_folder_and_exits_143(tmp_
     assert (out / "m_record.txt").read_text() == "the previous run"
 
 
-def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch):
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM at its default for the test (an earlier test may have left a transaction open,
+    as a live run would), restored after."""
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch, default_sigterm):
     prefix = str(tmp_path / "m")
     finals = [prefix + "_record.txt", prefix + "_quant.json", prefix + "_quant_config.json"]
     tx = OutputTransaction(finals, owns_prefix=prefix).begin("m")
@@ -239,7 +247,7 @@ def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler gone with the transaction
 
 
-def test_sigterm_handler_only_while_a_transaction_is_open_and_never_over_the_apps(tmp_path):
+def test_sigterm_handler_only_while_a_transaction_is_open_and_never_over_the_apps(tmp_path, default_sigterm):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     tx = OutputTransaction([str(tmp_path / "m_record.txt")]).begin()
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
@@ -258,7 +266,7 @@ def test_sigterm_handler_only_while_a_transaction_is_open_and_never_over_the_app
         signal.signal(signal.SIGTERM, old)
 
 
-def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch, default_sigterm):
     from amct_torch.atomic import atomic_write_text
     target = tmp_path / "quant_config.json"
     target.write_text("before")
@@ -276,7 +284,7 @@ def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monke
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_sigterm_while_saving_a_checkpoint_leaves_no_temporary_file(tmp_path, monkeypatch):
+def test_sigterm_while_saving_a_checkpoint_leaves_no_temporary_file(tmp_path, monkeypatch, default_sigterm):
     from amct_torch.calibration import checkpoint
     from amct_torch.termination import clean_exit_on_signals
 
@@ -312,3 +320,55 @@ def test_a_staging_folder_that_cannot_be_removed_is_one_clear_error(tmp_path, mo
     with pytest.raises(AmctError, match="delete it") as err:
         OutputTransaction([prefix + "_record.txt"], name="m").begin()
     assert err.value.file == staging
+
+
+def test_a_leftover_handler_still_holds_the_signal_through_a_commit(tmp_path, monkeypatch, default_sigterm):
+    # a transaction left open (its handler installed) and a second one committing: the set of
+    # the second is whole whichever handler receives the signal
+    OutputTransaction([str(tmp_path / "a" / "x_record.txt")]).begin()
+    prefix = str(tmp_path / "m")
+    finals = [prefix + "_record.txt", prefix + "_quant.json"]
+    tx = OutputTransaction(finals).begin("m")
+    for p in finals:
+        with open(tx.staged(p), "w") as f:
+            f.write("new")
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst):
+        if not calls:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        calls.append(dst)
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(Terminated) as stop:
+        tx.commit()
+    assert stop.value.committed and all(open(p).read() == "new" for p in finals)
+
+
+def test_an_error_amid_the_renames_finishes_the_set(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "m")
+    finals = [prefix + "_record.txt", prefix + "_quant.json", prefix + "_quant_config.json"]
+    for p in finals:
+        with open(p, "w") as f:
+            f.write("old")
+    tx = OutputTransaction(finals).begin("m")
+    for p in finals:
+        with open(tx.staged(p), "w") as f:
+            f.write("new")
+    real_replace = os.replace
+    calls = []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:  # the manifest, then one output: the second fails
+            raise OSError(5, "Input/output error", dst)
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError):
+        tx.commit()
+    monkeypatch.setattr(os, "replace", real_replace)
+    tx.abort()  # what the job's finally does: the committed set is finished, not discarded
+    assert [open(p).read() for p in finals] == ["new"] * 3
+    assert not os.path.exists(staging_folder(prefix))
