@@ -164,17 +164,17 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     Writes ``record_file`` (factors of the layers that stay quantized; overwritten), and under
     the prefix ``save_dir`` (e.g. ``out/model``): ``_final_quant_config.json`` (the config with
     ``quant_enable: false`` for the float layers), ``_sensitivity.json``,
-    ``_auto_calibration_history.json`` and the fake-quant/deploy models. ``strategy``: "BinarySearch" or an object with ``search(n, passes) -> k``;
+    ``_auto_calibration_history.json`` and the fake-quant/deploy models. ``strategy``:
+    "BinarySearch" or an object with ``search(n, passes) -> k``;
     ``sensitivity``: "CosineSimilarity" or an object with ``rank(float_model, quant_model,
     batches, layers, records) -> [(layer, value)]`` worst first."""
     from amct_torch.api import init
-    from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
-    from amct_torch.caffe.graph import load_caffe
-    from amct_torch.export import fake_quant_graph
-    from amct_torch.export.graph_outputs import export_models
-    from amct_torch.config.json_config import write_quant_config_json
-    from amct_torch.record import write_record
     from amct_torch.atomic import atomic_write_text
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.config.json_config import write_quant_config_json
+    from amct_torch.export.graph_outputs import export_models
+    from amct_torch.record import write_record
+    from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
 
     _check_evaluator(model_evaluator)
     search = _resolve("strategy", strategy, {"BinarySearch": BinarySearchStrategy}, "search")
@@ -199,44 +199,74 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
         raise CalibrationError(f"the evaluator's calibration() ran {graph.session.batches_seen} "
                                f"batch(es); the config's batch_num is {graph.config.batch_num}")
     records = check_records(graph, finish_calibration(graph), graph.record_file)
-    candidates = [n for n in records if n in set(graph.quant_layers)]
-    history: list[dict] = []
-    cache: dict[int, tuple[bool, float]] = {}
-
-    def run(skip: Sequence[str]) -> tuple[bool, float]:
-        kept = {n: r for n, r in records.items() if n not in set(skip)}
-        qm = fake_quant_graph(graph.fused, kept, graph.record_file).to(dev).eval()
-        metric = _metric(model_evaluator, qm)
-        ok, loss = model_evaluator.metric_eval(original, metric)
-        history.append({"float_layers": list(skip), "metric": metric, "loss": float(loss),
-                        "passed": bool(ok)})
-        log.info("auto calibration: %d layer(s) in float -> metric %.6g (%s)", len(skip), metric,
-                 "passes" if ok else "fails")
-        return bool(ok), metric
-
-    ok, metric = run([])
-    ranking: list[tuple[str, float]] = []
-    skip: list[str] = []
-    if not ok:
-        qm = fake_quant_graph(graph.fused, records, graph.record_file).to(dev).eval()
-        ranking = list(sens.rank(graph.fused.eval(), qm, seen, candidates, records))
-        order = [name for name, _ in ranking]
-
-        def passes(k: int) -> bool:
-            if k not in cache:
-                cache[k] = run(order[:k])
-            return cache[k][0]
-
-        k = int(search.search(len(order), passes))
-        if not passes(k):
-            raise CalibrationError(f"the metric is not met even with {k} of {len(order)} "
-                                   "quantized layer(s) left in float")
-        skip, metric = order[:k], cache[k][1]
+    skip, metric, ranking, history = _search_float_layers(graph, records, model_evaluator, original, dev,
+                                                          seen, search, sens)
 
     files = _write_outputs(graph, records, skip, ranking, history, original, metric, save_dir,
                            write_quant_config_json, write_record, atomic_write_text,
                            export_models)
     return AutoCalibrationResult(original, metric, skip, ranking, history, files)
+
+
+class _Trials:
+    """The fake-quant model with some layers left in float, evaluated: each evaluation is
+    logged and kept in ``history``; ``cached`` evaluates each count of the worst layers once."""
+
+    def __init__(self, graph: Any, records: dict, ev: Any, original: float, dev: torch.device) -> None:
+        self.graph, self.records, self.ev, self.original, self.dev = graph, records, ev, original, dev
+        self.history: list[dict] = []
+        self.cache: dict[int, tuple[bool, float]] = {}
+
+    def run(self, skip: Sequence[str]) -> tuple[bool, float]:
+        """(passes, metric) with the layers ``skip`` in float."""
+        from amct_torch.export import fake_quant_graph
+
+        kept = {n: r for n, r in self.records.items() if n not in set(skip)}
+        qm = fake_quant_graph(self.graph.fused, kept, self.graph.record_file).to(self.dev).eval()
+        metric = _metric(self.ev, qm)
+        ok, loss = self.ev.metric_eval(self.original, metric)
+        self.history.append({"float_layers": list(skip), "metric": metric, "loss": float(loss),
+                             "passed": bool(ok)})
+        log.info("auto calibration: %d layer(s) in float -> metric %.6g (%s)", len(skip), metric,
+                 "passes" if ok else "fails")
+        return bool(ok), metric
+
+    def cached(self, order: Sequence[str], k: int) -> tuple[bool, float]:
+        """``run`` with the first ``k`` layers of ``order`` in float, once per ``k``."""
+        if k not in self.cache:
+            self.cache[k] = self.run(order[:k])
+        return self.cache[k]
+
+
+def _search_float_layers(graph: Any, records: dict, ev: Any, original: float, dev: torch.device,
+                         seen: Sequence[Any], search: Any, sens: Any
+                         ) -> tuple[list[str], float, list[tuple[str, float]], list[dict]]:
+    """The search: the whole int8 model first; when it fails, rank the quantized layers by
+    sensitivity and let ``search`` find the fewest worst layers to leave in float. Returns
+    (float layers, their metric, the ranking, every evaluation)."""
+    trials = _Trials(graph, records, ev, original, dev)
+    ok, metric = trials.run([])
+    if ok:
+        return [], metric, [], trials.history
+    ranking = _rank_layers(graph, records, dev, seen, sens)
+    order = [name for name, _ in ranking]
+    k = int(search.search(len(order), lambda k: trials.cached(order, k)[0]))
+    passed, metric = trials.cached(order, k)
+    if not passed:
+        raise CalibrationError(f"the metric is not met even with {k} of {len(order)} "
+                               "quantized layer(s) left in float")
+    return order[:k], metric, ranking, trials.history
+
+
+def _rank_layers(graph: Any, records: dict, dev: torch.device, seen: Sequence[Any],
+                 sens: Any) -> list[tuple[str, float]]:
+    """``sens``'s ranking (worst first) of the quantized layers, on the captured calibration
+    inputs, with every layer quantized."""
+    from amct_torch.export import fake_quant_graph
+
+    candidates = [n for n in records if n in set(graph.quant_layers)]
+    qm = fake_quant_graph(graph.fused, records, graph.record_file).to(dev).eval()
+    return list(sens.rank(graph.fused.eval(), qm, seen, candidates, records))
 
 
 def _write_outputs(graph: Any, records: dict, skip: Sequence[str], ranking: list, history: list,
