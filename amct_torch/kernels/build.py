@@ -218,8 +218,9 @@ def build(cc: str) -> Path:
 def library_name(cc: str, flags: List[str], deadline: Optional[float] = None) -> str:
     """File name of the library for this compiler and flags (the cache key)."""
     src = b"\0".join(p.read_bytes() for p in SOURCES)
-    key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc, deadline).encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc, deadline).encode(),
+                                     " ".join(flags).encode(), platform.machine().encode(),
+                                     sys.platform.encode()])).hexdigest()[:16]
     return f"hist_kernels-{key}.so"
 
 
