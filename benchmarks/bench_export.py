@@ -5,7 +5,14 @@ output (per channel, the same calibration crops, S8S8 and U8S8), with the number
 convolutions and Adds ORT runs as int8 kernels and each model's logits SQNR vs the float model
 on crops that are not the calibration crops; and the time of ``convert_model`` on nsfw.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 20] [--sessions 4] [--only a,b]
+``--targets``: per runtime (ONNX Runtime, OpenVINO CPU) and model (nsfw ResNet-50, a
+depthwise detector, a PReLU 48×48 face net; product calibration), the latency of the int8
+model of each ``--onnx-target`` vs the float model in that runtime, and the convolutions/FCs
+the runtime runs in int8 (ORT: its optimized graph; OpenVINO: the compiled runtime model's
+runtimePrecision), then exits. OpenVINO's float model runs at its default inference
+precision (bf16 on CPUs with AVX512-BF16/AMX) and, as ``float_f32``, with the f32 hint.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 20] [--sessions 4] [--only a,b] [--targets]
 """
 from __future__ import annotations
 
@@ -114,6 +121,78 @@ VARIANTS = {  # name -> export_onnx keyword arguments
 }
 
 
+def _target_nets(tmp):
+    """(name, prototxt, caffemodel, calibration images, input size, scale) of the --targets models."""
+    from helpers.target_nets import depthwise_detector, onet_like
+    d = nsfw_dir()
+    yield "nsfw_resnet50", os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel"), (224, 224), 1.0
+    yield ("depthwise_detector", *depthwise_detector(tmp), (120, 160), 1 / 128)
+    yield ("prelu_facenet48", *onet_like(tmp), (48, 48), 1 / 128)
+
+
+def _images(size, scale, count, seed):
+    x = natural_images_bgr(size=max(size), count=count, seed=seed)[:, :, :size[0], :size[1]]
+    return np.ascontiguousarray(x * scale, dtype=np.float32)
+
+
+def _timed(runners, x, rounds, per_round):
+    """Median latency per runner (interleaved rounds, order rotated, warmed up)."""
+    for r in runners.values():
+        for _ in range(3):
+            r(x)
+    times = {k: [] for k in runners}
+    keys = list(runners)
+    for i in range(rounds):
+        for k in keys[i % len(keys):] + keys[:i % len(keys)]:
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                runners[k](x)
+                times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def bench_targets(args):
+    """The --targets table (JSON lines)."""
+    from helpers.runtimes import openvino_available, openvino_compile, openvino_counts, ort_counts
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, proto, weights, size, scale in _target_nets(tmp):
+            calib = _images(size, scale, 8, 1)
+            records = {}
+            for offset in (True, False):  # tensorrt needs symmetric activations
+                cal = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, f"cal{offset}", name),
+                                          batch_num=2, save_type=None, report=False, quiet=True,
+                                          device="cpu", activation_offset=offset)
+                records[offset] = (cal.float_model, cal.records)
+            paths = {}
+            for target in ("onnxruntime", "openvino", "tensorrt"):
+                gm, recs = records[target != "tensorrt"]
+                paths["float"], paths[target] = export_onnx(gm, recs, os.path.join(tmp, f"{name}_{target}"),
+                                                            target=target)
+            for batch in (1, 8):
+                x = _images(size, scale, batch, 2)
+                sessions = {k: session(p, args.threads) for k, p in paths.items()}
+                lat = _timed({k: (lambda v, s=s: s.run(None, {s.get_inputs()[0].name: v})) for k, s in sessions.items()},
+                             x, args.rounds, args.per_round)
+                for k in paths:
+                    print(json.dumps({"bench": "targets", "runtime": "onnxruntime", "model": name, "batch": batch,
+                                      "onnx": k, "threads": args.threads, "latency_ms": round(lat[k] * 1e3, 2),
+                                      "speed_vs_float": round(lat["float"] / lat[k], 3),
+                                      **({} if k == "float" else ort_counts(paths[k], args.threads))}), flush=True)
+                why = openvino_available()
+                if why:
+                    print(json.dumps({"bench": "targets", "runtime": "openvino", "skipped": why}))
+                    continue
+                compiled = {k: openvino_compile(p, args.threads) for k, p in paths.items()}
+                compiled["float_f32"] = openvino_compile(paths["float"], args.threads, precision="f32")
+                reqs = {k: c.create_infer_request() for k, c in compiled.items()}
+                lat = _timed({k: (lambda v, r=r: r.infer({0: v})) for k, r in reqs.items()}, x, args.rounds, args.per_round)
+                for k, c in compiled.items():
+                    print(json.dumps({"bench": "targets", "runtime": "openvino", "model": name, "batch": batch,
+                                      "onnx": k, "threads": args.threads, "latency_ms": round(lat[k] * 1e3, 2),
+                                      "speed_vs_float": round(lat["float"] / lat[k], 3),
+                                      **({} if k.startswith("float") else openvino_counts(c))}), flush=True)
+
+
 def main():
     import argparse
     ap = argparse.ArgumentParser()
@@ -122,9 +201,12 @@ def main():
     ap.add_argument("--per-round", type=int, default=4)
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--no-convert", action="store_true")
+    ap.add_argument("--targets", action="store_true", help="the per-runtime target table only")
     ap.add_argument("--only", default="", help="comma-separated variant names (float and the ORT "
                     "models are always measured)")
     args = ap.parse_args()
+    if args.targets:
+        return bench_targets(args)
     d = nsfw_dir()
     proto, weights = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
     calib = natural_images_bgr(count=8, seed=1)
