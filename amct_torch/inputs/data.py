@@ -14,6 +14,7 @@ OpenCV (BGR, like Caffe's ``cv2``-based tools) and preprocessed by ``Preprocess`
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
@@ -28,6 +29,9 @@ IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm",
 ARRAY_EXTS = (".npy", ".npz")
 
 Batch = Union[torch.Tensor, tuple]
+log = logging.getLogger("amct_torch")
+#: what the image decoders said about images they still decoded, warned once each
+_DECODER_NOTES: set = set()
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,12 @@ def load_image(path: str, pre: Preprocess, channels: int,
     except cv2.error as err:
         msg = str(err).strip().splitlines()[-1] if str(err).strip() else "OpenCV error"
         raise DataError(f"cannot read this image: {msg}", file=path) from None
+    if img is not None and native.text:  # decoded, but damaged (a cut JPEG): say so, once
+        note = _decoder_message(native.text)
+        if note and note not in _DECODER_NOTES:
+            _DECODER_NOTES.add(note)
+            log.warning("%s: the image decoder reported %r (the image was read as decoded; "
+                        "other images with the same report are not listed)", path, note)
     if img is None:
         why = _decoder_message(native.text)
         raise DataError("cannot read this file as an image (not an image, or corrupt"

@@ -178,3 +178,19 @@ def test_a_fifo_as_a_model_or_config_file_is_refused_without_blocking(tmp_path, 
             "config_model": ["config", fifo, weights, "-o", str(tmp_path / "c.json")]}[which]
     line = _one_clean_error(_cli(*argv, "-q", timeout=120), fifo)
     assert "FIFO" in line and not os.path.exists(tmp_path / "c.json")
+
+
+def test_damaged_jpegs_that_still_decode_give_one_warning_naming_a_file(tmp_path):
+    import cv2
+    img = (np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)
+    raw = cv2.imencode(".jpg", img)[1].tobytes()
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (folder / name).write_bytes(raw[:len(raw) * 2 // 3])  # libjpeg: premature end
+    args = [a for a in _calibrate(str(folder), str(tmp_path / "out" / "m")) if a != "-q"]
+    res = _cli(*args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    # (other warnings, such as a missing C compiler's, may come too)
+    lines = [line for line in res.stderr.splitlines() if "JPEG" in line or "decoder" in line]
+    assert len(lines) == 1 and lines[0].startswith("WARNING") and str(folder / "a.jpg") in lines[0], lines
