@@ -1,0 +1,150 @@
+"""Cross-layer equalization (opt-in, beyond AMCT): per-channel weight ranges of two consecutive
+layers balanced by a positive rescaling that leaves the float model's function unchanged.
+
+Why: per-tensor int8 grids (the activation between the layers, and the second layer's
+per-output-channel weight grid, which spans all its input channels) waste their levels when a
+few channels have much larger ranges than the rest -- typical of depthwise layers after BN
+folding. A positively homogeneous activation f (ReLU, leaky ReLU, PReLU: f(s·x) = s·f(x) for
+every s > 0, per element, so a per-channel s is exact even with per-channel PReLU slopes) lets
+output channel i of the first layer be divided by s_i and input channel i of the second be
+multiplied by it: W1_i/s_i, b1_i/s_i, W2[:, i]·s_i; the float outputs stay identical up to
+float rounding.
+
+The scale: with r1_i = max|W1_i| (the first layer's output channel i) and r2_i = max|W2[:, i]|
+(the second layer's input channel i, over the output channels that read it), equal ranges after
+scaling, r1_i/s_i = r2_i·s_i, give s_i = sqrt(r1_i/r2_i) = sqrt(r1_i·r2_i)/r2_i; both ranges
+become sqrt(r1_i·r2_i). Chains (A → B → C) are swept a few times, since equalizing B with C
+changes B's output ranges seen by the pair (A, B) (Nagel et al. 2019, "Data-Free Quantization").
+
+Pairs: a Convolution, ConvolutionDepthwise or InnerProduct whose output goes only to a ReLU or
+PReLU whose output goes only to a Convolution, ConvolutionDepthwise or InnerProduct (the
+second reading channels along axis 1); BN is already folded in the graph after ``fuse``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
+from torch import fx
+
+from amct_torch.caffe.layers import CaffeLayer
+
+_LINEAR = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct")
+_HOMOGENEOUS = ("ReLU", "PReLU")
+
+
+@dataclass
+class Pair:
+    """Two layers joined by a positively homogeneous activation; ``scale`` (on the layers'
+    device, float32 [C]) is the accumulated s of the second layer's input channels."""
+
+    first: str
+    act: str
+    second: str
+    scale: Optional[torch.Tensor] = None
+
+
+def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
+    if node.op != "call_module":
+        return None
+    mod = gm.get_submodule(node.target)
+    return mod if isinstance(mod, CaffeLayer) else None
+
+
+def _linear(mod: Optional[CaffeLayer]) -> bool:
+    return (mod is not None and mod.caffe_type in _LINEAR and not getattr(mod, "integer", False)
+            and getattr(mod, "weight", None) is not None
+            and not (mod.caffe_type == "InnerProduct" and (getattr(mod, "axis", 1) != 1)))
+
+
+def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> list[Pair]:
+    """The equalizable pairs of ``gm`` in graph order; ``allowed``: layer names both members
+    must be among (e.g. the quantized layers); a module called from several nodes is never
+    paired (its weights serve other uses too)."""
+    ok = None if allowed is None else set(allowed)
+    calls: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    pairs = []
+    for node in gm.graph.nodes:
+        first = _module(gm, node)
+        if not _linear(first) or calls[node.target] != 1 or len(node.users) != 1:
+            continue
+        act_node = next(iter(node.users))
+        act = _module(gm, act_node)
+        if act is None or act.caffe_type not in _HOMOGENEOUS or len(act_node.users) != 1 \
+                or calls[act_node.target] != 1 or act_node.args[0] is not node:
+            continue
+        sec_node = next(iter(act_node.users))
+        second = _module(gm, sec_node)
+        if not _linear(second) or calls[sec_node.target] != 1 or sec_node.args[0] is not act_node \
+                or len(sec_node.args) != 1:
+            continue
+        if ok is not None and (first.caffe_name not in ok or second.caffe_name not in ok):
+            continue
+        if second.caffe_type != "InnerProduct" and first.caffe_type == "InnerProduct":
+            continue  # an InnerProduct's output is N×C only: no convolution reads it per channel
+        pairs.append(Pair(first.caffe_name, act.caffe_name, second.caffe_name))
+    return pairs
+
+
+def _in_channel_view(mod: CaffeLayer, channels: int) -> Optional[torch.Tensor]:
+    """The second layer's weight as [groups, out per group, in per group, rest] so that input
+    channel i is (i // in_per_group, :, i % in_per_group, :); None when it does not read
+    ``channels`` channels."""
+    w = mod.weight.data
+    if mod.caffe_type == "InnerProduct":
+        if w.shape[1] % channels:
+            return None
+        return w.reshape(1, w.shape[0], channels, -1)
+    g = int(getattr(mod, "groups", 1))
+    if w.shape[1] * g != channels:
+        return None
+    return w.reshape(g, w.shape[0] // g, w.shape[1], -1)
+
+
+def _second_ranges(view: torch.Tensor) -> torch.Tensor:
+    """max|W2[:, i]| per input channel i (groups concatenated in channel order)."""
+    return view.abs().amax(dim=(1, 3)).reshape(-1)
+
+
+def _apply(first: CaffeLayer, act: CaffeLayer, second: CaffeLayer, s: torch.Tensor) -> None:
+    """W1_i /= s_i, b1_i /= s_i, W2[:, i] *= s_i (exact for a positive s and ReLU/PReLU)."""
+    c = s.numel()
+    w1 = first.weight.data
+    first.weight.data = w1 / s.reshape((c,) + (1,) * (w1.dim() - 1)).to(w1.dtype)
+    if first.bias is not None:
+        first.bias.data = first.bias.data / s.to(first.bias.dtype)
+    view = _in_channel_view(second, c)
+    assert view is not None
+    g, o, i, _ = view.shape
+    scaled = view * s.reshape(g, 1, i, 1).to(view.dtype)
+    second.weight.data = scaled.reshape(second.weight.shape).contiguous()
+
+
+def equalize(gm: fx.GraphModule, pairs: list[Pair], sweeps: int = 20, eps: float = 1e-8) -> list[Pair]:
+    """Equalize ``pairs`` of ``gm`` in place (``sweeps`` passes over them, in order) and return
+    those applied, each with its accumulated per-channel ``scale``. A channel where either range
+    is ~0 keeps s = 1 (nothing to balance)."""
+    mods = {n: m for n, m in ((m.caffe_name, m) for m in gm.modules() if isinstance(m, CaffeLayer))}
+    done: list[Pair] = []
+    for p in pairs:
+        first, second = mods[p.first], mods[p.second]
+        c = first.weight.shape[0]
+        if _in_channel_view(second, c) is None:
+            continue
+        p.scale = torch.ones(c, dtype=torch.float32, device=first.weight.device)
+        done.append(p)
+    for _ in range(max(1, sweeps)):
+        for p in done:
+            first, act, second = mods[p.first], mods[p.act], mods[p.second]
+            w1 = first.weight.data
+            r1 = w1.abs().reshape(w1.shape[0], -1).amax(dim=1).double()
+            r2 = _second_ranges(_in_channel_view(second, w1.shape[0])).double()
+            good = (r1 > eps) & (r2 > eps)
+            s = torch.where(good, torch.sqrt(r1.clamp_min(eps) / r2.clamp_min(eps)), torch.ones_like(r1))
+            _apply(first, act, second, s.float())
+            p.scale = p.scale * s.float()
+    return done

@@ -1,0 +1,224 @@
+"""The improvements of ``quantize(improve=...)`` applied in their fixed order, guarded.
+
+Order (``output_names.IMPROVEMENTS``): cross-layer equalization first (it changes the weights,
+so the weight factors and the activation calibration are computed again on the equalized
+model), then one sequential pass with the output-error activation ranges and the bias
+correction (both refine the calibrated model; the bias correction must see the final ranges).
+
+Data: the calibration batches the job kept. The last batch is held out from every fitting
+(a single batch is split: its last quarter); the fitting rows are the other batches' first
+``max_fit`` samples, the held-out rows at most ``max_held``. Guards (docs/algorithms.md):
+per layer inside the refining pass (``refine.py``); per model for equalization (its pairs
+change the calibrated ranges of the layers around them, so it is judged on the net outputs);
+and at the end on the net outputs: of the stages (AMCT's default, + equalization, + refining)
+the one kept has the best worst-output SQNR against the float model on the held-out rows among
+those where no output is worse than the default's -- so the result is never worse than AMCT's
+on any output of the held-out data.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import fx
+
+from amct_torch.record import LayerRecord
+
+log = logging.getLogger("amct_torch")
+
+Recalibrate = Callable[[fx.GraphModule], dict]
+
+
+@dataclass
+class Stage:
+    """One candidate model: its name, per-output SQNR (dB) on the held-out rows, and cost."""
+
+    name: str
+    sqnr_db: list[float]
+    seconds: float = 0.0
+
+    @property
+    def worst_db(self) -> float:
+        return min(self.sqnr_db) if self.sqnr_db else math.inf
+
+
+@dataclass
+class Improvement:
+    """The model to write (``fused``, ``records``), the float model (unchanged, BN-fused), the
+    float model in the kept model's channel scaling (``reference``: the equalized float model
+    when equalization was kept, else ``float_model``; its layer outputs are what the kept
+    model's layers approximate, so the per-layer report compares with it) and what each stage
+    did and cost."""
+
+    fused: fx.GraphModule
+    records: dict[str, LayerRecord]
+    float_model: fx.GraphModule
+    reference: Any = None
+    stages: list[Stage] = field(default_factory=list)
+    kept: str = "default"
+    layers: dict[str, dict] = field(default_factory=dict)
+    pairs: int = 0
+
+    def summary(self) -> dict:
+        """JSON-able: per stage the worst-output SQNR and seconds, the one kept, per layer changes."""
+        base = self.stages[0].worst_db if self.stages else math.nan
+        return {"kept": self.kept, "equalized_pairs": self.pairs,
+                "stages": [{"name": s.name, "worst_output_sqnr_db": round(s.worst_db, 3),
+                            "gain_db": round(s.worst_db - base, 3), "seconds": round(s.seconds, 3)}
+                           for s in self.stages],
+                "layers": self.layers}
+
+    def line(self) -> str:
+        """One line for the job's summary."""
+        parts = [f"{s.name} {s.worst_db:.2f} dB ({s.seconds:.1f} s)" for s in self.stages]
+        return f"improve: kept {self.kept}; held-out worst-output SQNR: " + ", ".join(parts)
+
+
+def _rows(batches: Sequence[Any]) -> list[tuple]:
+    return [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches]
+
+
+def split(batches: Sequence[Any], max_fit: int = 32, max_held: int = 64) -> tuple[tuple, int]:
+    """(fit rows then held-out rows, as one tuple of tensors; the number of fit rows)."""
+    rows = _rows(batches)
+    if not rows:
+        raise ValueError("the improvements need calibration batches")
+    if len(rows) >= 2:
+        fit_parts, held = rows[:-1], rows[-1]
+    else:
+        n = rows[0][0].shape[0]
+        if n < 2:
+            raise ValueError("the improvements need at least 2 calibration samples (one held out)")
+        cut = n - max(1, n // 4)
+        fit_parts, held = [tuple(t[:cut] for t in rows[0])], tuple(t[cut:] for t in rows[0])
+    fit = tuple(torch.cat([torch.as_tensor(p[i]) for p in fit_parts])[:max_fit] for i in range(len(held)))
+    held = tuple(torch.as_tensor(t)[:max_held] for t in held)
+    return tuple(torch.cat([f, h]) for f, h in zip(fit, held)), int(fit[0].shape[0])
+
+
+def _outputs(y: Any) -> list[torch.Tensor]:
+    if isinstance(y, torch.Tensor):
+        return [y]
+    if isinstance(y, dict):
+        y = list(y.values())
+    return [t for t in y if isinstance(t, torch.Tensor)]
+
+
+def net_outputs(model: fx.GraphModule, data: tuple) -> list[torch.Tensor]:
+    """The net's outputs on ``data``, an output made by a Softmax replaced by that Softmax's
+    input (the logits: saturated probabilities hide most of the error, and the guard must see it)."""
+    out_node = next(n for n in model.graph.nodes if n.op == "output")
+    args = out_node.args[0]
+    nodes = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
+    caught: dict[int, torch.Tensor] = {}
+    handles = []
+    for i, n in enumerate(nodes):
+        if isinstance(n, fx.Node) and n.op == "call_module":
+            mod = model.get_submodule(n.target)
+            if getattr(mod, "caffe_type", None) == "Softmax":
+                handles.append(mod.register_forward_hook(
+                    lambda _m, a, _y, i=i: caught.__setitem__(i, a[0])))
+    try:
+        with torch.no_grad():
+            out = _outputs(model(*data))
+    finally:
+        for h in handles:
+            h.remove()
+    return [caught.get(i, t) for i, t in enumerate(out)]
+
+
+def output_sqnr(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple) -> list[float]:
+    """SQNR (dB) of each output of ``model`` (``net_outputs``) on ``data`` against ``ref``
+    (one host read)."""
+    out = net_outputs(model, data)
+    vals = []
+    for q, r in zip(out, ref):
+        if q.shape != r.shape:  # a data-dependent output (DetectionOutput): not comparable
+            continue
+        r64, q64 = r.double(), q.double()
+        vals.append(torch.stack([r64.pow(2).sum(), (q64 - r64).pow(2).sum()]))
+    sums = torch.stack(vals).cpu().tolist() if vals else []
+    return [10 * math.log10(max(p, 1e-30) / max(e, 1e-30)) for p, e in sums]
+
+
+def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], batches: Sequence[Any],
+                  device: torch.device, names: Sequence[str], recalibrate: Recalibrate,
+                  quant_layers: Sequence[str], max_fit: int = 32, max_held: int = 64) -> Improvement:
+    """Apply ``names`` (a subset of ``IMPROVEMENTS``) to the calibrated ``fused``/``records``
+    and return the guarded result; ``fused`` itself is never changed. ``recalibrate(gm)``: the
+    full record (weight + activation factors) of an equalized copy, calibrated as AMCT does."""
+    from amct_torch.export import fake_quant_graph
+    from amct_torch.improve.cle import equalize, find_pairs
+    from amct_torch.improve.refine import refine
+
+    data, n_fit = split(batches, max_fit, max_held)
+    data = tuple(t.to(device) for t in data)
+    held = tuple(t[n_fit:] for t in data)
+    float_model = fused
+    ref = net_outputs(float_model, held)
+    default = Stage("default", output_sqnr(fake_quant_graph(fused, records).to(device), ref, held))
+    imp = Improvement(fused=fused, records=dict(records), float_model=float_model, stages=[default])
+    candidates = {"default": (fused, dict(records), fused)}
+    cur_gm, cur_rec = fused, dict(records)
+    if "cle" in names:
+        t0 = time.perf_counter()
+        gm = copy.deepcopy(fused)
+        pairs = equalize(gm, find_pairs(gm, quant_layers))
+        imp.pairs = len(pairs)
+        if pairs:
+            rec = recalibrate(gm)
+            st = Stage("cle", output_sqnr(fake_quant_graph(gm, rec).to(device), ref, held),
+                       time.perf_counter() - t0)
+            imp.stages.append(st)
+            candidates["cle"] = (gm, rec, gm)
+            if _no_worse(st, default) and st.worst_db > default.worst_db:
+                cur_gm, cur_rec = gm, rec
+    ranges, bias = "output_ranges" in names, "bias_correction" in names
+    if ranges or bias:
+        t0 = time.perf_counter()
+        res = refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias)
+        gm = copy.deepcopy(cur_gm) if res.bias_delta else cur_gm
+        mods = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
+        for n, d in res.bias_delta.items():
+            mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
+        label = "+".join(n for n in ("output_ranges", "bias_correction") if n in names)
+        label = ("cle+" + label) if cur_gm is not fused else label
+        st = Stage(label, output_sqnr(fake_quant_graph(gm, res.records).to(device), ref, held),
+                   time.perf_counter() - t0)
+        imp.stages.append(st)
+        candidates[label] = (gm, res.records, cur_gm)
+        imp.layers = {n: {"range_multiplier": c.multiplier, "range_db": round(c.range_db, 3),
+                          "bias_kept": c.bias_kept, "bias_mean_error_db": round(c.bias_db, 3)}
+                      for n, c in res.changes.items()}
+    best = max((s for s in imp.stages if _no_worse(s, default)), key=lambda s: s.worst_db)
+    imp.kept = best.name
+    imp.fused, rec, imp.reference = candidates[best.name]
+    imp.records = dict(rec)
+    log.info("%s", imp.line())
+    return imp
+
+
+def _no_worse(stage: Stage, default: Stage) -> bool:
+    """No output of ``stage`` below the default's SQNR on the held-out rows."""
+    return len(stage.sqnr_db) == len(default.sqnr_db) and all(
+        s >= d for s, d in zip(stage.sqnr_db, default.sqnr_db))
+
+
+def improve_graph(graph: Any, records: Mapping[str, LayerRecord], batches: Sequence[Any],
+                  device: torch.device, names: Sequence[str], ifmr_mode: str = "streaming") -> Improvement:
+    """The job's step: ``improve_model`` on the calibrated ``graph`` (a ``QuantGraph``), whose
+    ``fused`` becomes the model kept (what the record, the Caffe models and the QDQ ONNX are
+    written from); ``Improvement.float_model`` is the unchanged fused float model (the float
+    ONNX, the report's and the caller's reference)."""
+    from amct_torch.improve.recalibrate import recalibrate
+
+    batches = list(batches)
+    imp = improve_model(graph.fused, records, batches, device, names,
+                        lambda gm: recalibrate(graph, gm, batches, device, ifmr_mode), graph.quant_layers)
+    graph.fused = imp.fused
+    return imp

@@ -1,0 +1,219 @@
+"""One sequential pass over the fake-quant model that refines it layer by layer, guarded
+(opt-in, beyond AMCT): activation ranges chosen by the layer's output error, and the empirical
+bias correction.
+
+Why one pass: both refinements must see each layer's input as the quantized model really
+produces it -- every layer before it already quantized and refined -- so they run inside
+forward hooks of a simulated fake-quant model, in graph order, over one batch made of the
+*fitting* samples followed by the *held-out* samples. Every statistic is computed on both
+parts separately: the choice is fitted on the first, and kept only where it also lowers the
+layer's output error on the second (the guard); otherwise the layer keeps AMCT's factors.
+
+- output ranges: for a weighted layer with AMCT's factors (scale_d, offset_d), candidates
+  scale_d·m (same offset, so the clip range [(−128−o)·s, (127−o)·s] shrinks or grows by m),
+  m in ``MULTIPLIERS``; the error of each candidate is the MSE of the layer's output
+  F(Q_m(x); W_q) against its float output F(x; W) on the same input x (the quantized model's
+  own input: the error this layer adds). IFMR minimizes the error of the *input*; the output
+  error weighs each input value by what the weights make of it.
+- bias correction: the float model's per-channel output means (measured in one float pass, fit
+  and held-out parts apart) minus the quantized layer's are added to its bias, as in
+  ``bias_correction.py``. The MSE against the float output is variance + squared mean error;
+  adding a constant per channel leaves the variance, so the held-out guard is exact: keep the
+  correction δ when Σ_c (e_c − δ_c)² < Σ_c e_c², e the held-out mean error.
+
+Simulation: a copy of the fused float graph whose record layers read their input(s) through
+the activation fake-quant (the first input, every input of a joint Eltwise) and hold the ARQ
+fake-quant weights -- what ``fake_quant_graph`` computes (the tests compare them). No host
+sync inside the pass; the chosen factors are read once at the end.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Optional
+
+import torch
+from torch import fx, nn
+
+from amct_torch.algorithms.quant import fake_quant, to_float32
+from amct_torch.caffe.graph import layer_modules
+from amct_torch.export.layer_quant import WEIGHTED, layer_quant
+from amct_torch.record import LayerRecord
+
+#: scale multipliers tried for each layer's activation clip (1.0: AMCT's own)
+MULTIPLIERS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
+
+
+@dataclass
+class LayerChange:
+    """What the pass did to one layer (host values, read once after the pass): the range
+    multiplier kept (1.0: AMCT's), the held-out output MSE before/after it, whether the bias
+    correction was kept, and the held-out mean-error power before/after it."""
+
+    multiplier: float = 1.0
+    range_mse: tuple[float, float] = (math.nan, math.nan)
+    bias_kept: bool = False
+    bias_err: tuple[float, float] = (math.nan, math.nan)
+
+    @property
+    def range_db(self) -> float:
+        a, b = self.range_mse
+        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+
+    @property
+    def bias_db(self) -> float:
+        a, b = self.bias_err
+        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+
+
+@dataclass
+class Refined:
+    """The refined record (new LayerRecords where the factors changed), the bias deltas kept
+    per layer (to add to the fused float biases) and the per-layer changes."""
+
+    records: dict[str, LayerRecord]
+    bias_delta: dict[str, torch.Tensor] = field(default_factory=dict)
+    changes: dict[str, LayerChange] = field(default_factory=dict)
+
+
+def _channel_mean(y: torch.Tensor) -> torch.Tensor:
+    dims = [0] + list(range(2, y.dim()))
+    return y.double().mean(dim=dims)
+
+
+def _split_mse(a: torch.Tensor, b: torch.Tensor, n_fit: int) -> torch.Tensor:
+    """[MSE on the fitting rows, MSE on the held-out rows] of a − b (float64, no sync)."""
+    d = (a.double() - b.double()).pow(2).reshape(a.shape[0], -1).mean(dim=1)
+    return torch.stack([d[:n_fit].mean(), d[n_fit:].mean()])
+
+
+def float_channel_means(fused: fx.GraphModule, names: list[str], data: tuple, n_fit: int
+                        ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-channel output means of the float model's layers ``names`` on the fitting and the
+    held-out rows of ``data`` (one forward)."""
+    mods = layer_modules(fused)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def hook(name: str) -> Callable:
+        def h(_m: nn.Module, _a: tuple, y: torch.Tensor) -> None:
+            out[name] = (_channel_mean(y[:n_fit]), _channel_mean(y[n_fit:]))
+        return h
+
+    handles = [mods[n].register_forward_hook(hook(n)) for n in names]
+    try:
+        with torch.no_grad():
+            fused(*data)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tuple, n_fit: int,
+           ranges: bool, bias: bool) -> Refined:
+    """The guarded sequential pass over ``data`` (a tuple of input tensors on the model's
+    device: the first ``n_fit`` rows fit, the rest are held out); ``fused`` is not changed."""
+    from amct_torch.improve.bias_correction import correctable_layers
+
+    n_all = data[0].shape[0]
+    if not 0 < n_fit < n_all:
+        raise ValueError(f"refine needs fitting and held-out rows, got {n_fit} of {n_all}")
+    correct = set(correctable_layers(fused, records)) if bias else set()
+    targets = float_channel_means(fused, sorted(correct), data, n_fit) if correct else {}
+    fmods = layer_modules(fused)
+    sim = copy.deepcopy(fused)
+    smods = layer_modules(sim)
+    chosen: dict[str, torch.Tensor] = {}
+    rmse: dict[str, torch.Tensor] = {}
+    deltas: dict[str, torch.Tensor] = {}
+    berr: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, rec in records.items():
+        mod = smods.get(name)
+        if mod is None or rec.scale_d is None or rec.offset_d is None:
+            continue
+        weighted = mod.caffe_type in WEIGHTED
+        if weighted:
+            lq = layer_quant(name, mod, rec)
+            mod.weight.data = torch.from_numpy(lq.fake_weight).to(mod.weight.device).reshape(mod.weight.shape)
+        joint = mod.caffe_type == "Eltwise" and not rec.scale_w
+        search = ranges and weighted
+        handles.append(mod.register_forward_pre_hook(
+            _pre_hook(name, float(rec.scale_d), int(rec.offset_d), joint, fmods[name] if search else None,
+                      n_fit, chosen, rmse)))
+        if name in correct:
+            handles.append(mod.register_forward_hook(_bias_hook(name, targets[name], n_fit, deltas, berr)))
+    try:
+        with torch.no_grad():
+            sim(*data)
+    finally:
+        for h in handles:
+            h.remove()
+    return _collect(records, chosen, rmse, deltas, berr)
+
+
+def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Optional[nn.Module],
+              n_fit: int, chosen: dict, rmse: dict) -> Callable:
+    """The layer's input(s) through the activation fake-quant; with ``float_mod``, the range
+    search first (the winner on the fitting rows, kept if it also wins on the held-out rows)."""
+    scales = [to_float32(scale * m) for m in MULTIPLIERS]
+    base = MULTIPLIERS.index(1.0)
+
+    def hook(mod: nn.Module, args: tuple) -> tuple:
+        if joint:
+            return tuple(fake_quant(a, scale, offset) if isinstance(a, torch.Tensor) else a for a in args)
+        x = args[0]
+        if float_mod is None:
+            return (fake_quant(x, scale, offset),) + tuple(args[1:])
+        ref = float_mod(x)
+        errs = torch.stack([_split_mse(mod.forward(fake_quant(x, s, offset), *args[1:]), ref, n_fit)
+                            for s in scales])  # [K, 2]
+        k = torch.argmin(errs[:, 0])
+        keep = errs[k, 1] < errs[base, 1]
+        k = torch.where(keep, k, torch.full_like(k, base))
+        chosen[name] = k
+        rmse[name] = torch.stack([errs[base, 1], errs[k, 1]])
+        s = torch.tensor(scales, dtype=torch.float32, device=x.device)[k]
+        return (fake_quant(x, s, offset),) + tuple(args[1:])
+    return hook
+
+
+def _bias_hook(name: str, target: tuple[torch.Tensor, torch.Tensor], n_fit: int,
+               deltas: dict, berr: dict) -> Callable:
+    """δ = float mean − quantized mean on the fitting rows; kept (added to the bias and the
+    output handed on) when it lowers the held-out squared mean error."""
+    t_fit, t_held = target
+
+    def hook(mod: nn.Module, _a: tuple, y: torch.Tensor) -> torch.Tensor:
+        delta = t_fit - _channel_mean(y[:n_fit])
+        e = t_held - _channel_mean(y[n_fit:])
+        before, after = e.pow(2).sum(), (e - delta).pow(2).sum()
+        delta = torch.where(after < before, delta, torch.zeros_like(delta))
+        deltas[name] = delta
+        berr[name] = torch.stack([before, torch.minimum(after, before)])
+        mod.bias.data += delta.to(mod.bias.dtype)
+        return y + delta.to(y.dtype).reshape([1, -1] + [1] * (y.dim() - 2))
+    return hook
+
+
+def _collect(records: Mapping[str, LayerRecord], chosen: dict, rmse: dict, deltas: dict,
+             berr: dict) -> Refined:
+    """Host values, read once: the new records and the per-layer changes."""
+    out = Refined(records=dict(records))
+    for name, k in chosen.items():
+        m = MULTIPLIERS[int(k)]
+        mse = rmse[name].cpu().tolist()
+        out.changes.setdefault(name, LayerChange()).range_mse = (mse[0], mse[1])
+        out.changes[name].multiplier = m
+        if m != 1.0:
+            rec = records[name]
+            out.records[name] = replace(rec, scale_d=to_float32(float(rec.scale_d) * m))
+    for name, d in deltas.items():
+        err = berr[name].cpu().tolist()
+        ch = out.changes.setdefault(name, LayerChange())
+        ch.bias_err = (err[0], err[1])
+        ch.bias_kept = err[1] < err[0]
+        if ch.bias_kept:
+            out.bias_delta[name] = d
+    return out
