@@ -68,14 +68,13 @@ def save_quant_models(fused: torch.fx.GraphModule, records: Mapping[str, LayerRe
     bias overflow) leaves no partial output."""
     if save_type not in SAVE_TYPES:
         raise ExportError(f"save_type must be one of {', '.join(SAVE_TYPES)}, got {save_type!r}")
-    from amct_torch.export.caffe.deploy import deploy_net
     from amct_torch.export.layer_quant import plan_layers
-    plan_layers(fused, records, record_file)  # raises before anything is written
+    # every check (the int32 bias overflow included) before anything is written; the weights
+    # are quantized layer by layer as each model is written
+    plan_layers(fused, records, record_file, weights=False)
     fused_map = dict(fused_layers) if fused_layers is not None else fused_layers_of(fused)
     paths: list[str] = []
     emitted = None
-    if save_type in ("Deploy", "Both"):
-        deploy_net(fused, records, record_file)  # overflow check before writing anything
     if save_type in ("Fakequant", "Both"):
         emitted = save_fake_quant(fused, records, save_path, offset_form, record_file)
         paths += [f"{save_path}_fake_quant_model.prototxt", f"{save_path}_fake_quant_weights.caffemodel"]

@@ -7,7 +7,7 @@ from the graph's (fused) float weights and the record's factors (docs/algorithms
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -64,10 +64,12 @@ def _out_channels(module: CaffeLayer) -> int:
     return int(module.weight.shape[0])
 
 
-def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[str] = None) -> LayerQuant:
+def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[str] = None,
+                weights: bool = True) -> LayerQuant:
     """Quantize one layer's weights with the record's scale_w (ARQ grid: clamp(round(w/s),
     -128, 127)) and derive its int32 bias and DeQuant factors. A bias that does not fit int32
-    is an ExportError naming the layer."""
+    is an ExportError naming the layer. ``weights`` False: everything but the int8 and
+    fake-quant weights (the checks and factors alone, without a copy of the weights)."""
     assert rec.scale_d is not None and rec.offset_d is not None  # plan_layers refused the others
     lq = LayerQuant(name=name, type=module.caffe_type, module=module, scale_d=float(rec.scale_d),
                     offset_d=int(rec.offset_d))
@@ -75,7 +77,6 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
     if not lq.weighted:
         lq.deq_scale = np.array([sd32], np.float32)
         return lq
-    w = module.weight.detach().to("cpu", torch.float32)
     c_out = _out_channels(module)
     sw = np.asarray(rec.scale_w, np.float32)
     lq.per_channel = sw.size > 1
@@ -84,31 +85,62 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
     if sw.size != c_out:
         raise ExportError(f"record has {len(rec.scale_w)} scale_w values, the layer has {c_out} "
                           "output channels", file=file, layer=name)
-    s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
-                     module.caffe_type, _groups(module))
-    q8 = quantize(w, s)  # the ARQ grid with the record's scales
     lq.scale_w = sw
-    lq.int8_weight = q8.numpy()
-    lq.fake_weight = (q8.float() * s).numpy().astype(np.float32)
     lq.deq_scale = (sd32 * sw).astype(np.float32)
-    if module.bias is not None:
-        b = module.bias.detach().to("cpu", torch.float32).numpy().astype(np.float32)
-        lq.bias = b
-        step = sd32.astype(np.float64) * sw.astype(np.float64)
-        bi = np.rint(b.astype(np.float64) / step)
-        bad = np.flatnonzero((bi < INT32_MIN) | (bi > INT32_MAX) | ~np.isfinite(bi))
-        if bad.size:
-            c = int(bad[0])
-            raise ExportError(
-                f"int32 bias overflow in output channel {c}: bias {float(b[c])!r} / (scale_d "
-                f"{float(sd32)!r} * scale_w {float(sw[c])!r}) does not fit int32; leave this layer "
-                "unquantized (add it to skip_layers) or recalibrate", file=file, layer=name)
-        lq.bias_int32 = bi.astype(np.int32)
+    if module.bias is not None:  # before the weights: an overflow costs no quantization
+        lq.bias = module.bias.detach().to("cpu", torch.float32).numpy().astype(np.float32)
+        lq.bias_int32 = int32_bias(name, lq.bias, sd32, sw, file)
+    if weights:  # the ARQ grid with the record's scales
+        w = module.weight.detach().to("cpu", torch.float32)
+        s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
+                         module.caffe_type, _groups(module))
+        lq.int8_weight, lq.fake_weight = quantize_rows(w, s)
     return lq
 
 
+def int32_bias(name: str, b: np.ndarray, sd32: np.float32, sw: np.ndarray,
+               file: Optional[str] = None) -> np.ndarray:
+    """round(b / (scale_d·scale_w_c)) as int32; an ExportError naming the layer and channel
+    when a value does not fit int32."""
+    step = sd32.astype(np.float64) * sw.astype(np.float64)
+    bi = np.rint(b.astype(np.float64) / step)
+    bad = np.flatnonzero((bi < INT32_MIN) | (bi > INT32_MAX) | ~np.isfinite(bi))
+    if bad.size:
+        c = int(bad[0])
+        raise ExportError(
+            f"int32 bias overflow in output channel {c}: bias {float(b[c])!r} / (scale_d "
+            f"{float(sd32)!r} * scale_w {float(sw[c])!r}) does not fit int32; leave this layer "
+            "unquantized (add it to skip_layers) or recalibrate", file=file, layer=name)
+    return bi.astype(np.int32)
+
+
+#: weights are quantized this many elements at a time: whole, a VGG-16 fc6 (103 M weights)
+#: needed two float temporaries of its own size on top of its two results
+CHUNK_ELEMENTS = 1 << 22
+
+
+def quantize_rows(w: torch.Tensor, s: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 codes clamp(round(w/s), -128, 127) and the fake-quant weights codes·s; a large
+    ``w`` is done a block of rows (axis 0) at a time into the two results. Every operation is
+    elementwise, so the values are those of one whole-tensor computation. ``s`` broadcasts
+    against ``w`` (size 1 or ``w``'s size along axis 0)."""
+    if w.dim() == 0 or w.numel() <= CHUNK_ELEMENTS:
+        q = quantize(w, s)
+        return q.numpy(), (q.float() * s).numpy()
+    q8 = np.empty(tuple(w.shape), np.int8)
+    fake = np.empty(tuple(w.shape), np.float32)
+    rows = int(w.shape[0])
+    step = max(1, CHUNK_ELEMENTS // max(1, w[0].numel()))
+    per_row = s.dim() > 0 and int(s.shape[0]) == rows and rows > 1
+    for a in range(0, rows, step):
+        ss = s[a:a + step] if per_row else s
+        q = quantize(w[a:a + step], ss)
+        q8[a:a + step] = q.numpy()
+        fake[a:a + step] = (q.float() * ss).numpy()
+    return q8, fake
+
 def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
-                file: Optional[str] = None) -> dict[str, LayerQuant]:
+                file: Optional[str] = None, weights: bool = True) -> dict[str, LayerQuant]:
     """``LayerQuant`` of every record entry, in graph order. A record key that is not a
     quantizable layer of the graph, or lacks factors, is an ExportError (validate the record
     first for the full checks)."""
@@ -135,5 +167,35 @@ def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
                               "or leave it out", file=file, layer=name)
         if mod.caffe_type in WEIGHTED and not rec.scale_w:
             raise ExportError("layer has no weight factors (scale_w)", file=file, layer=name)
-        out[name] = layer_quant(name, mod, rec, file)
+        out[name] = layer_quant(name, mod, rec, file, weights)
     return out
+
+
+class LazyPlan(Mapping[str, LayerQuant]):
+    """``plan_layers`` whose checks and factors (the int32 bias overflow included) are done
+    at once, while each layer's int8 and fake-quant weights are computed when its entry is
+    read, only the last one kept. Why: an exporter writing layer by layer then holds one
+    layer's quantized weights instead of the whole model's (a VGG-16: 0.7 GB). ``light``
+    is the plan without weights (for what only needs the factors)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
+                 file: Optional[str] = None) -> None:
+        self.light = plan_layers(gm, records, file, weights=False)
+        self.records, self.file = records, file
+        self._last: tuple[Optional[str], Optional[LayerQuant]] = (None, None)
+
+    def __getitem__(self, name: str) -> LayerQuant:
+        lq = self.light[name]
+        if not lq.weighted:
+            return lq
+        if self._last[0] != name:
+            self._last = (None, None)  # the previous layer's arrays go before the next ones exist
+            self._last = (name, layer_quant(name, lq.module, self.records[name], self.file))
+        assert self._last[1] is not None
+        return self._last[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.light)
+
+    def __len__(self) -> int:
+        return len(self.light)

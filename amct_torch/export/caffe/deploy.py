@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from amct_torch.caffe.layers import CaffeLayer
-from amct_torch.export.caffe.text import write_caffe
+from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
-from amct_torch.export.layer_quant import LayerQuant, plan_layers
+from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
 from amct_torch.record import LayerRecord
 
 
@@ -62,7 +62,8 @@ def deploy_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
 def save_deploy(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                 offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_deploy_model.prototxt`` and ``{save_path}_deploy_weights.caffemodel``."""
-    emitted = deploy_net(gm, records, file).attach_blobs()
-    write_caffe(emitted.net, f"{save_path}_deploy_model.prototxt",
-                f"{save_path}_deploy_weights.caffemodel", offset_form)
+    plan = LazyPlan(gm, records, file)  # every check now; each layer's weights when written
+    emitted = emit_net(gm, plan.light, _deploy_blobs, _deploy_dequant_blobs, file, full=plan)
+    write_caffe_layers(emitted, f"{save_path}_deploy_model.prototxt",
+                       f"{save_path}_deploy_weights.caffemodel", offset_form)
     return emitted

@@ -17,9 +17,9 @@ import torch
 from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
 from amct_torch.caffe.netio import ParsedNet
-from amct_torch.export.caffe.text import write_caffe
+from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
-from amct_torch.export.layer_quant import LayerQuant, plan_layers
+from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
 from amct_torch.record import LayerRecord
 
 
@@ -83,7 +83,8 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
 def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                     offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
-    emitted = fake_quant_net(gm, records, file).attach_blobs()
-    write_caffe(emitted.net, f"{save_path}_fake_quant_model.prototxt",
-                f"{save_path}_fake_quant_weights.caffemodel", offset_form)
+    plan = LazyPlan(gm, records, file)  # every check now; each layer's weights when written
+    emitted = emit_net(gm, plan.light, _fake_blobs, _fake_dequant_blobs, file, full=plan)
+    write_caffe_layers(emitted, f"{save_path}_fake_quant_model.prototxt",
+                       f"{save_path}_fake_quant_weights.caffemodel", offset_form)
     return emitted

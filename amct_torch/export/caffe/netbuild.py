@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -49,6 +49,15 @@ class EmittedNet:
     quants: list[InsertedQuant]
     dequants: dict[str, str]  # quantized layer -> its DeQuant layer
     arrays: dict[str, list[np.ndarray]] = field(default_factory=dict)  # layer -> blobs
+    # layer -> a function making its blobs when asked (``emit_net(..., full=...)``)
+    deferred: dict[str, Callable[[], list[np.ndarray]]] = field(default_factory=dict)
+
+    def layer_blobs(self) -> Iterator[tuple[pb.LayerParameter, list[np.ndarray]]]:
+        """Each layer of ``net`` with its blob arrays, a deferred layer's made only when its
+        turn comes (what a layer-by-layer writer consumes)."""
+        for layer in self.net.layer:
+            make = self.deferred.get(layer.name)
+            yield layer, (make() if make is not None else self.arrays.get(layer.name, []))
 
     def attach_blobs(self) -> "EmittedNet":
         """Put ``arrays`` into the layers' BlobProtos (needed before writing a caffemodel)."""
@@ -78,10 +87,12 @@ def _out_keys(gm: fx.GraphModule) -> dict[fx.Node, str]:
 
 def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
              dequant_blobs: Callable[[LayerQuant], list[np.ndarray]],
-             file: Optional[str] = None) -> EmittedNet:
+             file: Optional[str] = None, full: Optional[Mapping[str, LayerQuant]] = None) -> EmittedNet:
     """The graph as a NetParameter (inputs as in ``gm.caffe_net``) with Quant/DeQuant around
     every layer of ``plan``. Blobs are returned as arrays (``EmittedNet.arrays``); call
-    ``attach_blobs`` to put them into the message."""
+    ``attach_blobs`` to put them into the message. With ``full`` (a ``LazyPlan``; ``plan``
+    then only needs the factors) no blob is made here: ``EmittedNet.deferred`` makes each
+    layer's from ``full`` when ``layer_blobs`` reaches it."""
     base = gm.caffe_net
     out = EmittedNet(_net_with_inputs(base), [], {}, {})
     taken_layers = _layer_names(gm, base)
@@ -97,11 +108,31 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
             bottoms = quants.feed(n, bottoms, lq, mod.caffe_name)
         layer = _add_layer(out.net, mod, bottoms)
         _add_tops(layer, n, mod, names)
-        out.arrays[layer.name] = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a
-                                  for a in blobs(lq, mod)]
+        if full is None:
+            out.arrays[layer.name] = _numpy(blobs(lq, mod))
+        else:
+            out.deferred[layer.name] = _deferred(blobs, full, mod, lq is not None)
         if lq is not None and not lq.joint:
-            _add_dequant(out, layer, mod.caffe_name, dequant_blobs(lq), taken_layers)
+            if full is None:
+                _add_dequant(out, layer, mod.caffe_name, dequant_blobs(lq), taken_layers)
+            else:
+                dname = _add_dequant(out, layer, mod.caffe_name, [], taken_layers)
+                out.deferred[dname] = _deferred_dequant(dequant_blobs, full, mod.caffe_name)
     return out
+
+
+def _numpy(arrays: list) -> list[np.ndarray]:
+    return [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in arrays]
+
+
+def _deferred(blobs: BlobFn, full: Mapping[str, LayerQuant], mod: CaffeLayer,
+              planned: bool) -> Callable[[], list[np.ndarray]]:
+    return lambda: _numpy(blobs(full[mod.caffe_name] if planned else None, mod))
+
+
+def _deferred_dequant(dequant_blobs: Callable[[LayerQuant], list[np.ndarray]],
+                      full: Mapping[str, LayerQuant], name: str) -> Callable[[], list[np.ndarray]]:
+    return lambda: list(dequant_blobs(full[name]))
 
 
 def _net_with_inputs(base: pb.NetParameter) -> pb.NetParameter:
@@ -241,11 +272,12 @@ def _add_tops(layer: pb.LayerParameter, n: fx.Node, mod: CaffeLayer, names: _Blo
 
 
 def _add_dequant(out: EmittedNet, layer: pb.LayerParameter, name: str, arrays: list[np.ndarray],
-                 taken_layers: set[str]) -> None:
-    """The in-place DeQuant layer after quantized layer ``name``, with its blobs."""
+                 taken_layers: set[str]) -> str:
+    """The in-place DeQuant layer after quantized layer ``name``, with its blobs; its name."""
     dname = unique_name(f"{name}_dequant_layer", taken_layers)
     dl = out.net.layer.add(name=dname, type="DeQuant")
     dl.bottom.append(layer.top[0])
     dl.top.append(layer.top[0])
     out.arrays[dname] = list(arrays)
     out.dequants[name] = dname
+    return dname

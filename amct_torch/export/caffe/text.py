@@ -15,8 +15,10 @@ from typing import Optional
 from google.protobuf import text_encoding
 
 from amct_torch.caffe.netio import caffemodel_bytes, net_to_prototxt_text
+from amct_torch.caffe.stream_writer import write_caffemodel
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.atomic import atomic_write_bytes, atomic_write_text
+from amct_torch.export.caffe.netbuild import EmittedNet
 
 OFFSET_FORMS = ("uint8", "bytes")
 
@@ -50,3 +52,12 @@ def write_caffe(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optio
     atomic_write_text(prototxt_path, text)
     if caffemodel_path is not None and binary is not None:
         atomic_write_bytes(caffemodel_path, binary)
+
+
+def write_caffe_layers(emitted: EmittedNet, prototxt_path: str, caffemodel_path: str,
+                       offset_form: str = "uint8") -> None:
+    """``write_caffe`` for an emitted net whose blobs are made layer by layer: the caffemodel
+    is streamed (``caffe/stream_writer.py``: the same bytes, one layer's arrays in memory at a
+    time), each file atomic."""
+    atomic_write_text(prototxt_path, prototxt_text(emitted.net, offset_form))
+    write_caffemodel(caffemodel_path, emitted.net, emitted.layer_blobs())

@@ -1,0 +1,232 @@
+"""Writing a caffemodel layer by layer, never holding the whole serialised net in memory.
+
+Why: a VGG-16 caffemodel is 553 MB. Serialising the output nets the usual way builds every
+layer's ``BlobProto`` (a copy of its weights inside protobuf) and then the file's bytes (a
+second copy) while the arrays they came from are still alive: three copies of the model at
+once. Protobuf's wire format makes a message the concatenation of its fields' encodings, and
+``SerializeToString`` writes known fields in field-number order (unknown ones last), so a
+``NetParameter`` can be written as: the net's fields before ``layer`` (field 100), then each
+layer as a length-delimited field 100 made as soon as its blobs exist, then the net's later
+fields. A layer is itself its fields before ``blobs`` (7), each blob, then its later fields; a
+large blob's data goes to the file straight from the array's memory. The bytes are exactly
+those of ``caffemodel_bytes(net)`` on the same net with the blobs attached
+(``tests/caffe/test_caffe_stream_write.py`` checks it byte for byte).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import BinaryIO, Iterable, Optional, Sequence
+
+import numpy as np
+
+from amct_torch.atomic import file_mode, fsync_dir
+from amct_torch.caffe import prototxt as _ptx
+from amct_torch.caffe.netio import array_to_blob
+from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.termination import clean_exit_on_signals
+
+__all__ = ["write_caffemodel", "blob_parts", "layer_parts", "split_before"]
+
+_LAYER_FIELD = 100  # NetParameter.layer
+_BLOBS_FIELD = 7  # LayerParameter.blobs
+_DATA_FIELD = 5  # BlobProto.data (packed float)
+_INT8_FIELD = 100  # BlobProto.int8_data (bytes)
+
+#: arrays smaller than this are encoded by protobuf itself (one small copy, every dtype's
+#: rules kept in one place: ``array_to_blob``); larger float32/int8 ones are written from
+#: their own memory
+DIRECT_BYTES = 1 << 16
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(number: int) -> bytes:
+    """The key of a length-delimited field ``number``."""
+    return _varint(number << 3 | 2)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def split_before(data: bytes, number: int, known: Sequence[int]) -> int:
+    """The offset in a serialised message ``data`` where a field ``number`` would go: before
+    the first top-level field with a larger number or unknown to the schema (``known``:
+    the message's field numbers; protobuf writes unknown fields after the known ones)."""
+    known_set = set(known)
+    i = 0
+    while i < len(data):
+        start = i
+        key, i = _read_varint(data, i)
+        field, wire = key >> 3, key & 7
+        if field > number or field not in known_set:
+            return start
+        if wire == 0:
+            _, i = _read_varint(data, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            size, i = _read_varint(data, i)
+            i += size
+        elif wire == 5:
+            i += 4
+        else:  # groups: never written by our schema
+            raise ValueError(f"unexpected wire type {wire} in field {field}")
+    return len(data)
+
+
+_BLOB_FIELDS = [f.number for f in pb.BlobProto.DESCRIPTOR.fields]
+_LAYER_FIELDS = [f.number for f in pb.LayerParameter.DESCRIPTOR.fields]
+_NET_FIELDS = [f.number for f in pb.NetParameter.DESCRIPTOR.fields]
+
+
+def blob_parts(arr: np.ndarray) -> list:
+    """The encoding of ``array_to_blob(arr)`` as a list of buffers (a large float32 or int8
+    array's data is a view of its own memory, not a copy)."""
+    a = np.asarray(arr)
+    direct = a.nbytes >= DIRECT_BYTES and a.ndim > 0 and (a.dtype == np.int8 or a.dtype.kind == "f")
+    if not direct:
+        return [array_to_blob(a).SerializeToString()]
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if a.dtype == np.int8:
+        number = _INT8_FIELD
+    else:
+        number, flat = _DATA_FIELD, flat.astype("<f4", copy=False)
+    shape = pb.BlobProto()
+    shape.shape.dim.extend(int(d) for d in a.shape)
+    rest = shape.SerializeToString()
+    cut = split_before(rest, number, _BLOB_FIELDS)
+    data = memoryview(flat).cast("B")
+    return [rest[:cut], _key(number) + _varint(data.nbytes), data, rest[cut:]]
+
+
+def _size(parts: Iterable) -> int:
+    return sum(memoryview(p).nbytes for p in parts)
+
+
+def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
+    """The encoding of ``layer`` (whose own ``blobs`` are ignored) with ``arrays`` as its blobs,
+    internal fields dropped as ``caffemodel_bytes`` drops them, as a list of buffers."""
+    clean = pb.LayerParameter()
+    for fd, value in layer.ListFields():
+        if fd.name in ("blobs", _ptx.UNKNOWN_FIELD):
+            continue
+        if fd.is_repeated:
+            getattr(clean, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(clean, fd.name).CopyFrom(value)
+        else:
+            setattr(clean, fd.name, value)
+    data = clean.SerializeToString()
+    cut = split_before(data, _BLOBS_FIELD, _LAYER_FIELDS)
+    parts: list = [data[:cut]]
+    for arr in arrays:
+        blob = blob_parts(arr)
+        parts.append(_key(_BLOBS_FIELD) + _varint(_size(blob)))
+        parts += blob
+    parts.append(data[cut:])
+    return parts
+
+
+def _net_parts(net: pb.NetParameter) -> tuple[bytes, bytes]:
+    """The net's own fields before and after its ``layer`` field (layers and internal fields
+    left out)."""
+    head = pb.NetParameter()
+    for fd, value in net.ListFields():
+        if fd.name in ("layer", _ptx.UNKNOWN_FIELD):
+            continue
+        if fd.name == "layers":
+            raise ValueError("a net with V1 'layers' cannot be streamed")
+        if fd.is_repeated:
+            getattr(head, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(head, fd.name).CopyFrom(value)
+        else:
+            setattr(head, fd.name, value)
+    data = head.SerializeToString()
+    cut = split_before(data, _LAYER_FIELD, _NET_FIELDS)
+    return data[:cut], data[cut:]
+
+
+def _write_all(f: BinaryIO, parts: Iterable) -> None:
+    for p in parts:
+        f.write(p)
+
+
+def write_caffemodel(path: str, net: pb.NetParameter,
+                     layers: Iterable[tuple[pb.LayerParameter, Sequence[np.ndarray]]]) -> None:
+    """Write ``path`` atomically: ``net``'s own fields with ``layers`` — (layer, its blob
+    arrays) pairs, consumed one at a time — as its ``layer`` field. The file holds the bytes
+    ``caffemodel_bytes`` gives for ``net`` with those layers and blobs (``net``'s own layers
+    are ignored)."""
+    head, tail = _net_parts(net)
+    with _atomic_file(path) as f:
+        f.write(head)
+        for layer, arrays in layers:
+            parts = layer_parts(layer, arrays)
+            f.write(_key(_LAYER_FIELD) + _varint(_size(parts)))
+            _write_all(f, parts)
+            del parts
+        f.write(tail)
+
+
+class _atomic_file:
+    """A file written beside ``path`` and renamed over it once complete and synced (the rules
+    of ``atomic.atomic_write_bytes``, for content written piece by piece)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.fspath(path)
+        self.folder = os.path.dirname(os.path.abspath(self.path))
+        self.tmp: Optional[str] = None
+        self.file: Optional[BinaryIO] = None
+        self.guard = clean_exit_on_signals()
+
+    def __enter__(self) -> BinaryIO:
+        self.guard.__enter__()
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
+                                            suffix=".tmp", dir=self.folder)
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, file_mode())
+            self.file = os.fdopen(fd, "wb")
+        except BaseException:
+            self.guard.__exit__(None, None, None)
+            raise
+        return self.file
+
+    def __exit__(self, kind, value, tb) -> bool:
+        assert self.file is not None and self.tmp is not None
+        try:
+            if kind is None:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+                os.replace(self.tmp, self.path)
+            else:
+                self.file.close()
+                os.unlink(self.tmp)
+        except BaseException:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+            raise
+        finally:
+            self.guard.__exit__(kind, value, tb)
+        fsync_dir(self.folder)
+        return False
+

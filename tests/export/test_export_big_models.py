@@ -1,0 +1,97 @@
+"""The output models written layer by layer (streamed caffemodels, weights quantized a block of
+rows at a time) are byte for byte the models written from whole in-memory nets.
+
+Reference: the eager path that still builds the whole net (``fake_quant_net`` /
+``deploy_net`` with every blob attached, serialised by protobuf's ``SerializeToString``
+through ``caffemodel_bytes``), and the whole-tensor quantization formula."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.caffe_nets import make_net
+from helpers.exports import minmax_records
+from amct_torch.algorithms.quant import channel_view, quantize
+from amct_torch.caffe.graph import load_caffe
+from amct_torch.caffe.netio import caffemodel_bytes
+from amct_torch.export import deploy_net, fake_quant_net, save_quant_models
+from amct_torch.export import layer_quant as lqmod
+from amct_torch.export.caffe.text import prototxt_text
+
+BODY = '''
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 64 kernel_size: 3 pad: 1 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param { num_output: 128 kernel_size: 1 } }
+layer { name: "conv3" type: "Convolution" bottom: "pool1" top: "conv3" convolution_param { num_output: 128 kernel_size: 1 bias_term: false } }
+layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv3" top: "sum" }
+layer { name: "fc1" type: "InnerProduct" bottom: "sum" top: "fc1" inner_product_param { num_output: 300 } }
+layer { name: "prob" type: "Softmax" bottom: "fc1" top: "prob" }
+'''
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("big")
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    blobs = {"conv1": [f(64, 3, 3, 3), f(64)], "conv2": [f(128, 64, 1, 1), f(128)],
+             "conv3": [f(128, 64, 1, 1)], "fc1": [f(300, 2048) * 0.05, f(300)]}
+    proto, model = make_net(folder, BODY, {"data": [2, 3, 8, 8]}, blobs)
+    gm = load_caffe(proto, model)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+    return folder, gm, minmax_records(gm, x)
+
+
+def _whole(gm, recs) -> dict[str, bytes]:
+    out = {}
+    for kind, build in (("fake_quant", fake_quant_net), ("deploy", deploy_net)):
+        emitted = build(gm, recs).attach_blobs()
+        out[f"{kind}_model.prototxt"] = prototxt_text(emitted.net).encode()
+        out[f"{kind}_weights.caffemodel"] = caffemodel_bytes(emitted.net)
+    return out
+
+
+def _streamed(gm, recs, prefix) -> dict[str, bytes]:
+    save_quant_models(gm, recs, save_type="Both", save_path=str(prefix))
+    return {k: open(f"{prefix}_{k}", "rb").read() for k in
+            ("fake_quant_model.prototxt", "fake_quant_weights.caffemodel",
+             "deploy_model.prototxt", "deploy_weights.caffemodel")}
+
+
+def test_streamed_models_equal_the_whole_net_serialisation(net, tmp_path):
+    _, gm, recs = net
+    want = _whole(gm, recs)
+    got = _streamed(gm, recs, tmp_path / "s")
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == want[k], k
+    assert len(want["fake_quant_weights.caffemodel"]) > 4 * 300 * 2048  # fc1 took the direct path
+
+
+def test_row_blocks_give_the_same_files(net, tmp_path, monkeypatch):
+    """Quantizing in blocks of 1000 elements (every weighted layer split, a block not a whole
+    number of rows of fc1) writes the same bytes as whole tensors."""
+    _, gm, recs = net
+    whole = _streamed(gm, recs, tmp_path / "w")
+    monkeypatch.setattr(lqmod, "CHUNK_ELEMENTS", 1000)
+    assert _streamed(gm, recs, tmp_path / "b") == whole
+
+
+@pytest.mark.parametrize("kind,shape,groups,per_channel", [
+    ("Convolution", (70, 3, 3, 3), 1, True),
+    ("InnerProduct", (33, 100), 1, False),
+    ("Deconvolution", (12, 5, 3, 3), 3, True),  # channel view along axis 1 and the groups
+])
+def test_quantize_rows_is_the_whole_tensor_formula(kind, shape, groups, per_channel, monkeypatch):
+    rng = np.random.default_rng(3)
+    w = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    c_out = shape[1] * groups if kind == "Deconvolution" else shape[0]
+    sw = torch.from_numpy(rng.uniform(0.005, 0.02, c_out if per_channel else 1).astype(np.float32))
+    s = channel_view(sw, shape, kind, groups)
+    q = quantize(w, s)
+    monkeypatch.setattr(lqmod, "CHUNK_ELEMENTS", 50)
+    q8, fake = lqmod.quantize_rows(w, s)
+    np.testing.assert_array_equal(q8, q.numpy())
+    assert fake.tobytes() == (q.float() * s).numpy().astype(np.float32).tobytes()
