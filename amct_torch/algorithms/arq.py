@@ -44,10 +44,9 @@ def arq_scales(rows: torch.Tensor) -> torch.Tensor:
     return torch.where(scale < FLT_EPS, torch.ones_like(scale), scale)
 
 
-def arq_quantize(weight: torch.Tensor, layer_type: str, channel_wise: bool, group: int = 1) -> ArqResult:
-    """Quantize a Convolution (C_out, C_in/g, kh, kw), Deconvolution (C_in, C_out/g, kh, kw) or
-    InnerProduct (N, K) weight with ARQ; InnerProduct is per-tensor only (``channel_wise``
-    ignored there, as config validation forbids it)."""
+def arq_scale_w(weight: torch.Tensor, layer_type: str, channel_wise: bool, group: int = 1) -> torch.Tensor:
+    """ARQ's scale_w alone (``arq_quantize``'s first step): what the record needs, without the
+    quantized copies of the weight (a VGG-16 fc6 is 103 M weights)."""
     if layer_type not in _LAYOUTS:
         raise ValueError(f"ARQ: unsupported layer type {layer_type!r}")
     w = weight.detach().float()
@@ -55,7 +54,15 @@ def arq_quantize(weight: torch.Tensor, layer_type: str, channel_wise: bool, grou
         rows = output_channel_major(w, layer_type, group)
     else:
         rows = w.reshape(1, -1)
-    scale = arq_scales(rows)
+    return arq_scales(rows)
+
+
+def arq_quantize(weight: torch.Tensor, layer_type: str, channel_wise: bool, group: int = 1) -> ArqResult:
+    """Quantize a Convolution (C_out, C_in/g, kh, kw), Deconvolution (C_in, C_out/g, kh, kw) or
+    InnerProduct (N, K) weight with ARQ; InnerProduct is per-tensor only (``channel_wise``
+    ignored there, as config validation forbids it)."""
+    w = weight.detach().float()
+    scale = arq_scale_w(w, layer_type, channel_wise, group)
     s = channel_view(scale, tuple(w.shape), layer_type, group)
     q8 = quantize(w, s)
     return ArqResult(scale_w=scale, offset_w=torch.zeros(scale.shape, dtype=torch.int32, device=w.device),

@@ -184,6 +184,19 @@ class _Fuser:
             _remember(conv, [bn.caffe_name, scale.caffe_name], self.fused)
 
 
+def _shared_weights(gm: fx.GraphModule) -> dict:
+    """A ``deepcopy`` memo giving the copy new ``weight`` Parameters over the same storage.
+    Why: fusion installs new tensors for the weights it folds and nothing writes a weight in
+    place, so the layers it leaves alone (every layer of a net without BN, e.g. a 553 MB
+    VGG-16) need no second copy. Biases are copied: improvements add to them in place."""
+    memo: dict = {}
+    for mod in gm.modules():
+        w = mod._parameters.get("weight")
+        if isinstance(w, nn.Parameter) and id(w) not in memo:
+            memo[id(w)] = nn.Parameter(w.data, requires_grad=w.requires_grad)
+    return memo
+
+
 def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: Iterable[str] = (),
             record_skip_fusion: Iterable[str] = (), file: Optional[str] = None) -> FusionResult:
     """Fold BatchNorm+Scale into neighbouring Convolution/Deconvolution/InnerProduct layers.
@@ -192,8 +205,9 @@ def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: I
     says ``skip_fusion: true``) name layers of a pattern — normally the kept layer — that must
     not be fused. ``file`` (the model file) only labels the log lines. Refusals are logged
     (non-finite results as warnings) and returned in ``FusionResult.refused``; nothing raises.
-    The input graph is deep-copied and left untouched."""
-    out = copy.deepcopy(gm)
+    The input graph is deep-copied and left untouched; the copy's ``weight`` Parameters share
+    their storage with the input's (``_shared_weights``)."""
+    out = copy.deepcopy(gm, _shared_weights(gm))
     fuser = _Fuser(out, bool(do_fusion), set(skip_fusion_layers), set(record_skip_fusion), file)
     with torch.no_grad():
         fuser.output_side()

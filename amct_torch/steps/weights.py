@@ -42,7 +42,7 @@ def fuse(graph: QuantGraph) -> Any:
 def weight_factors(gm: Any, configs: dict[str, LayerQuantConfig], file: str
                    ) -> dict[str, tuple[list[float], list[int]]]:
     """ARQ factors of every enabled layer of ``gm`` (AVE Pooling: the neutral [1.0], [0])."""
-    from amct_torch.algorithms.arq import arq_quantize
+    from amct_torch.algorithms.arq import arq_scale_w
     from amct_torch.caffe.graph import layer_modules
 
     mods = layer_modules(gm)
@@ -57,10 +57,10 @@ def weight_factors(gm: Any, configs: dict[str, LayerQuantConfig], file: str
         if mod.caffe_type == "Pooling":
             out[name] = ([1.0], [0])
             continue
-        res = arq_quantize(mod.weight.detach(), mod.caffe_type, cfg.channel_wise,
-                           int(getattr(mod, "groups", 1)))
-        out[name] = ([float(s) for s in res.scale_w.cpu().tolist()],
-                     [int(o) for o in res.offset_w.cpu().tolist()])
+        # the scales alone: ARQ's int8 and fake-quant weights are made by the exporters
+        scale_w = arq_scale_w(mod.weight.detach(), mod.caffe_type, cfg.channel_wise,
+                              int(getattr(mod, "groups", 1)))
+        out[name] = ([float(s) for s in scale_w.cpu().tolist()], [0] * int(scale_w.numel()))
     return out
 
 
