@@ -14,7 +14,6 @@ from amct_torch.config.types import (ACT_ALGOS, HFMG_DEFAULT_BINS, IFMR_DEFAULTS
                                      NUM_BITS, WTS_ALGO, LayerQuantConfig, QuantConfig)
 from amct_torch.errors import ConfigError
 from amct_torch.atomic import atomic_write_text
-from amct_torch.inputs.limits import MAX_BATCH_NUM
 
 GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                "skip_fusion_layers")
@@ -122,8 +121,6 @@ class _Reader:
         batch_num = self.integer(doc, "batch_num", 1, "")
         if batch_num < 1:
             self.fail(f"batch_num must be >= 1, got {batch_num}")
-        if batch_num > MAX_BATCH_NUM:  # an absurd count blamed the data otherwise
-            self.fail(f"batch_num must be in [1, {MAX_BATCH_NUM}], got {batch_num}")
         sfl = doc.get("skip_fusion_layers", [])
         if not isinstance(sfl, list) or not all(isinstance(s, str) for s in sfl):
             self.fail(f"skip_fusion_layers must be a list of layer names, got {json.dumps(sfl)}")

@@ -24,7 +24,6 @@ from amct_torch.config.layers import CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, Laye
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.config.types import LayerQuantConfig, QuantConfig
 from amct_torch.errors import ConfigError
-from amct_torch.inputs.limits import MAX_BATCH_NUM
 from amct_torch.proto import calibration_config_pb2
 
 AMCTConfig = calibration_config_pb2.AMCTConfig
@@ -168,8 +167,6 @@ def _check_global_lists(cfg: Any, by_name: dict, all_types: set, path: str) -> N
     (for the skips) quantizable ones."""
     if cfg.batch_num < 1:
         raise ConfigError(f"batch_num must be >= 1, got {cfg.batch_num}", file=path)
-    if cfg.batch_num > MAX_BATCH_NUM:  # an absurd count blamed the data otherwise
-        raise ConfigError(f"batch_num must be in [1, {MAX_BATCH_NUM}], got {cfg.batch_num}", file=path)
     _repeated_check(list(cfg.skip_layers), "skip_layers entry", path)
     _repeated_check(list(cfg.skip_layer_types), "skip_layer_types entry", path)
     _check_names(list(cfg.skip_layers), "skip_layers", by_name, path)

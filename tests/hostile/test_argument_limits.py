@@ -110,24 +110,3 @@ def test_only_outputs_behind_a_data_dependent_layer_may_differ_in_shape(tmp_path
     assert data_dependent_outputs(ssd) == {"detection_out"}
     a, _, _ = _two_nets(tmp_path, 5)
     assert data_dependent_outputs(load_caffe(*a)) == set()
-
-
-@pytest.mark.parametrize("kind", ["json", "quant_cfg"])
-def test_an_absurd_batch_num_in_a_config_file_names_that_file(tmp_path, kind):
-    import json
-    model, weights = example_model()
-    if kind == "json":
-        cfg = str(tmp_path / "c.json")
-        amct_torch.create_quant_config(cfg, model, weights)
-        doc = json.load(open(cfg))
-        doc["batch_num"] = 10 ** 15
-        json.dump(doc, open(cfg, "w"))
-    else:
-        cfg = str(tmp_path / "q.cfg")
-        with open(cfg, "w") as f:
-            f.write("batch_num: 4000000000\n")
-    with pytest.raises(AmctError, match=r"batch_num must be in \[1, 1000000\]") as err:
-        amct_torch.quantize(model, weights, DATA, config=cfg, output=str(tmp_path / "out" / "m"),
-                            device="cpu", quiet=True)
-    assert err.value.file == cfg
-    assert not os.path.exists(tmp_path / "out")
