@@ -63,7 +63,8 @@ def check_checkpoint_path(path: str, error: Type[AmctError] = DataError) -> None
 
 def check_batch_num(value: object, file: Optional[str] = None,
                     error: Type[AmctError] = DataError) -> int:
-    """``value`` as a batch count in [1, MAX_BATCH_NUM] (``error`` otherwise)."""
+    """``value`` as a batch count in [1, MAX_BATCH_NUM] (``error`` otherwise, naming ``file``:
+    the calibration data, which no such count could be drawn from)."""
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             if isinstance(value, bool) or int(value) != value:  # type: ignore[call-overload]
@@ -71,6 +72,9 @@ def check_batch_num(value: object, file: Optional[str] = None,
             value = int(value)  # type: ignore[call-overload]
         except (TypeError, ValueError, OverflowError):
             raise error(f"batch_num must be an integer, got {value!r}", file=file) from None
-    if not 1 <= value <= MAX_BATCH_NUM:
-        raise error(f"batch_num must be in [1, {MAX_BATCH_NUM}], got {value}", file=file)
+    if value < 1:
+        raise error(f"batch_num must be >= 1, got {value}", file=file)
+    if value > MAX_BATCH_NUM:
+        raise error(f"batch_num (--batch-num) {value} asks for more calibration batches than the "
+                    f"data can give; at most {MAX_BATCH_NUM} are allowed", file=file)
     return value
