@@ -81,11 +81,12 @@ def crops(images: list[np.ndarray], count: int, seed: int, size: int = 224) -> n
 
 def logits_of(model, x: np.ndarray, batch: int, layer: str = "fc_nsfw") -> np.ndarray:
     got = []
+    dev = next(model.parameters()).device
     h = layer_modules(model)[layer].register_forward_hook(lambda m, a, o: got.append(o.detach().double()))
     try:
         with torch.no_grad():
             for i in range(0, len(x), batch):
-                model(torch.from_numpy(x[i:i + batch]))
+                model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch])).to(dev))
     finally:
         h.remove()
     return torch.cat(got).reshape(len(x), -1).numpy()
@@ -154,21 +155,21 @@ def float_onnx(result, tmp) -> str:
     return path
 
 
-def ort_logits(path, x, batch=16) -> np.ndarray:
+def ort_logits(path, x, batch=16, inp="data") -> np.ndarray:
     import onnxruntime as ort
     so = ort.SessionOptions()
     s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return np.concatenate([s.run(None, {"data": x[i:i + batch]})[0]
-                           for i in range(0, len(x), batch)]).astype(np.float64)
+    return np.concatenate([s.run(None, {inp: x[i:i + batch]})[0]
+                           for i in range(0, len(x), batch)]).reshape(len(x), -1).astype(np.float64)
 
 
-def ort_methods(float_path, calib, held, ref, tmp, methods, types) -> list[dict]:
+def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw", inp="data") -> list[dict]:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                           QuantType, quantize_static)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([{"data": calib[i:i + 1]} for i in range(len(calib))])
+            self.it = iter([{inp: calib[i:i + 1]} for i in range(len(calib))])
 
         def get_next(self):
             return next(self.it, None)
@@ -187,8 +188,9 @@ def ort_methods(float_path, calib, held, ref, tmp, methods, types) -> list[dict]
                             calibration_cache_path=cache)
             t_q = time.time() - t
             t = time.time()
-            out = ort_logits(q, held)
-            row = {"bench": "fidelity_nsfw", "method": f"ort_{m}_{tp}", "scored_with": "onnxruntime",
+            out = ort_logits(q, held, inp=inp)
+            row = {"bench": "fidelity_nsfw" if model == "nsfw" else "fidelity", "model": model,
+                   "method": f"ort_{m}_{tp}", "scored_with": "onnxruntime",
                    "n_heldout": len(held), "n_calib": len(calib), **metrics(ref, out),
                    "quantize_s": round(t_q, 1), "infer_s": round(time.time() - t, 1)}
             emit(row)
@@ -270,6 +272,70 @@ def ablate(proto, weights, calib, held, args, tmp) -> None:
               "scale_d": recs[n].scale_d, "offset_d": recs[n].offset_d})
 
 
+# -- model families: ours (default, each improvement, all) against ONNX Runtime's quantize_static --
+OURS = ("default", "cle", "output_ranges", "bias_correction", "all")
+
+
+def family_data(fam: str, imgs, n_calib: int, n_held: int, tmp: str):
+    """(prototxt, weights, calibration inputs, held-out inputs, logits layer) of a family."""
+    if fam == "nsfw":
+        proto, weights = nsfw_files()
+        return proto, weights, crops(imgs, n_calib, seed=1), crops(imgs, n_held, seed=2), "fc_nsfw"
+    if fam == "example":
+        from amct_torch.examples import example_data, example_model
+        proto, weights = example_model()
+        return proto, weights, example_data("calib")[0][:n_calib], example_data("test")[0][:n_held], "fc2"
+    import fidelity_nets
+    size = fidelity_nets.input_size(fam)
+    proto, weights, logits = fidelity_nets.build(fam, os.path.join(tmp, fam), crops(imgs, 64, seed=5, size=size))
+    return (proto, weights, crops(imgs, n_calib, seed=1, size=size) / 64.0,
+            crops(imgs, n_held, seed=2, size=size) / 64.0, logits)
+
+
+def run_family(fam: str, imgs, args, tmp: str) -> dict:
+    """One JSON line per method and a summary line: worst-output (the logits) SQNR on held-out
+    inputs against the float model, ours and ONNX Runtime's on the same float ONNX and data."""
+    import onnx
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.export.onnx.qdq import export_float_onnx
+    proto, weights, calib, held, logits = family_data(fam, imgs, args.calib, args.n, tmp)
+    calib, held = calib.astype(np.float32), held.astype(np.float32)
+    ref = logits_of(load_caffe(proto, weights), held, args.infer_batch, logits)
+    res: dict[str, float] = {}
+    cost: dict[str, float] = {}
+    first = None
+    for m in [x for x in args.methods.split(",") if x]:
+        t = time.time()
+        r = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, fam, m, "m"),
+                                batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
+                                save_type=None, report=False, quiet=True, device="cpu",
+                                improve=None if m == "default" else m)
+        cost[m] = time.time() - t
+        first = first or r
+        res[m] = metrics(ref, logits_of(r.quant_model, held, args.infer_batch, logits))["sqnr_db"]
+        emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "sqnr_db": res[m],
+              "job_s": round(cost[m], 2), "kept": (r.improvement or {}).get("kept"),
+              "stages": [(s["name"], s["gain_db"], s["seconds"]) for s in (r.improvement or {}).get("stages", [])]})
+    peers = {}
+    if "ort" not in args.skip.split(","):
+        full = os.path.join(tmp, fam, "float.onnx")
+        export_float_onnx(first.float_model, full)
+        inp = onnx.load(full).graph.input[0].name
+        path = os.path.join(tmp, fam, "float_logits.onnx")
+        onnx.utils.extract_model(full, path, [inp], [logits])
+        for row in ort_methods(path, calib, held, ref, os.path.join(tmp, fam), [x for x in args.ort.split(",") if x],
+                               [x for x in args.ort_types.split(",") if x], model=fam, inp=inp):
+            peers[row["method"]] = row["sqnr_db"]
+    best = max(peers, key=peers.get) if peers else None
+    summary = {"bench": "fidelity_summary", "model": fam, **{f"ours_{k}_db": v for k, v in res.items()},
+               **{f"ours_{k}_s": round(v, 2) for k, v in cost.items()}}
+    if best:
+        summary.update(best_peer=best, best_peer_db=peers[best])
+        summary.update({f"{k}_minus_best_peer_db": round(v - peers[best], 2) for k, v in res.items()})
+    emit(summary)
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=500)
@@ -280,7 +346,20 @@ def main() -> None:
     ap.add_argument("--ort-types", default="U8S8,S8S8")
     ap.add_argument("--skip", default="", help="comma list to skip: hfmg,improve,ort,example")
     ap.add_argument("--ablate", type=int, default=0, help="per-layer attribution on this many crops")
+    ap.add_argument("--families", default="",
+                    help="comma list of model families to compare instead of the nsfw run: nsfw, example, "
+                         "mobilenet_depthwise, prelu_face_12, prelu_face_24, prelu_face_48, cifar (all: every one)")
+    ap.add_argument("--methods", default=",".join(OURS), help="ours: default and the --improve values")
     args = ap.parse_args()
+    if args.families:
+        import fidelity_nets
+        fams = (["nsfw", "example"] + list(fidelity_nets.FAMILIES)) if args.families == "all" \
+            else args.families.split(",")
+        tmp = tempfile.mkdtemp(prefix="bench_fid_")
+        imgs = natural_images()
+        for fam in fams:
+            run_family(fam, imgs, args, tmp)
+        return
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="bench_fid_")
     proto, weights = nsfw_files()

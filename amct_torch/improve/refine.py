@@ -13,7 +13,10 @@ layer's output error on the second (the guard); otherwise the layer keeps AMCT's
   scale_d·m (same offset, so the clip range [(−128−o)·s, (127−o)·s] shrinks or grows by m),
   m in ``MULTIPLIERS``; the error of each candidate is the MSE of the layer's output
   F(Q_m(x); W_q) against its float output F(x; W) on the same input x (the quantized model's
-  own input: the error this layer adds). IFMR minimizes the error of the *input*; the output
+  own input: the error this layer adds) -- less its per-channel mean when the bias correction
+  follows for this layer (that part it removes; a tighter clip that only shifts the mean
+  would otherwise look worse than it is, a looser one better). The candidates run on the
+  fitting rows; the held-out rows run AMCT's factor and the winner only. IFMR minimizes the error of the *input*; the output
   error weighs each input value by what the weights make of it.
 - bias correction: the float model's per-channel output means (measured in one float pass, fit
   and held-out parts apart) minus the quantized layer's are added to its bias, as in
@@ -82,10 +85,13 @@ def _channel_mean(y: torch.Tensor) -> torch.Tensor:
     return y.double().mean(dim=dims)
 
 
-def _split_mse(a: torch.Tensor, b: torch.Tensor, n_fit: int) -> torch.Tensor:
-    """[MSE on the fitting rows, MSE on the held-out rows] of a − b (float64, no sync)."""
-    d = (a.double() - b.double()).pow(2).reshape(a.shape[0], -1).mean(dim=1)
-    return torch.stack([d[:n_fit].mean(), d[n_fit:].mean()])
+def _mse(a: torch.Tensor, b: torch.Tensor, centered: bool) -> torch.Tensor:
+    """MSE of a − b (a 0-d tensor, no sync); ``centered``: of a − b less its per-channel mean
+    (the error the bias correction that follows cannot remove)."""
+    d = a - b
+    if centered:
+        d = d - d.mean(dim=[0] + list(range(2, d.dim())), keepdim=True)
+    return d.pow(2).mean()
 
 
 def float_channel_means(fused: fx.GraphModule, names: list[str], data: tuple, n_fit: int
@@ -141,7 +147,7 @@ def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tupl
         search = ranges and weighted
         handles.append(mod.register_forward_pre_hook(
             _pre_hook(name, float(rec.scale_d), int(rec.offset_d), joint, fmods[name] if search else None,
-                      n_fit, chosen, rmse)))
+                      n_fit, chosen, rmse, centered=name in correct)))
         if name in correct:
             handles.append(mod.register_forward_hook(_bias_hook(name, targets[name], n_fit, deltas, berr)))
     try:
@@ -154,7 +160,7 @@ def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tupl
 
 
 def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Optional[nn.Module],
-              n_fit: int, chosen: dict, rmse: dict) -> Callable:
+              n_fit: int, chosen: dict, rmse: dict, centered: bool = False) -> Callable:
     """The layer's input(s) through the activation fake-quant; with ``float_mod``, the range
     search first (the winner on the fitting rows, kept if it also wins on the held-out rows)."""
     scales = [to_float32(scale * m) for m in MULTIPLIERS]
@@ -166,16 +172,22 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
         x = args[0]
         if float_mod is None:
             return (fake_quant(x, scale, offset),) + tuple(args[1:])
+        rest = tuple(args[1:])
         ref = float_mod(x)
-        errs = torch.stack([_split_mse(mod.forward(fake_quant(x, s, offset), *args[1:]), ref, n_fit)
-                            for s in scales])  # [K, 2]
-        k = torch.argmin(errs[:, 0])
-        keep = errs[k, 1] < errs[base, 1]
+        fit, ref_fit = x[:n_fit], ref[:n_fit]
+        # the candidates on the fitting rows only; the held-out rows see AMCT's and the winner
+        errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered)
+                            for s in scales])
+        k = torch.argmin(errs)
+        s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
+        held, ref_held = x[n_fit:], ref[n_fit:]
+        e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
+        e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
+        keep = e_k < e_base
         k = torch.where(keep, k, torch.full_like(k, base))
         chosen[name] = k
-        rmse[name] = torch.stack([errs[base, 1], errs[k, 1]])
-        s = torch.tensor(scales, dtype=torch.float32, device=x.device)[k]
-        return (fake_quant(x, s, offset),) + tuple(args[1:])
+        rmse[name] = torch.stack([e_base, torch.minimum(e_k, e_base)])
+        return (fake_quant(x, s_all[k], offset),) + rest
     return hook
 
 

@@ -33,3 +33,5 @@ class QuantizeResult:
     samples_total: Optional[int] = None
     #: an earlier run's files of the output prefix that this run does not write, removed
     removed: list[str] = field(default_factory=list)
+    #: with ``improve``: what each improvement stage did and cost (``Improvement.summary()``)
+    improvement: Optional[dict] = None
