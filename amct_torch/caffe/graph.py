@@ -393,7 +393,10 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
     with the files raises ``ModelError`` naming the file and layer."""
     from amct_torch.caffe.netio import read_net
     parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
-    gm = build_graph(parsed)
+    from amct_torch.caffe.layers.base import taking_blobs
+    with taking_blobs():  # the arrays were read for this graph alone
+        gm = build_graph(parsed)
+    del parsed
     from amct_torch.caffe.layers.quant import mark_integer_quants
     mark_integer_quants(gm)  # a deploy model runs with integer semantics (layers/integer.py)
     return gm

@@ -237,14 +237,20 @@ def blob_to_array(blob: pb.BlobProto, file: Optional[str] = None, layer: Optiona
     ``uint64_data`` → uint64) so that the layers run them with integer semantics. A value count
     that disagrees with the shape is a ModelError naming the file and layer."""
     shape = blob_shape(blob, file, layer, index)
+    values = _blob_values(blob, file, layer, index)
+    check_value_count(values, shape, file, layer, index)
+    return values.reshape(shape)
+
+
+def check_value_count(values: np.ndarray, shape: list[int], file: Optional[str], layer: Optional[str],
+                      index: int) -> None:
+    """A ModelError naming the file and layer unless ``values`` fills ``shape`` exactly."""
     count = 1
     for d in shape:
         count *= int(d)
-    values = _blob_values(blob, file, layer, index)
     if values.size != count:
         raise ModelError(f"blob {index} has {values.size} values but shape {shape} needs {count}",
                          file=file, layer=layer)
-    return values.reshape(shape)
 
 
 def array_to_blob(arr: Any, blob: Optional[pb.BlobProto] = None) -> pb.BlobProto:
@@ -350,16 +356,31 @@ def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
         raise ModelError("two layers have the same name", file=model_file, layer=dup)
     if weights_file is not None:
         weights_file = os.fspath(weights_file)
-        trained = upgrade_v1(parse_caffemodel(weights_file), weights_file)
-        wanted = set(names)
-        for layer in trained.layer:  # later duplicates win, as in Caffe's CopyTrainedLayersFrom
-            if layer.name in wanted and layer.blobs:
-                blobs[layer.name] = [blob_to_array(b, weights_file, layer.name, i)
-                                     for i, b in enumerate(layer.blobs)]
+        blobs.update(_trained_blobs(weights_file, set(names)))
     inputs = _inputs(deploy, list(deploy.layer), model_file)
     layers = [l for l in deploy.layer if l.type != "Input"]
     return ParsedNet(net=deploy, inputs=inputs, layers=layers, blobs=blobs,
                      model_file=model_file, weights_file=weights_file)
+
+
+def _trained_blobs(weights_file: str, wanted: set[str]) -> dict[str, list[np.ndarray]]:
+    """The caffemodel's blobs of the ``wanted`` layers: read layer by layer, each float blob
+    straight into its array (``stream_reader``), or, for the files that reader leaves to
+    protobuf (V1 layers, other value fields, anything malformed), from the whole parsed
+    message. Later duplicates win, as in Caffe's CopyTrainedLayersFrom."""
+    from amct_torch.caffe.stream_reader import read_weights
+
+    check_regular_file(weights_file, "file", ModelError)  # a FIFO or device would block the read
+    streamed = read_weights(weights_file, wanted)
+    if streamed is not None:
+        return streamed
+    trained = upgrade_v1(parse_caffemodel(weights_file), weights_file)
+    out: dict[str, list[np.ndarray]] = {}
+    for layer in trained.layer:
+        if layer.name in wanted and layer.blobs:
+            out[layer.name] = [blob_to_array(b, weights_file, layer.name, i)
+                               for i, b in enumerate(layer.blobs)]
+    return out
 
 
 def net_to_prototxt_text(net: pb.NetParameter) -> str:

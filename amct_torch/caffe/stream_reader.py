@@ -1,0 +1,189 @@
+"""Reading a caffemodel's weights layer by layer, each float blob read straight into its array.
+
+Why: parsing a whole caffemodel holds the file's bytes, the parsed message (a second copy of
+every weight inside protobuf) and the arrays made from it at once: three copies of a 553 MB
+VGG-16. Protobuf's wire format lets a reader walk a message field by field, so this walks the
+``NetParameter`` in the file itself: each ``layer`` (field 100) is parsed without its blobs,
+and a blob whose values are one packed ``data`` field (what Caffe writes) is read from the
+file into a fresh float32 array, the only copy. Anything else — V1 ``layers``, ``double_data``,
+``raw_data``, unpacked or split values, a malformed or truncated file, a net past the size
+limits — is left to the whole-message parser (``netio.parse_caffemodel``): ``read_weights``
+returns None and the caller reads the file as before, with its exact errors.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import BinaryIO, Callable, Iterator, Optional
+
+import numpy as np
+from google.protobuf import message as _message
+
+from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
+from amct_torch.errors import ModelError
+from amct_torch.proto import amct_caffe_pb2 as pb
+
+__all__ = ["read_weights"]
+
+_NET_LAYER, _NET_V1_LAYERS = 100, 2
+_LAYER_BLOBS = 7
+_BLOB_DATA, _BLOB_DIFF = 5, 6
+_BLOB_META = (1, 2, 3, 4, 7)  # num, channels, height, width, shape
+_SMALL = 1 << 20  # a layer smaller than this is read whole and walked in memory
+
+
+class _Fallback(Exception):
+    """The file needs the whole-message parser."""
+
+
+class _Source:
+    """Reads of ``f`` at absolute positions (a window of ``data`` starting at ``base`` when the
+    bytes are already in memory)."""
+
+    def __init__(self, f: BinaryIO, size: int, data: Optional[bytes] = None, base: int = 0) -> None:
+        self.f, self.size, self.data, self.base = f, size, data, base
+
+    def read(self, pos: int, n: int) -> bytes:
+        if self.data is not None:
+            return self.data[pos - self.base:pos - self.base + n]
+        self.f.seek(pos)
+        return self.f.read(n)
+
+    def readinto(self, pos: int, out: np.ndarray) -> None:
+        view = memoryview(out).cast("B")
+        if self.data is not None:
+            view[:] = self.data[pos - self.base:pos - self.base + view.nbytes]
+            return
+        self.f.seek(pos)
+        done = 0
+        while done < view.nbytes:
+            got = self.f.readinto(view[done:])
+            if not got:
+                raise _Fallback()
+            done += got
+
+    def varint(self, pos: int, end: int) -> tuple[int, int]:
+        chunk = self.read(pos, min(10, end - pos))
+        value = shift = 0
+        for i, byte in enumerate(chunk):
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, pos + i + 1
+            shift += 7
+        raise _Fallback()
+
+
+def _fields(src: _Source, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, key position, payload start, field end) of each field of the
+    message in ``[start, end)``; a length-delimited payload is ``[payload start, field end)``."""
+    pos = start
+    while pos < end:
+        key, body = src.varint(pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, stop = src.varint(body, end)
+        elif wire == 1:
+            stop = body + 8
+        elif wire == 5:
+            stop = body + 4
+        elif wire == 2:
+            size, body = src.varint(body, end)
+            stop = body + size
+        else:  # groups, invalid wire types
+            raise _Fallback()
+        if number == 0 or stop > end:
+            raise _Fallback()
+        yield number, wire, pos, body, stop
+        pos = stop
+
+
+def _parse(cls: Callable[[], _message.Message], data: bytes) -> _message.Message:
+    msg = cls()
+    try:
+        msg.ParseFromString(data)
+    except (_message.DecodeError, ValueError, RuntimeError):
+        raise _Fallback() from None
+    return msg
+
+
+def _blob(src: _Source, start: int, end: int, path: str, layer: str, index: int) -> np.ndarray:
+    """One BlobProto whose values are a single packed ``data`` field, as a float32 array of
+    its declared shape, its values read from the file into the array."""
+    from amct_torch.caffe.netio import blob_shape, check_value_count
+
+    meta = bytearray()
+    data: Optional[tuple[int, int]] = None
+    for number, wire, key, body, stop in _fields(src, start, end):
+        if number == _BLOB_DATA:
+            if wire != 2 or data is not None:
+                raise _Fallback()  # unpacked or split values: the parser's job
+            data = (body, stop)
+        elif number in _BLOB_META:
+            meta += src.read(key, stop - key)
+        elif number != _BLOB_DIFF:  # gradients are never read
+            raise _Fallback()  # double_data, raw_data, the AMCT integer fields: precedence rules
+    if data is None or data[1] == data[0] or (data[1] - data[0]) % 4:
+        raise _Fallback()
+    shape = blob_shape(_parse(pb.BlobProto, bytes(meta)), path, layer, index)
+    values = np.empty((data[1] - data[0]) // 4, np.float32)
+    src.readinto(data[0], values)
+    check_value_count(values, shape, path, layer, index)
+    return values.reshape(shape)
+
+
+def _layer(src: _Source, start: int, end: int, path: str, wanted: set[str],
+           blob_count: list[int]) -> tuple[str, Optional[list[np.ndarray]]]:
+    """The layer's name and, when it is wanted and has blobs, its blob arrays."""
+    if end - start < _SMALL and src.data is None:
+        src = _Source(src.f, src.size, src.read(start, end - start), start)
+    rest = bytearray()
+    blobs: list[tuple[int, int]] = []
+    for number, wire, key, body, stop in _fields(src, start, end):
+        if number == _LAYER_BLOBS:
+            if wire != 2:
+                raise _Fallback()
+            blobs.append((body, stop))
+        else:
+            rest += src.read(key, stop - key)
+    blob_count[0] += len(blobs)
+    if blob_count[0] > MAX_BLOBS:
+        raise _Fallback()
+    name = _parse(pb.LayerParameter, bytes(rest)).name
+    if name not in wanted or not blobs:
+        return name, None
+    return name, [_blob(src, a, b, path, name, i) for i, (a, b) in enumerate(blobs)]
+
+
+def read_weights(path: str, wanted: set[str]) -> Optional[dict[str, list[np.ndarray]]]:
+    """The float blobs of the layers named in ``wanted`` (later duplicates win, as in Caffe's
+    CopyTrainedLayersFrom), read layer by layer; None when the file is one the whole-message
+    parser must read (see the module's docstring)."""
+    if sys.byteorder != "little":
+        return None
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return None
+            src = _Source(f, size)
+            out: dict[str, list[np.ndarray]] = {}
+            header = bytearray()
+            layers, blob_count = 0, [0]
+            for number, _, key, body, stop in _fields(src, 0, size):
+                if number == _NET_V1_LAYERS:
+                    return None
+                if number != _NET_LAYER:
+                    header += src.read(key, stop - key)
+                    continue
+                layers += 1
+                if layers > MAX_LAYERS:
+                    return None
+                name, arrays = _layer(src, body, stop, path, wanted, blob_count)
+                if arrays is not None:
+                    out[name] = arrays
+            if not layers:
+                return None
+            _parse(pb.NetParameter, bytes(header))
+            return out
+    except (_Fallback, ModelError, OSError):  # the parser reports it, in its own order
+        return None
