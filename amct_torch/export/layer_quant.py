@@ -65,11 +65,12 @@ def _out_channels(module: CaffeLayer) -> int:
 
 
 def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[str] = None,
-                weights: bool = True) -> LayerQuant:
+                weights: bool = True, fake: bool = True) -> LayerQuant:
     """Quantize one layer's weights with the record's scale_w (ARQ grid: clamp(round(w/s),
     -128, 127)) and derive its int32 bias and DeQuant factors. A bias that does not fit int32
     is an ExportError naming the layer. ``weights`` False: everything but the int8 and
-    fake-quant weights (the checks and factors alone, without a copy of the weights)."""
+    fake-quant weights (the checks and factors alone, without a copy of the weights); ``fake``
+    False: the int8 weights without the fake-quant ones (the ONNX exporter's need)."""
     assert rec.scale_d is not None and rec.offset_d is not None  # plan_layers refused the others
     lq = LayerQuant(name=name, type=module.caffe_type, module=module, scale_d=float(rec.scale_d),
                     offset_d=int(rec.offset_d))
@@ -94,7 +95,7 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
         w = module.weight.detach().to("cpu", torch.float32)
         s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
                          module.caffe_type, _groups(module))
-        lq.int8_weight, lq.fake_weight = quantize_rows(w, s)
+        lq.int8_weight, lq.fake_weight = quantize_rows(w, s, fake)
     return lq
 
 
@@ -119,16 +120,17 @@ def int32_bias(name: str, b: np.ndarray, sd32: np.float32, sw: np.ndarray,
 CHUNK_ELEMENTS = 1 << 22
 
 
-def quantize_rows(w: torch.Tensor, s: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """The int8 codes clamp(round(w/s), -128, 127) and the fake-quant weights codes·s; a large
-    ``w`` is done a block of rows (axis 0) at a time into the two results. Every operation is
-    elementwise, so the values are those of one whole-tensor computation. ``s`` broadcasts
-    against ``w`` (size 1 or ``w``'s size along axis 0)."""
+def quantize_rows(w: torch.Tensor, s: torch.Tensor,
+                  fake: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The int8 codes clamp(round(w/s), -128, 127) and the fake-quant weights codes·s (None
+    when ``fake`` is False); a large ``w`` is done a block of rows (axis 0) at a time into the
+    results. Every operation is elementwise, so the values are those of one whole-tensor
+    computation. ``s`` broadcasts against ``w`` (size 1 or ``w``'s size along axis 0)."""
     if w.dim() == 0 or w.numel() <= CHUNK_ELEMENTS:
         q = quantize(w, s)
-        return q.numpy(), (q.float() * s).numpy()
+        return q.numpy(), (q.float() * s).numpy() if fake else None
     q8 = np.empty(tuple(w.shape), np.int8)
-    fake = np.empty(tuple(w.shape), np.float32)
+    out = np.empty(tuple(w.shape), np.float32) if fake else None
     rows = int(w.shape[0])
     step = max(1, CHUNK_ELEMENTS // max(1, w[0].numel()))
     per_row = s.dim() > 0 and int(s.shape[0]) == rows and rows > 1
@@ -136,11 +138,14 @@ def quantize_rows(w: torch.Tensor, s: torch.Tensor) -> tuple[np.ndarray, np.ndar
         ss = s[a:a + step] if per_row else s
         q = quantize(w[a:a + step], ss)
         q8[a:a + step] = q.numpy()
-        fake[a:a + step] = (q.float() * ss).numpy()
-    return q8, fake
+        if out is not None:
+            out[a:a + step] = (q.float() * ss).numpy()
+    return q8, out
+
 
 def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
-                file: Optional[str] = None, weights: bool = True) -> dict[str, LayerQuant]:
+                file: Optional[str] = None, weights: bool = True,
+                fake: bool = True) -> dict[str, LayerQuant]:
     """``LayerQuant`` of every record entry, in graph order. A record key that is not a
     quantizable layer of the graph, or lacks factors, is an ExportError (validate the record
     first for the full checks)."""
@@ -167,7 +172,7 @@ def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
                               "or leave it out", file=file, layer=name)
         if mod.caffe_type in WEIGHTED and not rec.scale_w:
             raise ExportError("layer has no weight factors (scale_w)", file=file, layer=name)
-        out[name] = layer_quant(name, mod, rec, file, weights)
+        out[name] = layer_quant(name, mod, rec, file, weights, fake)
     return out
 
 

@@ -51,12 +51,14 @@ from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltw
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
 from amct_torch.export.onnx.shapes import Probe, pick_outputs, probe
+from amct_torch.export.onnx.stream import skeleton, streamable, write_model
 from amct_torch.export.onnx.targets import apply as apply_target
 from amct_torch.export.onnx.targets import check_records as check_target_records
 from amct_torch.export.onnx.targets import get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.output_names import ONNX_ACTIVATIONS
 from amct_torch.record import LayerRecord
+from amct_torch.termination import clean_exit_on_signals
 
 OPSET = 17
 LIGHT_ELEMENTS = 1024  # the preflight writes arrays larger than this as shape-only inputs
@@ -72,7 +74,7 @@ class _Builder:
                  out_factors: Optional[Mapping[str, tuple[float, int]]] = None,
                  eltwise: Optional[Mapping[str, EltwiseQuant]] = None,
                  elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
-                 light: bool = False) -> None:
+                 light: bool = False, stream: bool = False) -> None:
         self.gm, self.plan, self.act, self.file = gm, plan, activations, file
         self.bias_form = bias
         self.out_factors = dict(out_factors or {})
@@ -84,6 +86,10 @@ class _Builder:
         # are made once the graph is final (``tensors``), for the values still used
         self.arrays: dict[str, np.ndarray] = {}
         self.light = light
+        # ``stream`` (export_onnx): large initializers are written from their arrays
+        # (``onnx_stream``), the model holding their name, type and dims only
+        self.stream = stream
+        self.streamed: dict[str, np.ndarray] = {}
         self.names: set[str] = set()
         self.owner: dict[str, str] = {}  # ONNX name -> the Caffe layer it was written for
         self.current: Optional[str] = None
@@ -131,6 +137,9 @@ class _Builder:
             if self.light and arr.size > LIGHT_ELEMENTS:
                 shapes.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+            elif self.stream and streamable(arr):
+                inits.append(skeleton(arr, name))
+                self.streamed[name] = arr
             else:
                 inits.append(numpy_helper.from_array(arr, name))
         return inits, shapes
@@ -368,33 +377,36 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
            outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
            probed: Optional[Probe] = None, integer_ops: bool = True,
-           light: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
+           light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
     """One ONNX model of ``gm`` (float when ``plan`` is empty) and the builder that wrote it
     (its ``layer_of`` maps an ONNX name back to a Caffe layer). The batch is symbolic; the
     spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
     ``onnx_shapes``), otherwise the declared size is fixed. ``light`` (the preflight): large
     initializers become shape-only graph inputs. The model passes ``onnx.checker``'s full
-    check (an ExportError naming ``file`` and the layer otherwise)."""
+    check (an ExportError naming ``file`` and the layer otherwise). ``stream``: large
+    initializers hold no data (``_Builder.streamed`` has their arrays); the check is then
+    left to ``_write_checked``, on the file written."""
     pr = probed or probe(gm, try_spatial=dynamic_spatial is not False)
     want_spatial = pr.spatial and dynamic_spatial is not False
     model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                     elt_factors, outputs, want_spatial, integer_ops, light)
+                     elt_factors, outputs, want_spatial, integer_ops, light, stream)
     if want_spatial and b.static_layers:
         if dynamic_spatial:
             raise ExportError(f"ONNX export: the net has a fixed spatial size (layer "
                               f"'{b.static_layers[0]}' needs it as a constant)", file=file)
         model, b = _walk(pr, plan, activations, file, graph_name, bias, out_factors, eltwise,
-                         elt_factors, outputs, False, integer_ops, light)
-    check_structure(model, file, b.layer_of, f"the {graph_name} ONNX model")
+                         elt_factors, outputs, False, integer_ops, light, stream)
+    if not stream:
+        check_structure(model, file, b.layer_of, f"the {graph_name} ONNX model")
     return model, b
 
 
 def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
           outputs, spatial: bool, integer_ops: bool = True,
-          light: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
+          light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
     cpu = pr.gm
     chosen, needed = pick_outputs(cpu, outputs, file)
-    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors, light)
+    b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors, light, stream)
     # the graph outputs carry the blob names: reserved, so no inner value takes them (an
     # in-place last layer writes under its bottom's name)
     inputs = {n.meta.get("caffe_blob", n.name) for n in cpu.graph.nodes if n.op == "placeholder"}
@@ -490,7 +502,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
     if bias not in ("float", "int32"):
         raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
-    plan = plan_layers(graph, records, file)
+    plan = plan_layers(graph, records, file, fake=False)  # the int8 weights are what it writes
     if tg.symmetric and (quantize_residual_outputs or quantize_eltwise):
         raise ValueError(f"the speed modes calibrate asymmetric factors, which target {target} cannot take")
     check_target_records(target, ((n, lq.offset_d) for n, lq in plan.items()), file)
@@ -510,15 +522,82 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
     named = model_file if model_file is not None else file
+    # the ONNX Runtime layout is written from the arrays, one model at a time (the targets'
+    # rewrites read initializer values: built whole)
+    stream = target == "onnxruntime"
     quant = _build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
                    outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
-                   integer_ops=integer_ops and not quantize_eltwise)
+                   integer_ops=integer_ops and not quantize_eltwise, stream=stream)
     if target != "onnxruntime":
         check_structure(apply_target(target, quant[0]), named, quant[1].layer_of, "the quant ONNX model")
+    if stream:
+        del plan
+        with clean_exit_on_signals():  # a SIGTERM removes the staged files too
+            staged = [_stage_checked(quant, quant_path, named)]
+            try:
+                del quant
+                float_model = _build(graph, {}, activations, named, "float", outputs=outputs,
+                                     dynamic_spatial=dynamic_spatial, probed=pr, stream=True)
+                staged.insert(0, _stage_checked(float_model, float_path, named))
+                del float_model
+            except BaseException:
+                _unstage(staged)
+                raise
+            _commit_staged(staged)
+        return float_path, quant_path
     models = [(_build(graph, {}, activations, named, "float", outputs=outputs,
                       dynamic_spatial=dynamic_spatial, probed=pr), float_path), (quant, quant_path)]
     _write_checked(models, named)
     return float_path, quant_path
+
+
+def _stage_checked(built: tuple, path: str, file: Optional[str]) -> tuple[str, str]:
+    """Write a streamed model (``_build(stream=True)``) to a temporary file beside ``path``,
+    run the checks of ``_build`` and ``_write_checked`` on that file (``onnx.checker``'s full
+    check, ONNX Runtime's load), and return (temporary, final) path; the temporary file is
+    removed on a refusal. The model's proto and arrays are released by the caller."""
+    import tempfile
+
+    model, b = built
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write_model(f, model, b.streamed)
+        what = os.path.basename(path)
+        check_structure(tmp, file, b.layer_of, f"the model {what}")
+        check_runtime(tmp, file, b.layer_of, f"the model {what}")
+    except BaseException:
+        _unstage([(tmp, path)])
+        raise
+    return tmp, path
+
+
+def _unstage(staged: list) -> None:
+    for tmp, _ in staged:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _commit_staged(staged: list) -> None:
+    """Each checked temporary file synced, given the mode of a new file and renamed to its
+    final path (``atomic``'s rules)."""
+    from amct_torch.atomic import file_mode, fsync_dir
+
+    try:
+        for tmp, _ in staged:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, file_mode())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        _unstage(staged)
+        raise
+    for folder in {os.path.dirname(os.path.abspath(p)) for _, p in staged}:
+        fsync_dir(folder)
 
 
 def _write_checked(models: list, file: Optional[str]) -> None:

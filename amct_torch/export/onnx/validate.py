@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import onnx
 
@@ -50,18 +50,20 @@ def _fail(what: str, detail: str, file: Optional[str], layer_of: LayerOf, by: st
     return ExportError(f"ONNX export: {by} refuses {what}: {detail}{hint}", file=file, layer=layer)
 
 
-def check_structure(model: onnx.ModelProto, file: Optional[str], layer_of: LayerOf, what: str) -> None:
-    """``onnx.checker.check_model(full_check=True)``; an ExportError naming ``file`` and the
-    layer otherwise."""
+def check_structure(model: Union[onnx.ModelProto, str], file: Optional[str], layer_of: LayerOf,
+                    what: str) -> None:
+    """``onnx.checker.check_model(full_check=True)`` on a model or a model file's path; an
+    ExportError naming ``file`` and the layer otherwise."""
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
         raise _fail(what, str(err), file, layer_of, "onnx.checker") from None
 
 
-def check_runtime(data: bytes, file: Optional[str], layer_of: LayerOf, what: str) -> bool:
+def check_runtime(data: Union[bytes, str], file: Optional[str], layer_of: LayerOf, what: str) -> bool:
     """Create an ONNX Runtime session (CPU, default optimizations) on the serialised model
-    ``data``; an ExportError naming ``file`` and the layer when ORT refuses it. Returns False
+    ``data`` (or the model file at that path); an ExportError naming ``file`` and the layer
+    when ORT refuses it. Returns False
     (after one warning per process) when onnxruntime is not installed."""
     if not runtime_available():
         if not _warned:

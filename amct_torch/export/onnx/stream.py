@@ -1,0 +1,107 @@
+"""Writing an ONNX model whose large initializers come straight from their arrays.
+
+Why: a model built with ``numpy_helper.from_array`` holds a copy of every weight inside its
+``TensorProto``s, ``SerializeToString`` makes a second, and the arrays themselves are the
+third (the VGG-16 float model is 553 MB). Protobuf's wire format makes a message the
+concatenation of its fields' encodings, in field-number order: so the model is built with
+each large initializer holding its name, type and dims only (``skeleton``), and written as the
+model's fields before ``graph`` (7), the graph's fields before ``initializer`` (5), each
+initializer with its ``raw_data`` (9) taken from the array's memory, then the later fields.
+The bytes are those ``SerializeToString`` gives for the same model with every initializer made
+by ``from_array`` (``tests/export/test_export_big_models.py`` checks it byte for byte).
+"""
+from __future__ import annotations
+
+from typing import BinaryIO, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from amct_torch.caffe.stream_writer import split_before
+
+__all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
+
+#: arrays at least this large are written from their own memory
+STREAM_BYTES = 1 << 16
+_DTYPES = (np.float32, np.int8, np.uint8, np.int32, np.int64)
+
+_MODEL_GRAPH, _GRAPH_INIT, _TENSOR_RAW = 7, 5, 9
+_MODEL_FIELDS = [f.number for f in onnx.ModelProto.DESCRIPTOR.fields]
+_GRAPH_FIELDS = [f.number for f in onnx.GraphProto.DESCRIPTOR.fields]
+_TENSOR_FIELDS = [f.number for f in onnx.TensorProto.DESCRIPTOR.fields]
+
+
+def streamable(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is written from its memory (large, of a plain numeric type)."""
+    return arr.nbytes >= STREAM_BYTES and arr.ndim > 0 and any(arr.dtype == d for d in _DTYPES)
+
+
+def skeleton(arr: np.ndarray, name: str) -> onnx.TensorProto:
+    """``from_array(arr, name)`` without its ``raw_data``."""
+    t = onnx.TensorProto()
+    t.dims.extend(arr.shape)
+    t.name = name
+    t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+    return t
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(number: int) -> bytes:
+    return _varint(number << 3 | 2)
+
+
+def _size(parts: list) -> int:
+    return sum(memoryview(p).nbytes for p in parts)
+
+
+def _without(msg, field: str):
+    """A copy of ``msg`` without ``field`` (the other fields copied as they are)."""
+    out = type(msg)()
+    for fd, value in msg.ListFields():
+        if fd.name == field:
+            continue
+        if fd.is_repeated:
+            getattr(out, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(out, fd.name).CopyFrom(value)
+        else:
+            setattr(out, fd.name, value)
+    return out
+
+
+def _tensor_parts(t: onnx.TensorProto, arr) -> list:
+    data = t.SerializeToString()
+    if arr is None:
+        return [data]
+    flat = memoryview(np.ascontiguousarray(arr)).cast("B")
+    cut = split_before(data, _TENSOR_RAW, _TENSOR_FIELDS)
+    return [data[:cut], _key(_TENSOR_RAW) + _varint(flat.nbytes), flat, data[cut:]]
+
+
+def write_model(f: BinaryIO, model: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> None:
+    """Write ``model`` to ``f``, each initializer named in ``external`` (a ``skeleton``) with
+    that array's bytes as its ``raw_data``."""
+    graph = model.graph
+    gdata = _without(graph, "initializer").SerializeToString()
+    gcut = split_before(gdata, _GRAPH_INIT, _GRAPH_FIELDS)
+    inits: list = []
+    for t in graph.initializer:
+        parts = _tensor_parts(t, external.get(t.name))
+        inits += [_key(_GRAPH_INIT) + _varint(_size(parts))] + parts
+    gparts = [gdata[:gcut]] + inits + [gdata[gcut:]]
+    mdata = _without(model, "graph").SerializeToString()
+    mcut = split_before(mdata, _MODEL_GRAPH, _MODEL_FIELDS)
+    f.write(mdata[:mcut])
+    f.write(_key(_MODEL_GRAPH) + _varint(_size(gparts)))
+    for p in gparts:
+        f.write(p)
+    f.write(mdata[mcut:])
