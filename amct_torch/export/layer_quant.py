@@ -181,12 +181,13 @@ class LazyPlan(Mapping[str, LayerQuant]):
     at once, while each layer's int8 and fake-quant weights are computed when its entry is
     read, only the last one kept. Why: an exporter writing layer by layer then holds one
     layer's quantized weights instead of the whole model's (a VGG-16: 0.7 GB). ``light``
-    is the plan without weights (for what only needs the factors)."""
+    is the plan without weights (for what only needs the factors); ``fake`` False: int8
+    weights only (the deploy model)."""
 
     def __init__(self, gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
-                 file: Optional[str] = None) -> None:
+                 file: Optional[str] = None, fake: bool = True) -> None:
         self.light = plan_layers(gm, records, file, weights=False)
-        self.records, self.file = records, file
+        self.records, self.file, self.fake = records, file, fake
         self._last: tuple[Optional[str], Optional[LayerQuant]] = (None, None)
 
     def __getitem__(self, name: str) -> LayerQuant:
@@ -195,7 +196,8 @@ class LazyPlan(Mapping[str, LayerQuant]):
             return lq
         if self._last[0] != name:
             self._last = (None, None)  # the previous layer's arrays go before the next ones exist
-            self._last = (name, layer_quant(name, lq.module, self.records[name], self.file))
+            self._last = (name, layer_quant(name, lq.module, self.records[name], self.file,
+                                            fake=self.fake))
         assert self._last[1] is not None
         return self._last[1]
 

@@ -125,3 +125,23 @@ def test_streamed_onnx_models_equal_the_whole_serialisation(net, tmp_path):
     for path in (fpath, qpath):
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         assert np.isfinite(sess.run(None, {"data": x})[0]).all()
+
+
+def test_fake_quant_graph_built_layer_by_layer_equals_the_whole_net_build(net):
+    """The torch fake-quant model built from blobs made layer by layer has the weights of the
+    one built from the whole emitted net, and computes the same outputs."""
+    from amct_torch.export import fake_quant_graph
+    from amct_torch.export.caffe.fakequant import graph_from_net
+
+    _, gm, recs = net
+    got = fake_quant_graph(gm, recs)
+    emitted = fake_quant_net(gm, recs)
+    want = graph_from_net(emitted.net, gm.caffe_inputs, emitted.arrays)
+    a, b = got.state_dict(), want.state_dict()
+    assert a.keys() == b.keys() and len(a) == 7  # 4 weights, 3 biases
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    x = torch.from_numpy(np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32))
+    with torch.no_grad():
+        y = got(x)
+    assert set(y) == {"prob"} and torch.isfinite(y["prob"]).all()

@@ -62,7 +62,7 @@ def deploy_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
 def save_deploy(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                 offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_deploy_model.prototxt`` and ``{save_path}_deploy_weights.caffemodel``."""
-    plan = LazyPlan(gm, records, file)  # every check now; each layer's weights when written
+    plan = LazyPlan(gm, records, file, fake=False)  # every check now; each layer's int8 when written
     emitted = emit_net(gm, plan.light, _deploy_blobs, _deploy_dequant_blobs, file, full=plan)
     write_caffe_layers(emitted, f"{save_path}_deploy_model.prototxt",
                        f"{save_path}_deploy_weights.caffemodel", offset_form)

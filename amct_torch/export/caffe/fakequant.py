@@ -44,16 +44,48 @@ def fake_quant_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
     return emit_net(gm, plan, _fake_blobs, _fake_dequant_blobs, file)
 
 
+class _LayerByLayer(Mapping[str, list[np.ndarray]]):
+    """An emitted net's float blobs by layer name, each layer's made when the graph builder
+    asks for it (the last one kept: the builder asks twice), so that the whole net's
+    fake-quant weights never exist at once beside the graph being built."""
+
+    def __init__(self, emitted: EmittedNet) -> None:
+        self.emitted = emitted
+        self.names = [l.name for l in emitted.net.layer
+                      if l.name in emitted.deferred or emitted.arrays.get(l.name)]
+        self._last: tuple[Optional[str], Optional[list[np.ndarray]]] = (None, None)
+
+    def __getitem__(self, name: str) -> list[np.ndarray]:
+        if self._last[0] != name:
+            self._last = (None, None)
+            make = self.emitted.deferred.get(name)
+            arrays = make() if make is not None else self.emitted.arrays.get(name)
+            if not arrays:
+                raise KeyError(name)
+            self._last = (name, [np.asarray(a, np.float32) for a in arrays])
+        assert self._last[1] is not None
+        return self._last[1]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
                    model_file: Optional[str] = None) -> CaffeGraphModule:
-    """Build a graph from an in-memory NetParameter and its float blobs by layer name."""
-    blobs = {k: [np.asarray(a, np.float32) for a in v] for k, v in blobs.items() if v}
+    """Build a graph from an in-memory NetParameter and its float blobs by layer name (a
+    dict, or a mapping that makes each layer's blobs when asked: ``_LayerByLayer``)."""
+    if not isinstance(blobs, _LayerByLayer):
+        blobs = {k: [np.asarray(a, np.float32) for a in v] for k, v in blobs.items() if v}
     clean = type(net)()
     clean.CopyFrom(net)
     for l in clean.layer:
         l.ClearField("blobs")
     parsed = ParsedNet(net=clean, inputs=[(n, list(s)) for n, s in inputs],
-                       layers=[l for l in clean.layer if l.type != "Input"], blobs=blobs,
+                       layers=[l for l in clean.layer if l.type != "Input"],
+                       blobs=blobs,  # type: ignore[arg-type]  # the builder only reads it
                        model_file=model_file, weights_file=None)
     return build_graph(parsed)
 
@@ -66,8 +98,9 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
     whose inverse can differ in the last bit), so the model computes the fake quantization exactly:
     q = clamp(round(x/scale_d) + offset_d, −128, 127), y = (q − offset_d)·scale_d.
     The result is on the device of ``fused_gm``'s first parameter."""
-    emitted = fake_quant_net(fused_gm, records, file)
-    gm = graph_from_net(emitted.net, fused_gm.caffe_inputs, emitted.arrays, file)
+    plan = LazyPlan(fused_gm, records, file)  # one layer's fake-quant weights at a time
+    emitted = emit_net(fused_gm, plan.light, _fake_blobs, _fake_dequant_blobs, file, full=plan)
+    gm = graph_from_net(emitted.net, fused_gm.caffe_inputs, _LayerByLayer(emitted), file)
     exact = {q.name: (q.scale_d, q.offset_d) for q in emitted.quants}
     for name, mod in layer_modules(gm).items():
         if isinstance(mod, QuantLayer) and name in exact:
