@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(k)
     from amct_torch.quality.evaluate import add_parser as add_evaluate
     add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
+    from amct_torch.inspect_model import add_parser as add_inspect
+    add_inspect(sub)  # amct_torch/inspect_model.py: its own options
     return parser
 
 
@@ -321,8 +323,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from amct_torch.inspect_model import cmd_inspect as run
+    return run(args)
+
+
 COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo,
-            "build-kernels": cmd_build_kernels, "evaluate": cmd_evaluate}
+            "build-kernels": cmd_build_kernels, "evaluate": cmd_evaluate, "inspect": cmd_inspect}
 
 
 def _inputs_of(args: argparse.Namespace) -> str:
