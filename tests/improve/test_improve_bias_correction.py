@@ -144,10 +144,11 @@ def test_correction_reaches_written_models(tmp_path):
     from amct_torch.caffe.netio import parse_caffemodel
 
     proto, weights = small_net(tmp_path)
-    x = data(32, seed=7)
+    x = data(64, seed=7) + 1.5  # a larger input mean: a larger mean output error to correct
     r = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "o" / "m"), batch_num=2,
                             save_type="Fakequant", report=False, quiet=True, device="cpu",
                             improve="bias_correction")
+    assert r.improvement["kept"] == "bias_correction", r.improvement  # the guard keeps it here
     net = parse_caffemodel(r.files["fake_quant_weights"])
     written = {l.name: np.asarray(l.blobs[1].data, np.float32) for l in net.layer
                if l.name in ("conv1", "conv2", "fc")}
