@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
-from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
+from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
 
 log = logging.getLogger("amct_torch")
 
@@ -138,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: "
                         "the same numbers as int8, and ONNX Runtime fuses more int8 kernels) or "
                         "int8 (zero point = offset_d)")
+    c.add_argument("--onnx-target", choices=ONNX_TARGETS, default="onnxruntime",
+                   help="runtime the QDQ model is laid out for (default: %(default)s): openvino "
+                        "(plain QDQ, uint8) or tensorrt (int8, zero point 0: needs "
+                        "--no-activation-offset or a config with activation_offset: false); "
+                        "the target fixes the activation type")
+    c.add_argument("--no-activation-offset", action="store_true",
+                   help="symmetric activations (offset_d = 0; without --config)")
     c.add_argument("--onnx-outputs", type=lambda s: [x for x in s.split(",") if x],
                    help="comma-separated blob names: write the ONNX models up to these outputs only "
                         "(e.g. before a layer ONNX cannot express exactly)")
@@ -270,7 +277,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                       report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
                       quiet=args.quiet, improve=args.improve, distributed=args.distributed,
-                      checkpoint=args.checkpoint, onnx_outputs=args.onnx_outputs)
+                      checkpoint=args.checkpoint, onnx_outputs=args.onnx_outputs,
+                      onnx_target=args.onnx_target, activation_offset=not args.no_activation_offset)
     if result.rank != 0:
         return 0
     _summary(result)

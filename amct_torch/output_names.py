@@ -10,6 +10,8 @@ from __future__ import annotations
 SAVE_TYPES = ("Fakequant", "Deploy", "Both")
 #: activation types of the ONNX QDQ model
 ONNX_ACTIVATIONS = ("int8", "uint8")
+#: runtimes the ONNX QDQ model can be laid out for (``--onnx-target``; the first is the default)
+ONNX_TARGETS = ("onnxruntime", "openvino", "tensorrt")
 #: opt-in improvements beyond AMCT's result (``quantize(improve=...)``)
 IMPROVEMENTS = ("bias_correction",)
 

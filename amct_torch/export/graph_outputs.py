@@ -34,7 +34,7 @@ def convert(model_file: str, weights_file: str, record_file: str, save_path: str
 def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
                       activations: str = "int8", quantize_eltwise: bool = False,
                       calibration_data: Any = None, outputs: Any = None,
-                      record_file: Optional[str] = None) -> tuple[str, str]:
+                      record_file: Optional[str] = None, target: str = "onnxruntime") -> tuple[str, str]:
     """``{prefix}_float.onnx`` and ``{prefix}_quant.onnx`` (QDQ; activations int8 with zero
     point offset_d, or uint8 with offset_d + 128, the form ONNX Runtime's x86 kernels favour).
     ``quantize_eltwise``: the opt-in speed mode (not AMCT-exact, docs/export.md), whose extra
@@ -42,4 +42,4 @@ def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
     return export_onnx(graph.fused, records, prefix, activations=activations,
                        quantize_eltwise=quantize_eltwise,
                        calibration_data=calibration_data if quantize_eltwise else None,
-                       file=record_file, outputs=outputs)
+                       file=record_file, outputs=outputs, target=target)

@@ -56,7 +56,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              report_batches: int = 2, ifmr_mode: str = "streaming",
              quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
              checkpoint: Optional[str] = None,
-             onnx_outputs: Optional[Sequence[str]] = None) -> QuantizeResult:
+             onnx_outputs: Optional[Sequence[str]] = None, onnx_target: str = "onnxruntime") -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
@@ -79,15 +79,18 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     uncorrected float model. ``distributed``: under ``torchrun``, each process calibrates its
     share of the batches and rank 0 alone writes the outputs (docs/distributed.md);
     ``checkpoint``: a path where the observer states are saved after each batch, and resumed
-    from when it exists. Files: ``{output}_quant_config.json``, ``{output}_record.txt`` and
-    the models."""
+    from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
+    (``output_names.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric
+    activations and is refused before calibration otherwise). Files:
+    ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
     return run(QuantizeOptions(
         model_file=model_file, weights_file=weights_file, calibration_data=calibration_data,
         config=config, output=output, batch_num=batch_num, batch_size=batch_size, device=device,
         preprocess=preprocess, skip_layers=skip_layers, activation_offset=activation_offset,
         save_type=save_type, onnx=onnx, onnx_speed=onnx_speed, onnx_outputs=onnx_outputs,
         report=report, report_data=report_data, report_batches=report_batches, ifmr_mode=ifmr_mode,
-        quiet=quiet, improve=improve, distributed=distributed, checkpoint=checkpoint))
+        quiet=quiet, improve=improve, distributed=distributed, checkpoint=checkpoint,
+        onnx_target=onnx_target))
 
 
 @dataclass
@@ -188,6 +191,7 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
     (layer mappings, ``onnx_outputs`` blob names, the QDQ form, the checker); a problem is an
     ``ExportError`` naming the model file, and nothing of the run is published."""
     from amct_torch.export.onnx.preflight import preflight_onnx
+    from amct_torch.export.onnx.targets import check_config as check_target_config
 
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
@@ -201,6 +205,7 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
     if opts.onnx:
         preflight_onnx(graph.model, graph.config, activations=opts.onnx_activations, outputs=opts.onnx_outputs,
                        model_file=opts.model_file, speed=opts.onnx_speed)
+        check_target_config(opts.onnx_target, graph.config, opts.config)
     if opts.batch_num is not None:
         graph.config.batch_num = int(opts.batch_num)
     return graph, cfg
@@ -256,7 +261,8 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
         files["onnx_float"], files["onnx"] = export_onnx_model(
             graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
-            calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs)
+            calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs,
+            target=opts.onnx_target)
     stats = None
     if opts.report:
         prog.start("per-layer report")

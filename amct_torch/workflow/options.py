@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError
 from amct_torch.inputs.data import Preprocess
 from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path
-from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, SAVE_TYPES
+from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
 
 
 @dataclass
@@ -42,6 +42,7 @@ class QuantizeOptions:
     improve: Optional[str] = None
     distributed: bool = False
     checkpoint: Optional[str] = None
+    onnx_target: str = "onnxruntime"
 
     def validate(self) -> "QuantizeOptions":
         """Refuse bad settings (before any file is read or written); returns self."""
@@ -52,6 +53,11 @@ class QuantizeOptions:
             raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {self.save_type!r}")
         if self.onnx not in (False, None, True) + ONNX_ACTIVATIONS:
             raise AmctError(f"onnx must be True, False, 'int8' or 'uint8', got {self.onnx!r}")
+        if self.onnx_target not in ONNX_TARGETS:
+            raise AmctError(f"onnx_target must be one of {', '.join(ONNX_TARGETS)}, got {self.onnx_target!r}")
+        if self.onnx:  # a target that cannot express the settings: refused before any work
+            from amct_torch.export.onnx.targets import check_options
+            check_options(self.onnx_target, self.activation_offset, self.config, self.onnx_speed)
         if self.batch_num is not None:  # bounded: an absurd count overflowed the config's field
             self.batch_num = check_batch_num(self.batch_num, error=ConfigError)
         if isinstance(self.report_batches, bool) or not isinstance(self.report_batches, int) or self.report_batches < 0:
