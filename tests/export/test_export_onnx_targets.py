@@ -239,3 +239,29 @@ def test_tensorrt_cli_writes_the_symmetric_model(tmp_path):
     assert _calibrate(tmp_path, "--onnx-target", "tensorrt", "--no-activation-offset") == 0
     model = onnx.load(str(tmp_path / "out" / "m_quant.onnx"))
     assert _tensorrt_rule_violations(model) == []
+
+
+def _ssd(tmp_path):
+    from helpers.ssd import ssd_net
+    proto, model = ssd_net(tmp_path)[:2]
+    gm = fuse_bn(load_caffe(proto, model)).graph
+    recs = minmax_records(gm, torch.from_numpy(natural_images_bgr(size=64, count=4, seed=1) / 64.0))
+    return gm, recs
+
+
+@needs_openvino
+def test_openvino_target_ssd_with_detection_output(tmp_path):
+    """An SSD net (strided 1×1 convolutions, heads, DetectionOutput's If subgraph reading outer
+    values): the rewrite keeps every value a subgraph reads, and OpenVINO runs every
+    convolution ORT runs in int8 in int8."""
+    gm, recs = _ssd(tmp_path)
+    _, ort_q = export_onnx(gm, recs, str(tmp_path / "ort"))
+    _, ov_q = export_onnx(gm, recs, str(tmp_path / "ov"), target="openvino")
+    want, got = ort_counts(ort_q), openvino_counts(openvino_compile(ov_q))
+    assert want["conv_int8"] > 0 and got["conv_int8"] >= want["conv_int8"] and got["conv_float"] == 0, (got, want)
+
+
+def test_tensorrt_target_ssd(tmp_path):
+    gm, recs = _ssd(tmp_path)
+    _, trt = export_onnx(gm, _symmetric(recs), str(tmp_path / "trt"), target="tensorrt")
+    assert _tensorrt_rule_violations(onnx.load(trt)) == []

@@ -228,20 +228,32 @@ def _requantize_after_reshape(model: onnx.ModelProto) -> None:
         g.node.extend(nodes)
 
 
+def _read_names(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """Every value name the nodes read, inside If/Loop subgraphs too (they read outer values by
+    name, e.g. DetectionOutput's rows inside its If)."""
+    out: set[str] = set()
+    for n in nodes:
+        out.update(n.input)
+        for a in n.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for g in subs:
+                out |= _read_names(g.node) | {o.name for o in g.output}
+    return out
+
+
 def _drop_unused(model: onnx.ModelProto) -> None:
-    used = {i for n in model.graph.node for i in n.input}
-    for t in [t for t in model.graph.initializer if t.name not in used]:
-        model.graph.initializer.remove(t)
+    """Remove the nodes and initializers no longer read (the Q/DQ pairs the rewired
+    convolutions left)."""
     nodes = list(model.graph.node)
     outputs = {o.name for o in model.graph.output}
-    while True:  # the Q/DQ pairs the rewired convolutions no longer read
-        used = {i for n in nodes for i in n.input} | outputs
+    while True:
+        used = _read_names(nodes) | outputs
         keep = [n for n in nodes if any(o in used for o in n.output)]
         if len(keep) == len(nodes):
             break
         nodes = keep
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    used = {i for n in nodes for i in n.input}
+    used = _read_names(nodes)
     for t in [t for t in model.graph.initializer if t.name not in used]:
         model.graph.initializer.remove(t)
