@@ -254,8 +254,6 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         prog.start("writing the Caffe models")
         for p in export_models(graph, records, opts.save_type, plan.prefix):
             files[_kind(p, plan.prefix)] = p
-    prog.start("building the fake-quant model")
-    quant_model = fake_quant_graph(graph.fused, records).to(plan.device)
     if opts.onnx:
         prog.start("writing the ONNX models")
         calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
@@ -263,6 +261,9 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
             graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
             calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs,
             target=opts.onnx_target)
+    # after the ONNX models: the export then never holds this model's weights beside its own
+    prog.start("building the fake-quant model")
+    quant_model = fake_quant_graph(graph.fused, records).to(plan.device)
     stats = None
     if opts.report:
         prog.start("per-layer report")
