@@ -7,16 +7,24 @@ process; ``os.wait4`` gives that child's wall time, user and system CPU time and
 two jobs alternate (the order flips every repetition) so that load on a shared machine hits
 both alike, and the ratios are taken from medians of the same run.
 
-Model: the nsfw package's Caffe ResNet-50-1by2. Images: natural photographs from scikit-image
-and scikit-learn, cropped and flipped at random (seeded) into distinct 256×256 JPEGs; both
-jobs resize to 256 on the shorter side, centre-crop 224 and subtract the mean 104,117,123 (BGR,
-as Caffe). ORT quantizes the project's own float ONNX export of the same BN-fused model.
+Models (``--models``): ``nsfw``, the nsfw package's Caffe ResNet-50-1by2 (24 MB); ``vgg16``,
+the real VGG-16 architecture (13 convolutions, 3 InnerProducts, 138 M parameters) written as a
+prototxt by ``vgg16_prototxt`` with seeded random weights written as a 553 MB caffemodel into
+the working folder (built by code, never committed): the size of model whose weights, not
+whose calibration, dominate a job. Images: natural photographs from scikit-image and
+scikit-learn, cropped and flipped at random (seeded) into distinct 256×256 JPEGs; both jobs
+resize to 256 on the shorter side, centre-crop 224 and subtract the mean 104,117,123 (BGR, as
+Caffe). ORT quantizes the project's own float ONNX export of the same BN-fused model.
 
-Printed (JSON lines): per size (32 images at batch 8, 256 at batch 32) one ``job`` row per
-job and repetition, a ``summary`` row with medians and ratios (ours / ORT; report on / off),
-and a ``phases`` row: seconds per phase of our job in one extra instrumented run.
+Printed (JSON lines): per model and size (32 images at batch 8, 256 at batch 32) one ``job``
+row per job and repetition, a ``summary`` row with medians and ratios (ours / ORT; report on /
+off; with ``--onnx``), and a ``phases`` row: per phase of our job (the job's own progress
+phases) its seconds, the process's RSS at its end and its peak RSS so far, in one extra
+instrumented run. The VGG-16 case also prints the caffemodel's size and the peak / caffemodel
+ratio.
 
 Run: .venv/bin/python benchmarks/bench_job.py [--repeats 3] [--sizes 32x8,256x32]
+     .venv/bin/python benchmarks/bench_job.py --models vgg16 --sizes 32x8 --repeats 1 --no-report
 """
 from __future__ import annotations
 
@@ -91,11 +99,100 @@ def run_child(cmd: list[str], env: Optional[dict] = None) -> dict:
 
 
 def ours_cmd(proto: str, weights: str, images: str, batch: int, n: int, out: str,
-             report: bool, extra: tuple = ()) -> list[str]:
+             report: bool, extra: tuple = (), onnx: bool = False) -> list[str]:
     exe = os.path.join(os.path.dirname(sys.executable), "amct-torch")
     return [exe, *extra, "calibrate", proto, weights, images, "--mean", ",".join(str(int(m)) for m in MEAN),
             "--resize", "256", "--crop", "224", "--batch-size", str(batch), "--batch-num", str(n // batch),
-            "--device", "cpu", "-q", "--report-batches", "2" if report else "0", "--output", out]
+            "--device", "cpu", "-q", "--report-batches", "2" if report else "0", "--output", out,
+            *(["--onnx"] if onnx else [])]
+
+
+# ----- the VGG-16-sized model, built by code -------------------------------------------------
+
+#: VGG-16's convolution stages: (output channels, convolutions) per stage, 3x3 pad 1, each
+#: stage closed by a 2x2 stride-2 max pooling; then fc6 4096, fc7 4096, fc8 1000, softmax
+VGG16_STAGES = ((64, 2), (128, 2), (256, 3), (512, 3), (512, 3))
+
+
+def vgg16_layers() -> list[tuple[str, str, list[int]]]:
+    """(layer name, type, weight shape or []) of VGG-16 in order (Caffe's VGG_ILSVRC_16 names)."""
+    out: list[tuple[str, str, list[int]]] = []
+    c_in = 3
+    for s, (c, n) in enumerate(VGG16_STAGES, start=1):
+        for k in range(1, n + 1):
+            out += [(f"conv{s}_{k}", "Convolution", [c, c_in, 3, 3]), (f"relu{s}_{k}", "ReLU", [])]
+            c_in = c
+        out.append((f"pool{s}", "Pooling", []))
+    k_in = c_in * 7 * 7
+    for name, n in (("fc6", 4096), ("fc7", 4096), ("fc8", 1000)):
+        out.append((name, "InnerProduct", [n, k_in]))
+        if name != "fc8":
+            out += [(f"relu{name[2:]}", "ReLU", []), (f"drop{name[2:]}", "Dropout", [])]
+        k_in = n
+    out.append(("prob", "Softmax", []))
+    return out
+
+
+def vgg16_prototxt() -> str:
+    """The deploy prototxt of VGG-16 (one 1x3x224x224 input ``data``; in-place ReLU/Dropout)."""
+    lines = ['name: "VGG_ILSVRC_16_layers"', 'input: "data"',
+             "input_shape { dim: 1 dim: 3 dim: 224 dim: 224 }"]
+    blob = "data"
+    for name, kind, shape in vgg16_layers():
+        top = blob if kind in ("ReLU", "Dropout") else name
+        body = ""
+        if kind == "Convolution":
+            body = f"convolution_param {{ num_output: {shape[0]} pad: 1 kernel_size: 3 }}"
+        elif kind == "Pooling":
+            body = "pooling_param { pool: MAX kernel_size: 2 stride: 2 }"
+        elif kind == "InnerProduct":
+            body = f"inner_product_param {{ num_output: {shape[0]} }}"
+        elif kind == "Dropout":
+            body = "dropout_param { dropout_ratio: 0.5 }"
+        lines.append(f'layer {{ name: "{name}" type: "{kind}" bottom: "{blob}" top: "{top}" {body} }}')
+        blob = top
+    return "\n".join(lines) + "\n"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
+    """``vgg16_deploy.prototxt`` and a caffemodel of seeded random weights (He-scaled normal,
+    so activations keep their size through the 16 layers; biases small) in ``folder``. The
+    caffemodel is written layer by layer: a NetParameter is the concatenation of its fields,
+    so each ``layer`` (field 100) goes out as soon as it is made."""
+    import numpy as np
+    from amct_torch.proto import amct_caffe_pb2 as pb
+
+    proto, weights = os.path.join(folder, "vgg16_deploy.prototxt"), os.path.join(folder, "vgg16.caffemodel")
+    if os.path.exists(proto) and os.path.exists(weights):
+        return proto, weights
+    with open(proto, "w") as f:
+        f.write(vgg16_prototxt())
+    rng = np.random.default_rng(seed)
+    with open(weights + ".part", "wb") as f:
+        for name, kind, shape in vgg16_layers():
+            layer = pb.LayerParameter(name=name, type=kind)
+            if shape:
+                fan_in = int(np.prod(shape[1:]))
+                w = rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
+                b = rng.uniform(-0.05, 0.05, shape[0]).astype(np.float32)
+                for arr in (w, b):
+                    blob = layer.blobs.add()
+                    blob.shape.dim.extend(arr.shape)
+                    raw = arr.astype("<f4").tobytes()
+                    blob.MergeFromString(bytes([5 << 3 | 2]) + _varint(len(raw)) + raw)
+            data = layer.SerializeToString()
+            f.write(_varint(100 << 3 | 2) + _varint(len(data)) + data)
+    os.replace(weights + ".part", weights)
+    return proto, weights
 
 
 # ----- ORT child ---------------------------------------------------------------------------
@@ -192,11 +289,30 @@ def phases_child(argv: list[str]) -> None:
     import amct_torch.quality.report as report
     wrap(report, "layer_report", "report")
     wrap(report, "write_report", "report_write")
+    # the job's own progress phases, each with the RSS at its end and the peak so far (MiB)
+    import resource
+
+    import amct_torch.progress as progress
+    end = progress.JobProgress._end
+    job_phases: list[dict] = []
+
+    def _end(self: Any) -> None:
+        name, t0 = self._name, self._t0
+        end(self)
+        if name is not None:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+            job_phases.append({"phase": name, "s": round(time.perf_counter() - t0, 3),
+                               "rss_mib": round(rss, 1),
+                               "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
+    progress.JobProgress._end = _end
     t = time.perf_counter()
     rc = cli.main(argv)
     times["cli_main"] = time.perf_counter() - t
     times["total_in_process"] = time.perf_counter() - t0
-    print(json.dumps({k: round(v, 3) for k, v in times.items()}))
+    out = {k: round(v, 3) for k, v in times.items()}
+    out["job_phases"] = job_phases  # type: ignore[assignment]
+    print(json.dumps(out))
     sys.exit(rc)
 
 
@@ -206,15 +322,19 @@ def median(rows: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in rows), 3)
 
 
-def bench_size(proto: str, weights: str, float_onnx: str, work: str, n: int, batch: int,
-               repeats: int, report: bool) -> None:
+def bench_size(model: str, proto: str, weights: str, float_onnx: str, work: str, n: int, batch: int,
+               repeats: int, report: bool, plain: bool) -> None:
+    """One model and size: the jobs alternating ``repeats`` times, their summary, then the
+    phases of one instrumented ``--onnx`` run. ``plain``: also our job without ``--onnx``."""
     images = os.path.join(work, f"images_{n}")
     if not os.path.isdir(images):
         make_images(images, n)
     out = os.path.join(work, f"out_{n}")
-    jobs = {"ours": ours_cmd(proto, weights, images, batch, n, os.path.join(out, "m"), False),
+    jobs = {"ours_onnx": ours_cmd(proto, weights, images, batch, n, os.path.join(out, "o"), False, onnx=True),
             "ort_minmax": [sys.executable, __file__, "--child-ort", float_onnx, images, str(batch),
                            os.path.join(out, "ort_quant.onnx")]}
+    if plain:
+        jobs["ours"] = ours_cmd(proto, weights, images, batch, n, os.path.join(out, "m"), False)
     if report:
         jobs["ours_report"] = ours_cmd(proto, weights, images, batch, n, os.path.join(out, "r"), True)
     names = list(jobs)
@@ -227,25 +347,41 @@ def bench_size(proto: str, weights: str, float_onnx: str, work: str, n: int, bat
             res = run_child(jobs[name])
             res.pop("stdout")
             rows[name].append(res)
-            emit(metric="job", images=n, batch=batch, job=name, rep=r,
+            emit(metric="job", model=model, images=n, batch=batch, job=name, rep=r,
                  loadavg_1min=round(os.getloadavg()[0], 2), **res)
-    summ: dict[str, Any] = {"metric": "summary", "images": n, "batch": batch, "repeats": repeats}
+    summ: dict[str, Any] = {"metric": "summary", "model": model, "images": n, "batch": batch,
+                            "repeats": repeats, "caffemodel_mib": round(os.path.getsize(weights) / 2 ** 20, 1)}
     for name in names:
         for key in ("wall_s", "user_s", "sys_s", "cpu_s", "peak_rss_mib"):
             summ[f"{name}_{key}"] = median(rows[name], key)
         summ[f"{name}_sys_share"] = round(summ[f"{name}_sys_s"] / max(summ[f"{name}_cpu_s"], 1e-9), 3)
+        if name.startswith("ours"):
+            summ[f"{name}_peak_per_caffemodel"] = round(summ[f"{name}_peak_rss_mib"] / summ["caffemodel_mib"], 3)
     for key in ("wall_s", "cpu_s", "peak_rss_mib"):
-        summ[f"ratio_ours_ort_{key}"] = round(summ[f"ours_{key}"] / summ[f"ort_minmax_{key}"], 3)
-        if report:
+        summ[f"ratio_ours_onnx_ort_{key}"] = round(summ[f"ours_onnx_{key}"] / summ[f"ort_minmax_{key}"], 3)
+        if plain:
+            summ[f"ratio_ours_ort_{key}"] = round(summ[f"ours_{key}"] / summ[f"ort_minmax_{key}"], 3)
+        if report and plain:
             summ[f"ratio_report_on_off_{key}"] = round(summ[f"ours_report_{key}"] / summ[f"ours_{key}"], 3)
     emit(**summ)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    argv = ours_cmd(proto, weights, images, batch, n, os.path.join(out, "p"), False)[1:]
+    argv = jobs["ours_onnx"][1:]
     res = run_child([sys.executable, __file__, "--child-phases", *argv])
     phases = json.loads(res.pop("stdout").strip().splitlines()[-1])
-    emit(metric="phases", images=n, batch=batch, note="one instrumented run, seconds", **phases,
-         wall_s=res["wall_s"])
+    emit(metric="phases", model=model, images=n, batch=batch, onnx=True,
+         note="one instrumented run: seconds per wrapped call; job_phases: the job's progress "
+              "phases with RSS at their end and peak so far (MiB)", **phases,
+         wall_s=res["wall_s"], peak_rss_mib=res["peak_rss_mib"])
+
+
+def model_files(model: str, work: str) -> tuple[str, str]:
+    """The prototxt and caffemodel of ``model`` (``vgg16`` is written into ``work`` once)."""
+    if model == "nsfw":
+        return nsfw_files()
+    if model == "vgg16":
+        return write_vgg16(work)
+    raise SystemExit(f"unknown model {model!r} (nsfw, vgg16)")
 
 
 def main() -> None:
@@ -257,26 +393,31 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", default="nsfw,vgg16", help="nsfw and/or vgg16, comma-separated")
     ap.add_argument("--sizes", default="32x8,256x32", help="images x batch, comma-separated")
     ap.add_argument("--no-report", action="store_true", help="skip the report-on job")
+    ap.add_argument("--no-plain", action="store_true", help="skip our job without --onnx")
     ap.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
     args = ap.parse_args()
-    proto, weights = nsfw_files()
     work = args.work or tempfile.mkdtemp(prefix="bench_job_")
     try:
         os.makedirs(work, exist_ok=True)
-        float_onnx = os.path.join(work, "nsfw_float.onnx")
-        if not os.path.exists(float_onnx):
-            # the project's own float ONNX export of the BN-fused model (one small calibration)
-            make_images(os.path.join(work, "images_8"), 8)
-            run_child(ours_cmd(proto, weights, os.path.join(work, "images_8"), 8, 8,
-                               os.path.join(work, "export", "m"), False) + ["--onnx"])
-            shutil.copyfile(os.path.join(work, "export", "m_float.onnx"), float_onnx)
         emit(metric="setup", cpus=os.cpu_count(), loadavg_1min=round(os.getloadavg()[0], 2),
              note="the jobs alternate; ratios are of medians from this one run")
-        for spec in args.sizes.split(","):
-            n, batch = (int(v) for v in spec.lower().split("x"))
-            bench_size(proto, weights, float_onnx, work, n, batch, args.repeats, not args.no_report)
+        for model in args.models.split(","):
+            proto, weights = model_files(model, work)
+            float_onnx = os.path.join(work, f"{model}_float.onnx")
+            if not os.path.exists(float_onnx):
+                # the project's own float ONNX export of the BN-fused model (one small calibration)
+                make_images(os.path.join(work, "images_8"), 8)
+                run_child(ours_cmd(proto, weights, os.path.join(work, "images_8"), 8, 8,
+                                   os.path.join(work, "export", model), False, onnx=True))
+                shutil.copyfile(os.path.join(work, "export", f"{model}_float.onnx"), float_onnx)
+                shutil.rmtree(os.path.join(work, "export"), ignore_errors=True)
+            for spec in args.sizes.split(","):
+                n, batch = (int(v) for v in spec.lower().split("x"))
+                bench_size(model, proto, weights, float_onnx, work, n, batch, args.repeats,
+                           not args.no_report and model == "nsfw", not args.no_plain)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
