@@ -154,10 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "an int8 kernel; use with --onnx-activations uint8")
     c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
                    help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
-    c.add_argument("--improve", choices=IMPROVEMENTS,
-                   help="opt-in improvement beyond AMCT (default: none, AMCT's result): "
-                        "bias_correction folds the per-channel mean output error of each quantized "
-                        "layer into its bias (sequential, on the calibration data)")
+    c.add_argument("--improve", type=_improvements, metavar="LIST",
+                   help="opt-in improvements beyond AMCT (default: none, AMCT's result), "
+                        f"comma-separated, or all: {', '.join(IMPROVEMENTS)}; applied in that "
+                        "order and each kept per layer only where it lowers the output error on "
+                        "held-out calibration data, never leaving a net output worse than the default")
     c.add_argument("--distributed", action="store_true",
                    help="run under torchrun: each process calibrates its share of the batches "
                         "(NCCL on GPUs, gloo on CPU); rank 0 writes the outputs")
@@ -219,6 +220,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logging.getLogger("amct_torch").setLevel(level)
 
 
+def _improvements(value: str) -> tuple:
+    """``--improve``'s value: names from IMPROVEMENTS, comma-separated, or all."""
+    from amct_torch.output_names import improvement_list
+    try:
+        return improvement_list(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _summary(result, out=None) -> None:
     out = out or sys.stdout
     qc = result.graph.config
@@ -244,6 +254,11 @@ def _summary(result, out=None) -> None:
     print(fmt.format(*head), file=out)
     for r in rows:
         print(fmt.format(*r), file=out)
+    imp = getattr(result, "improvement", None)
+    if imp:  # what each improvement stage gave (held-out worst-output SQNR) and cost
+        stages = ", ".join(f"{s['name']} {s['worst_output_sqnr_db']:.2f} dB ({s['gain_db']:+.2f}, {s['seconds']:.1f} s)"
+                           for s in imp["stages"])
+        print(f"improve: kept {imp['kept']}; held-out worst-output SQNR: {stages}", file=out)
 
 
 def _print_report(result, rows: int) -> None:

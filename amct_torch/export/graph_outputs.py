@@ -34,12 +34,19 @@ def convert(model_file: str, weights_file: str, record_file: str, save_path: str
 def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
                       activations: str = "int8", quantize_eltwise: bool = False,
                       calibration_data: Any = None, outputs: Any = None,
-                      record_file: Optional[str] = None, target: str = "onnxruntime") -> tuple[str, str]:
+                      record_file: Optional[str] = None, float_model: Any = None,
+                      target: str = "onnxruntime") -> tuple[str, str]:
     """``{prefix}_float.onnx`` and ``{prefix}_quant.onnx`` (QDQ; activations int8 with zero
     point offset_d, or uint8 with offset_d + 128, the form ONNX Runtime's x86 kernels favour).
     ``quantize_eltwise``: the opt-in speed mode (not AMCT-exact, docs/export.md), whose extra
-    factors come from ``calibration_data``."""
-    return export_onnx(graph.fused, records, prefix, activations=activations,
-                       quantize_eltwise=quantize_eltwise,
-                       calibration_data=calibration_data if quantize_eltwise else None,
-                       file=record_file, outputs=outputs, target=target)
+    factors come from ``calibration_data``. ``float_model``: when ``graph.fused`` was changed by
+    an improvement, the float model to write as ``_float.onnx`` instead (always the user's
+    float model)."""
+    paths = export_onnx(graph.fused, records, prefix, activations=activations,
+                        quantize_eltwise=quantize_eltwise,
+                        calibration_data=calibration_data if quantize_eltwise else None,
+                        file=record_file, outputs=outputs, target=target)
+    if float_model is not None and float_model is not graph.fused:
+        from amct_torch.export.onnx.qdq import export_float_onnx
+        export_float_onnx(float_model, paths[0], outputs=outputs, file=record_file)
+    return paths

@@ -54,7 +54,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              save_type: Optional[str] = "Both", onnx: Union[bool, str] = False,
              onnx_speed: bool = False, report: bool = True, report_data: Any = None,
              report_batches: int = 2, ifmr_mode: str = "streaming",
-             quiet: bool = False, improve: Optional[str] = None, distributed: bool = False,
+             quiet: bool = False, improve: Union[None, str, Sequence[str]] = None, distributed: bool = False,
              checkpoint: Optional[str] = None,
              onnx_outputs: Optional[Sequence[str]] = None, onnx_target: str = "onnxruntime") -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
@@ -72,11 +72,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     AMCT-exact); ``report`` compares every quantized layer's output with the float model on
     ``report_data`` (default: up to ``report_batches`` batches of the calibration data not used
     for calibration, else the calibration batches) and writes ``{output}_layer_report.json``.
-    ``improve``: None (AMCT's result) or an opt-in improvement beyond AMCT, one of
-    ``output_names.IMPROVEMENTS``: "bias_correction" folds the sequential empirical bias
-    correction of every quantized layer into the fused biases before anything is written
-    (``calibration/bias_correction.py``); the factors stay AMCT's, ``float_model`` stays the
-    uncorrected float model. ``distributed``: under ``torchrun``, each process calibrates its
+    ``improve``: None (AMCT's result) or opt-in improvements beyond AMCT: a name of
+    ``output_names.IMPROVEMENTS``, a comma-separated string or list of them, or "all"; applied in
+    that fixed order and guarded on held-out calibration rows (``improve/pipeline.py``,
+    docs/algorithms.md); the record, the Caffe models and the QDQ ONNX carry the improved
+    model, ``float_model`` and ``_float.onnx`` stay the float (BN-fused) model. ``distributed``: under ``torchrun``, each process calibrates its
     share of the batches and rank 0 alone writes the outputs (docs/distributed.md);
     ``checkpoint``: a path where the observer states are saved after each batch, and resumed
     from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
@@ -246,10 +246,13 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     files = {"config": staged["config"], "record": staged["record"]}
     if cal.config_file != staged["config"]:  # the user's JSON config, copied as it was read
         shutil.copyfile(cal.config_file, staged["config"])
+    improved = None
+    if opts.improve:  # graph.fused becomes the improved model; model stays the float one
+        from amct_torch.improve.pipeline import improve_graph
+        prog.start("improving: " + ", ".join(opts.improve))
+        improved = improve_graph(graph, records, cal.keeper.cache, plan.device, opts.improve, opts.ifmr_mode)
+        records = check_records(graph, improved.records, None)
     write_records(records, staged["record"])
-    if opts.improve == "bias_correction":
-        prog.start("bias correction")
-        model = _bias_correct(graph, records, cal.keeper.cache, plan.device)
     if opts.save_type is not None:
         prog.start("writing the Caffe models")
         for p in export_models(graph, records, opts.save_type, plan.prefix):
@@ -260,14 +263,16 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         files["onnx_float"], files["onnx"] = export_onnx_model(
             graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
             calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs,
-            target=opts.onnx_target)
+            float_model=model if improved is not None else None, target=opts.onnx_target)
     # after the ONNX models: the export then never holds this model's weights beside its own
     prog.start("building the fake-quant model")
     quant_model = fake_quant_graph(graph.fused, records).to(plan.device)
     stats = None
     if opts.report:
         prog.start("per-layer report")
-        stats = _report(opts, plan, cal, model, quant_model, records, files)
+        stats = _report(opts, plan, cal, improved.reference if improved is not None else model,
+                        quant_model, records, files,
+                        improved.summary() if improved is not None else None)
     prog.start("committing the outputs")
     published = tx.commit([plan.finals[k] for k in files])  # an earlier run's others go
     graph.record_file = plan.finals["record"]  # save_model(result.graph, ...) reads it
@@ -275,10 +280,12 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     return QuantizeResult(files=final, records=records, float_model=model,
                           quant_model=quant_model, graph=graph, report=stats, device=plan.device,
                           samples_used=cal.keeper.samples, samples_total=cal.count,
-                          removed=published.removed)
+                          removed=published.removed,
+                          improvement=improved.summary() if improved is not None else None)
 
 
-def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files) -> list:
+def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files,
+            improvement: Optional[dict] = None) -> list:
     """The per-layer report on held-out batches (else the calibration batches), written."""
     from amct_torch.quality.report import layer_report, write_report
 
@@ -289,7 +296,10 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
         held = cal.keeper.cache[:opts.report_batches]
     stats = layer_report(model, quant_model, held, list(records), device=plan.device)
     files["report"] = plan.staged["report"]
-    write_report(files["report"], stats, {"model": opts.model_file, "held_out": held_out, "batches": len(held)})
+    meta = {"model": opts.model_file, "held_out": held_out, "batches": len(held)}
+    if improvement is not None:  # what each improvement did (dB on its held-out rows) and cost (s)
+        meta["improve"] = improvement
+    write_report(files["report"], stats, meta)
     return stats
 
 
@@ -350,18 +360,6 @@ def _computed_factors(err: AmctError, opts: QuantizeOptions) -> AmctError:
     weights = "scale_w" in err.message or "offset_w" in err.message
     err.message = f"computed factors: {err.message}"
     return err.with_file(opts.weights_file if weights else opts.data_path)
-
-
-def _bias_correct(graph: QuantGraph, records: dict, batches: list, dev: torch.device) -> Any:
-    """Fold the bias correction into ``graph.fused`` (what every output is written from) and
-    return an uncorrected copy of it: the float model the report and the caller compare with."""
-    import copy
-
-    from amct_torch.improve.bias_correction import correct_biases
-
-    float_model = copy.deepcopy(graph.fused)
-    correct_biases(graph.fused, records, batches, dev)
-    return float_model
 
 
 def _kind(path: str, prefix: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Union
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError
 from amct_torch.inputs.data import Preprocess
 from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path
-from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
+from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES, improvement_list
 
 
 @dataclass
@@ -39,7 +39,7 @@ class QuantizeOptions:
     report_batches: int = 2
     ifmr_mode: str = "streaming"
     quiet: bool = False
-    improve: Optional[str] = None
+    improve: Union[None, str, Sequence[str]] = None
     distributed: bool = False
     checkpoint: Optional[str] = None
     onnx_target: str = "onnxruntime"
@@ -64,8 +64,10 @@ class QuantizeOptions:
             raise AmctError(f"report_batches must be an integer >= 0, got {self.report_batches!r}")
         if self.checkpoint is not None:  # a FIFO blocks, a missing folder failed after batch 1
             check_checkpoint_path(os.fspath(self.checkpoint), error=CalibrationError)
-        if self.improve is not None and self.improve not in IMPROVEMENTS:
-            raise AmctError(f"improve must be one of {', '.join(IMPROVEMENTS)} or None, got {self.improve!r}")
+        try:  # a list, a comma-separated string or "all", held as the tuple in applying order
+            self.improve = improvement_list(self.improve)
+        except ValueError as err:
+            raise AmctError(str(err)) from None
         self.output = os.fspath(self.output)
         if not os.path.basename(self.output) or self.output.endswith(os.sep):
             raise AmctError("output must be a path prefix such as out/model, not a folder", file=self.output)
