@@ -16,7 +16,8 @@ layer's output error on the second (the guard); otherwise the layer keeps AMCT's
   own input: the error this layer adds) -- less its per-channel mean when the bias correction
   follows for this layer (that part it removes; a tighter clip that only shifts the mean
   would otherwise look worse than it is, a looser one better). The candidates run on the
-  fitting rows; the held-out rows run AMCT's factor and the winner only. IFMR minimizes the error of the *input*; the output
+  first ``SEARCH_ROWS`` fitting rows (cost); the held-out rows run AMCT's factor and the
+  winner only. IFMR minimizes the error of the *input*; the output
   error weighs each input value by what the weights make of it.
 - bias correction: the float model's per-channel output means (measured in one float pass, fit
   and held-out parts apart) minus the quantized layer's are added to its bias, as in
@@ -46,6 +47,9 @@ from amct_torch.record import LayerRecord
 
 #: scale multipliers tried for each layer's activation clip (1.0: AMCT's own)
 MULTIPLIERS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
+#: fitting rows the range candidates run on (the costliest part of the pass: one layer
+#: forward per candidate; the held-out rows run only AMCT's factor and the winner)
+SEARCH_ROWS = 8
 
 
 @dataclass
@@ -173,14 +177,14 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
         if float_mod is None:
             return (fake_quant(x, scale, offset),) + tuple(args[1:])
         rest = tuple(args[1:])
-        ref = float_mod(x)
-        fit, ref_fit = x[:n_fit], ref[:n_fit]
-        # the candidates on the fitting rows only; the held-out rows see AMCT's and the winner
+        # the candidates on the first SEARCH_ROWS fitting rows; the held-out rows see AMCT's
+        # factor and the winner only
+        fit, held = x[:min(n_fit, SEARCH_ROWS)], x[n_fit:]
+        ref_fit, ref_held = float_mod(fit), float_mod(held)
         errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered)
                             for s in scales])
         k = torch.argmin(errs)
         s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
-        held, ref_held = x[n_fit:], ref[n_fit:]
         e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
         e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
         keep = e_k < e_base
