@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
+from amct_torch.transaction import Terminated
 
 log = logging.getLogger("amct_torch")
 
@@ -94,6 +95,26 @@ def _positive(text: str) -> int:
     return v
 
 
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _batch_count(text: str) -> int:
+    """A batch count in [1, MAX_BATCH_NUM]: an absurd one is refused here, not after the model
+    is read (it overflowed the config's 32-bit field with a traceback)."""
+    from amct_torch.inputs.limits import MAX_BATCH_NUM
+    v = _positive(text)
+    if v > MAX_BATCH_NUM:
+        raise argparse.ArgumentTypeError(f"at most {MAX_BATCH_NUM} batches, got {text!r}")
+    return v
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
@@ -120,11 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; "
                                           "default: quantize every quantizable layer with IFMR + ARQ")
     c.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
-    c.add_argument("--batch-size", type=_positive, help="samples per batch (default: spread the data over batch-num batches)")
+    c.add_argument("--batch-size", type=_positive,
+                   help="samples per batch (default: spread the data over batch-num batches)")
     c.add_argument("--batch-num", type=_positive, help="calibration batches (default: the config's batch_num)")
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    c.add_argument("--channel-order", choices=("bgr", "rgb"), default="bgr", help="image channel order (default: bgr, as Caffe)")
-    c.add_argument("--mean", type=_floats, help="mean subtracted per channel, e.g. 104,117,123 (in the final channel order)")
+    c.add_argument("--channel-order", choices=("bgr", "rgb"), default="bgr",
+                   help="image channel order (default: bgr, as Caffe)")
+    c.add_argument("--mean", type=_floats,
+                   help="mean subtracted per channel, e.g. 104,117,123 (in the final channel order)")
     c.add_argument("--scale", type=float, default=1.0, help="multiplier after mean subtraction (default: 1)")
     c.add_argument("--resize", type=_sizes, help="resize images: H,W, or one number for the shorter side "
                                                  "(default: the net's input size when no --crop)")
@@ -165,8 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", metavar="PATH",
                    help="save the calibration state after each batch to PATH and resume from it "
                         "if it exists (a killed job continues with the same result)")
-    c.add_argument("--report-batches", type=int, default=2, help="held-out batches for the per-layer report (0: none)")
-    c.add_argument("--report-rows", type=int, default=15, help="rows of the per-layer table printed (default: %(default)s)")
+    c.add_argument("--report-batches", type=_non_negative, default=2,
+                   help="held-out batches for the per-layer report (0: none)")
+    c.add_argument("--report-rows", type=_non_negative, default=15,
+                   help="rows of the per-layer table printed (default: %(default)s)")
     _common(c)
 
     v = sub.add_parser("convert", help="build fake-quant and deploy models from an existing record",
@@ -186,8 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("weights", help="caffemodel")
     g.add_argument("-o", "--output", default="quant_config.json", help="JSON file to write (default: %(default)s)")
     g.add_argument("--quant-cfg", help="quant.cfg: when given it decides everything (as in AMCT)")
-    g.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x], help="comma-separated layers not to quantize")
-    g.add_argument("--batch-num", type=_positive, default=1, help="calibration batches (default: 1)")
+    g.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
+                   help="comma-separated layers not to quantize")
+    g.add_argument("--batch-num", type=_batch_count, default=1, help="calibration batches (default: 1)")
     g.add_argument("--no-activation-offset", action="store_true", help="symmetric activations (offset_d = 0)")
     _common(g)
 
@@ -197,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and int8 accuracy on the held-out split.",
                        epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("-o", "--output", default="amct_demo/lenet_digits", help="output path prefix (default: %(default)s)")
-    d.add_argument("--batch-num", type=_positive, default=4, help="calibration batches (default: %(default)s)")
+    d.add_argument("--batch-num", type=_batch_count, default=4, help="calibration batches (default: %(default)s)")
     d.add_argument("--device", default="auto", help="cpu or cuda (default: cuda if available)")
     _common(d)
 
@@ -299,6 +326,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _summary(result)
     _print_report(result, args.report_rows)
     _print_files(result.files)
+    if getattr(result, "removed", None):
+        print("\nremoved (an earlier run's files of this prefix that this run does not write):")
+        for p in result.removed:
+            print(f"  {p}")
     return 0
 
 
@@ -359,8 +390,8 @@ def _inputs_of(args: argparse.Namespace) -> str:
     """The input files of a command line, for an error that cannot name the one at fault."""
     names = [getattr(args, k, None) for k in ("model", "weights", "data", "record", "config",
                                                "quant_cfg")]
-    names = [n for n in names if n]
-    return f"{', '.join(names)}: " if names else ""
+    present = [str(n) for n in names if n]
+    return f"{', '.join(present)}: " if present else ""
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -405,7 +436,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         print(f"amct-torch {args.command}: error: {msg}", file=sys.stderr)
     except (OSError, MemoryError, RecursionError) as err:
         # resource exhaustion reached from a user's file: one line naming the command's inputs
-        where = f"{err.filename}: " if getattr(err, "filename", None) else _inputs_of(args)
+        where = f"{getattr(err, 'filename')}: " if getattr(err, "filename", None) else _inputs_of(args)
         why = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
         if isinstance(err, (MemoryError, RecursionError)):
             why = f"{type(err).__name__}: {why}" if str(err) else type(err).__name__
@@ -413,6 +444,10 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except KeyboardInterrupt:
         print(f"amct-torch {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:  # SIGTERM/SIGHUP while writing: the staging folder is gone
+        done = "the outputs were committed first" if stop.committed else "no output was written"
+        print(f"amct-torch {args.command}: terminated by signal {stop.signum}; {done}", file=sys.stderr)
+        return int(stop.code)
     return EXIT_USER_ERROR
 
 

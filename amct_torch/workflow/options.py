@@ -59,7 +59,7 @@ class QuantizeOptions:
             from amct_torch.export.onnx.targets import check_options
             check_options(self.onnx_target, self.activation_offset, self.config, self.onnx_speed)
         if self.batch_num is not None:  # bounded: an absurd count overflowed the config's field
-            self.batch_num = check_batch_num(self.batch_num, error=ConfigError)
+            self.batch_num = check_batch_num(self.batch_num, file=self.data_path, error=ConfigError)
         if isinstance(self.report_batches, bool) or not isinstance(self.report_batches, int) or self.report_batches < 0:
             raise AmctError(f"report_batches must be an integer >= 0, got {self.report_batches!r}")
         if self.checkpoint is not None:  # a FIFO blocks, a missing folder failed after batch 1
