@@ -145,3 +145,21 @@ def test_fake_quant_graph_built_layer_by_layer_equals_the_whole_net_build(net):
     with torch.no_grad():
         y = got(x)
     assert set(y) == {"prob"} and torch.isfinite(y["prob"]).all()
+
+
+def test_fake_quant_graph_shares_no_storage_with_the_source_graph(net):
+    """The fake-quant model takes its fresh fake-quant weights as they are, but every tensor
+    it shares values with the source graph (biases, unquantized layers) is its own copy."""
+    from amct_torch.export import fake_quant_graph
+
+    _, gm, recs = net
+    before = {k: v.clone() for k, v in gm.state_dict().items()}
+    fq = fake_quant_graph(gm, recs)
+    src = {t.untyped_storage().data_ptr() for t in gm.state_dict().values()}
+    assert all(t.untyped_storage().data_ptr() not in src for t in fq.state_dict().values())
+    with torch.no_grad():
+        for t in fq.state_dict().values():
+            if t.is_floating_point():
+                t.add_(1.0)
+    for k, v in gm.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -166,8 +166,30 @@ def canonical_axis(axis: int, ndim: int, layer: CaffeLayer, what: str = "axis") 
 
 
 def to_numpy(t: Optional[torch.Tensor]) -> np.ndarray:
-    """A parameter/buffer as a float32 numpy array on the host."""
-    return t.detach().to("cpu", torch.float32).numpy().copy()
+    """A parameter/buffer as a float32 numpy array on the host (a copy, or within
+    ``borrowing_blobs`` a view where the tensor already is one)."""
+    arr = t.detach().to("cpu", torch.float32).numpy()
+    if not _BORROW_BLOBS.get():
+        return arr.copy()
+    arr.flags.writeable = False  # a borrowed view: never taken by ``taking_blobs``
+    return arr
+
+
+#: set while an exporter reads ``caffe_blobs()`` only to serialise them at once
+_BORROW_BLOBS: contextvars.ContextVar[bool] = contextvars.ContextVar("amct_borrow_blobs", default=False)
+
+
+@contextlib.contextmanager
+def borrowing_blobs() -> Iterator[None]:
+    """Within the block ``caffe_blobs()`` returns read-only views of the layers' CPU float32
+    tensors instead of copies. Only for readers that neither keep nor modify them (the layer-by-layer
+    writers: a quantized layer's weight blob is replaced at once, and copying fc6 of a VGG-16
+    only to drop it cost 0.4 GB)."""
+    token = _BORROW_BLOBS.set(True)
+    try:
+        yield
+    finally:
+        _BORROW_BLOBS.reset(token)
 
 
 def layer_modules(gm: torch.nn.Module) -> dict[str, "CaffeLayer"]:

@@ -16,6 +16,7 @@ import torch
 
 from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
+from amct_torch.caffe.layers.base import taking_blobs
 from amct_torch.caffe.netio import ParsedNet
 from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
@@ -87,6 +88,11 @@ def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
                        layers=[l for l in clean.layer if l.type != "Input"],
                        blobs=blobs,  # type: ignore[arg-type]  # the builder only reads it
                        model_file=model_file, weights_file=None)
+    if isinstance(blobs, _LayerByLayer):
+        # the fresh fake-quant weights become the graph's own; the borrowed (read-only)
+        # views of the source graph's tensors are copied
+        with taking_blobs():
+            return build_graph(parsed)
     return build_graph(parsed)
 
 

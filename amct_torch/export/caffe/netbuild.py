@@ -23,6 +23,7 @@ from torch import fx
 
 from amct_torch.caffe.graph import unique_name
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.base import borrowing_blobs
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant
@@ -127,7 +128,11 @@ def _numpy(arrays: list) -> list[np.ndarray]:
 
 def _deferred(blobs: BlobFn, full: Mapping[str, LayerQuant], mod: CaffeLayer,
               planned: bool) -> Callable[[], list[np.ndarray]]:
-    return lambda: _numpy(blobs(full[mod.caffe_name] if planned else None, mod))
+    def make() -> list[np.ndarray]:
+        lq = full[mod.caffe_name] if planned else None
+        with borrowing_blobs():  # consumed at once (written, or copied by the graph builder)
+            return _numpy(blobs(lq, mod))
+    return make
 
 
 def _deferred_dequant(dequant_blobs: Callable[[LayerQuant], list[np.ndarray]],
