@@ -169,6 +169,7 @@ def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
     caffemodel is written layer by layer: a NetParameter is the concatenation of its fields,
     so each ``layer`` (field 100) goes out as soon as it is made."""
     import numpy as np
+
     from amct_torch.proto import amct_caffe_pb2 as pb
 
     proto, weights = os.path.join(folder, "vgg16_deploy.prototxt"), os.path.join(folder, "vgg16.caffemodel")
@@ -202,9 +203,8 @@ def ort_child(float_onnx: str, images: str, batch: int, out: str) -> None:
     fed the same preprocessed images in batches of ``batch``."""
     import cv2
     import numpy as np
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                          quantize_static)
     import onnx
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
     input_name = onnx.load(float_onnx, load_external_data=False).graph.input[0].name
     files = sorted(os.path.join(images, f) for f in os.listdir(images))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 import numpy as np
 from google.protobuf import message as _message
@@ -40,7 +40,7 @@ class _Source:
     """Reads of ``f`` at absolute positions (a window of ``data`` starting at ``base`` when the
     bytes are already in memory)."""
 
-    def __init__(self, f: BinaryIO, size: int, data: Optional[bytes] = None, base: int = 0) -> None:
+    def __init__(self, f: IO[bytes], size: int, data: Optional[bytes] = None, base: int = 0) -> None:
         self.f, self.size, self.data, self.base = f, size, data, base
 
     def read(self, pos: int, n: int) -> bytes:
@@ -50,14 +50,14 @@ class _Source:
         return self.f.read(n)
 
     def readinto(self, pos: int, out: np.ndarray) -> None:
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")
         if self.data is not None:
             view[:] = self.data[pos - self.base:pos - self.base + view.nbytes]
             return
         self.f.seek(pos)
         done = 0
         while done < view.nbytes:
-            got = self.f.readinto(view[done:])
+            got = self.f.readinto(view[done:])  # type: ignore[attr-defined]  # a file opened "rb"
             if not got:
                 raise _Fallback()
             done += got

@@ -110,7 +110,7 @@ def blob_parts(arr: np.ndarray) -> list:
     shape.shape.dim.extend(int(d) for d in a.shape)
     rest = shape.SerializeToString()
     cut = split_before(rest, number, _BLOB_FIELDS)
-    data = memoryview(flat).cast("B")
+    data = flat.data.cast("B")
     return [rest[:cut], _key(number) + _varint(data.nbytes), data, rest[cut:]]
 
 
@@ -208,7 +208,7 @@ class _atomic_file:
             raise
         return self.file
 
-    def __exit__(self, kind, value, tb) -> bool:
+    def __exit__(self, kind, value, tb) -> None:
         assert self.file is not None and self.tmp is not None
         try:
             if kind is None:
@@ -228,5 +228,4 @@ class _atomic_file:
         finally:
             self.guard.__exit__(kind, value, tb)
         fsync_dir(self.folder)
-        return False
 

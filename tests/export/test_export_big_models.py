@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.caffe_nets import make_net
-from helpers.exports import minmax_records
 from amct_torch.algorithms.quant import channel_view, quantize
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.caffe.netio import caffemodel_bytes
 from amct_torch.export import deploy_net, fake_quant_net, save_quant_models
 from amct_torch.export import layer_quant as lqmod
 from amct_torch.export.caffe.text import prototxt_text
+from helpers.caffe_nets import make_net
+from helpers.exports import minmax_records
 
 BODY = '''
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 64 kernel_size: 3 pad: 1 } }

@@ -18,8 +18,8 @@ from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
 from amct_torch.caffe.layers.base import taking_blobs
 from amct_torch.caffe.netio import ParsedNet
-from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
+from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
 from amct_torch.record import LayerRecord
 

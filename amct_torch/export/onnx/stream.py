@@ -82,7 +82,7 @@ def _tensor_parts(t: onnx.TensorProto, arr) -> list:
     data = t.SerializeToString()
     if arr is None:
         return [data]
-    flat = memoryview(np.ascontiguousarray(arr)).cast("B")
+    flat = np.ascontiguousarray(arr).data.cast("B")
     cut = split_before(data, _TENSOR_RAW, _TENSOR_FIELDS)
     return [data[:cut], _key(_TENSOR_RAW) + _varint(flat.nbytes), flat, data[cut:]]
 
