@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
-from amct_torch.transaction import Terminated
+from amct_torch.transaction import Terminated, abort_open
 
 log = logging.getLogger("amct_torch")
 
@@ -444,7 +444,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except KeyboardInterrupt:
         print(f"amct-torch {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Terminated as stop:  # SIGTERM/SIGHUP while writing: the staging folder is gone
+    except Terminated as stop:  # SIGTERM/SIGHUP while writing: the staging folder goes
+        abort_open()  # (one the signal cut short before its caller's own cleanup too)
         done = "the outputs were committed first" if stop.committed else "no output was written"
         print(f"amct-torch {args.command}: terminated by signal {stop.signum}; {done}", file=sys.stderr)
         return int(stop.code)

@@ -31,6 +31,7 @@ leftover of a dead run that never committed, and discarded with a warning.
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import logging
@@ -244,6 +245,25 @@ def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:
     return done
 
 
+#: transactions of this process begun and not yet closed (strong references: one a signal cut
+#: short must still be found by ``abort_open``)
+_OPEN: set = set()
+
+
+def abort_open() -> None:
+    """Abort every transaction of this process still open: a termination signal can end a
+    command between ``begin()`` and the caller's own ``try``/``finally``. Run by the CLI on
+    ``Terminated`` and at interpreter exit."""
+    for tx in list(_OPEN):
+        try:
+            tx.abort()
+        except Exception:  # noqa: BLE001 - best effort at exit; the next run recovers the rest
+            pass
+
+
+atexit.register(abort_open)
+
+
 class OutputTransaction:
     """The files one command writes under one folder, committed together.
 
@@ -295,6 +315,7 @@ class OutputTransaction:
                     raise AmctError(f"cannot write in the output folder: {err.strerror or err}",
                                     file=self.folder) from None
                 self.staging = staging
+                _OPEN.add(self)
             self._lock = _try_lock(os.path.join(staging, _LOCK))
         except BaseException:  # Terminated included: nothing of this run stays
             self.abort()
@@ -392,6 +413,7 @@ class OutputTransaction:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+        _OPEN.discard(self)
         self._signals.restore()
 
     def __enter__(self) -> "OutputTransaction":

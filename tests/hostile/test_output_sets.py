@@ -372,3 +372,20 @@ def test_an_error_amid_the_renames_finishes_the_set(tmp_path, monkeypatch):
     tx.abort()  # what the job's finally does: the committed set is finished, not discarded
     assert [open(p).read() for p in finals] == ["new"] * 3
     assert not os.path.exists(staging_folder(prefix))
+
+
+def test_a_signal_between_begin_and_the_callers_cleanup_leaves_nothing(tmp_path, monkeypatch, capsys):
+    # the job opens the transaction, then sets up its progress display before its try/finally:
+    # a SIGTERM landing there ended the command with the staging folder left behind
+    from amct_torch import progress
+    from amct_torch.cli import main
+
+    def terminated(*_args, **_kwargs):
+        raise Terminated(15)
+    monkeypatch.setattr(progress, "JobProgress", terminated)
+    model, weights = example_model()
+    prefix = str(tmp_path / "out" / "m")
+    code = main(["calibrate", model, weights, DATA, "--device", "cpu", "-q", "-o", prefix])
+    assert code == 143
+    assert capsys.readouterr().err.strip() == "amct-torch calibrate: terminated by signal 15; no output was written"
+    assert os.listdir(tmp_path) == []  # neither the staging folder nor the folder it made
