@@ -69,7 +69,10 @@ class _Acc:
             b.sub_(a)
             sums[3] += b @ b
         vals = sums.tolist()
-        self.xy += vals[0]; self.xx += vals[1]; self.yy += vals[2]; self.ee += vals[3]
+        self.xy += vals[0]
+        self.xx += vals[1]
+        self.yy += vals[2]
+        self.ee += vals[3]
         self.n += x.numel()
 
     def cosine(self) -> float:
@@ -245,7 +248,8 @@ def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterab
                 _call(quant_model, batch)
                 for n in layers:
                     accs[n].add(f_out[n], q_out[n])
-                f_out.clear(); q_out.clear()
+                f_out.clear()
+                q_out.clear()
     finally:
         for h in handles:
             h.remove()
