@@ -48,7 +48,7 @@ class Pair:
 def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
     if node.op != "call_module":
         return None
-    mod = gm.get_submodule(node.target)
+    mod = gm.get_submodule(str(node.target))
     return mod if isinstance(mod, CaffeLayer) else None
 
 
@@ -70,7 +70,7 @@ def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> l
     pairs = []
     for node in gm.graph.nodes:
         first = _module(gm, node)
-        if not _linear(first) or calls[node.target] != 1 or len(node.users) != 1:
+        if first is None or not _linear(first) or calls[node.target] != 1 or len(node.users) != 1:
             continue
         act_node = next(iter(node.users))
         act = _module(gm, act_node)
@@ -79,7 +79,7 @@ def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> l
             continue
         sec_node = next(iter(act_node.users))
         second = _module(gm, sec_node)
-        if not _linear(second) or calls[sec_node.target] != 1 or sec_node.args[0] is not act_node \
+        if second is None or not _linear(second) or calls[sec_node.target] != 1 or sec_node.args[0] is not act_node \
                 or len(sec_node.args) != 1:
             continue
         if ok is not None and (first.caffe_name not in ok or second.caffe_name not in ok):
@@ -142,9 +142,11 @@ def equalize(gm: fx.GraphModule, pairs: list[Pair], sweeps: int = 20, eps: float
             first, act, second = mods[p.first], mods[p.act], mods[p.second]
             w1 = first.weight.data
             r1 = w1.abs().reshape(w1.shape[0], -1).amax(dim=1).double()
-            r2 = _second_ranges(_in_channel_view(second, w1.shape[0])).double()
+            view = _in_channel_view(second, w1.shape[0])
+            assert view is not None  # find_pairs kept only pairs whose channels match
+            r2 = _second_ranges(view).double()
             good = (r1 > eps) & (r2 > eps)
             s = torch.where(good, torch.sqrt(r1.clamp_min(eps) / r2.clamp_min(eps)), torch.ones_like(r1))
             _apply(first, act, second, s.float())
-            p.scale = p.scale * s.float()
+            p.scale = s.float() if p.scale is None else p.scale * s.float()
     return done

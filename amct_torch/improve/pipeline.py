@@ -128,7 +128,7 @@ def net_outputs(model: fx.GraphModule, data: tuple) -> list[torch.Tensor]:
     handles = []
     for i, n in enumerate(nodes):
         if isinstance(n, fx.Node) and n.op == "call_module":
-            mod = model.get_submodule(n.target)
+            mod = model.get_submodule(str(n.target))
             if getattr(mod, "caffe_type", None) == "Softmax":
                 handles.append(mod.register_forward_hook(
                     lambda _m, a, _y, i=i: caught.__setitem__(i, a[0])))
@@ -202,7 +202,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
         t0 = time.perf_counter()
         res = refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias)
         gm = copy.deepcopy(cur_gm) if res.bias_delta else cur_gm
-        mods = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
+        mods: dict[Any, Any] = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
         for n, d in res.bias_delta.items():
             mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
         label = "+".join(n for n in ("output_ranges", "bias_correction") if n in names)

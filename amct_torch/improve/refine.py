@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import fx, nn
@@ -201,7 +201,7 @@ def _bias_hook(name: str, target: tuple[torch.Tensor, torch.Tensor], n_fit: int,
     output handed on) when it lowers the held-out squared mean error."""
     t_fit, t_held = target
 
-    def hook(mod: nn.Module, _a: tuple, y: torch.Tensor) -> torch.Tensor:
+    def hook(mod: Any, _a: tuple, y: torch.Tensor) -> torch.Tensor:
         delta = t_fit - _channel_mean(y[:n_fit])
         e = t_held - _channel_mean(y[n_fit:])
         before, after = e.pow(2).sum(), (e - delta).pow(2).sum()
@@ -224,6 +224,7 @@ def _collect(records: Mapping[str, LayerRecord], chosen: dict, rmse: dict, delta
         out.changes[name].multiplier = m
         if m != 1.0:
             rec = records[name]
+            assert rec.scale_d is not None  # only calibrated layers get a range search
             out.records[name] = replace(rec, scale_d=to_float32(float(rec.scale_d) * m))
     for name, d in deltas.items():
         err = berr[name].cpu().tolist()
