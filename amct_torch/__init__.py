@@ -14,8 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from amct_torch.errors import (AmctError, CalibrationError, ConfigError, DataError, ExportError,
-                               ModelError, RecordError)
+from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, ModelError, RecordError
 
 __version__ = "0.1.0"
 
@@ -60,15 +59,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-    from amct_torch.api import (QuantGraph, convert_model, create_quant_config, init, quantize_model,
-                                save_model)
-    from amct_torch.inputs.data import Preprocess
-    from amct_torch.workflow import QuantizeOptions, QuantizeResult, quantize
-    from amct_torch.quality.auto_calibration import (AutoCalibrationEvaluatorBase,
-                                             accuracy_based_auto_calibration)
+    from amct_torch.api import QuantGraph, convert_model, create_quant_config, init, quantize_model, save_model
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.caffe.netio import save_caffe, write_net
     from amct_torch.export import export_onnx, fake_quant_graph
     from amct_torch.fusion import fuse_bn
-    from amct_torch.record import read_record, write_record
+    from amct_torch.inputs.data import Preprocess
+    from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
     from amct_torch.quality.report import LayerStat, format_table, layer_report
+    from amct_torch.record import read_record, write_record
+    from amct_torch.workflow import QuantizeOptions, QuantizeResult, quantize

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
+import statistics
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -24,8 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from amct_torch.algorithms.ifmr import candidate_grid, candidate_ratios, ifmr_exact, percentile_k
 from amct_torch.algorithms.quant import fake_quant
-from amct_torch.calibration.observers import (HfmgObserver, IfmrExactObserver,
-                                              IfmrStreamingObserver)
+from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver
 
 
 def emit(**kw) -> None:

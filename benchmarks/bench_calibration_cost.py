@@ -105,7 +105,14 @@ def rss(batch_num: int, batch: int, mode: str) -> dict:
 def ort_cost(n: int) -> list[dict]:
     import onnx
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
     import amct_torch
     from amct_torch.export import export_onnx
     proto, weights = nsfw_files()

@@ -26,10 +26,9 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import natural_images_bgr, nsfw_dir
-
 import amct_torch
 from amct_torch.export import convert_model, export_onnx
+from conftest import natural_images_bgr, nsfw_dir
 
 
 def session(path, threads):
@@ -42,6 +41,7 @@ def session(path, threads):
 def kernel_counts(path, threads):
     """Op counts of ORT's optimized graph (how many convolutions run as int8 kernels)."""
     import collections
+
     import onnx
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -94,8 +94,7 @@ def latencies(models, x, threads, rounds, per_round, n_sessions):
 
 
 def ort_static(float_path, out_path, calib, act_type):
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
         def __init__(self):

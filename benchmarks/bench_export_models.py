@@ -35,16 +35,16 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from helpers.caffe_nets import run_cv  # noqa: E402
-from conftest import natural_images_bgr, nsfw_dir  # noqa: E402
-from helpers.exports import minmax_records  # noqa: E402
-from helpers.onnx_layers import detection_sets_match  # noqa: E402
-from helpers.ssd import ssd_net  # noqa: E402
 from test_export_onnx_cascade import pnet, rnet  # noqa: E402
 
 from amct_torch.caffe.graph import layer_modules, load_caffe  # noqa: E402
 from amct_torch.export import export_onnx, fake_quant_graph, save_quant_models  # noqa: E402
 from amct_torch.fusion import fuse_bn  # noqa: E402
+from conftest import natural_images_bgr, nsfw_dir  # noqa: E402
+from helpers.caffe_nets import run_cv  # noqa: E402
+from helpers.exports import minmax_records  # noqa: E402
+from helpers.onnx_layers import detection_sets_match  # noqa: E402
+from helpers.ssd import ssd_net  # noqa: E402
 
 INT8_CONV = ("QLinearConv", "ConvInteger")
 INT8_FC = ("QGemm", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul")

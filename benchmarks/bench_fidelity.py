@@ -147,6 +147,7 @@ def export_check(result, x, out, args) -> float:
 def float_onnx(result, tmp) -> str:
     """The float ONNX of the BN-fused model, cut at the logits (Softmax removed)."""
     import onnx
+
     from amct_torch.export import export_onnx
     prefix = os.path.join(tmp, "nsfw_onnx")
     float_full, _ = export_onnx(result.float_model, result.records, prefix)
@@ -164,8 +165,13 @@ def ort_logits(path, x, batch=16, inp="data") -> np.ndarray:
 
 
 def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw", inp="data") -> list[dict]:
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                          QuantType, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -201,8 +207,8 @@ def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw",
 # -- example model ------------------------------------------------------------------------
 def example_accuracy(tmp, improve=None) -> None:
     from amct_torch.caffe.graph import load_caffe
-    from amct_torch.workflow.demo import accuracy
     from amct_torch.examples import example_data, example_model
+    from amct_torch.workflow.demo import accuracy
     proto, weights = example_model()
     xc, _ = example_data("calib")
     xt, yt = example_data("test")
@@ -296,6 +302,7 @@ def run_family(fam: str, imgs, args, tmp: str) -> dict:
     """One JSON line per method and a summary line: worst-output (the logits) SQNR on held-out
     inputs against the float model, ours and ONNX Runtime's on the same float ONNX and data."""
     import onnx
+
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.export.onnx.qdq import export_float_onnx
     proto, weights, calib, held, logits = family_data(fam, imgs, args.calib, args.n, tmp)

@@ -108,14 +108,16 @@ def bench_hostile(work: str) -> None:
 
 def bench_fuzz(work: str, n: int) -> None:
     """Seeded mutations straight into each reader."""
+    import io
+
     import numpy as np
+
     from amct_torch.caffe.netio import read_net
-    from amct_torch.inputs.data import Preprocess, calibration_batches, load_image
     from amct_torch.config import parse_quant_cfg, read_quant_config_json, resolve_quant_cfg
     from amct_torch.config.create import model_layer_infos
     from amct_torch.errors import AmctError
+    from amct_torch.inputs.data import Preprocess, calibration_batches, load_image
     from amct_torch.record import read_record, validate_record
-    import io
     layers = model_layer_infos(hc.MODEL)
     buf = io.BytesIO()
     np.save(buf, np.zeros((2, 1, 16, 16), np.float32))
@@ -167,8 +169,9 @@ def bench_fuzz(work: str, n: int) -> None:
 
 
 def bench_kills(work: str, per_layout: int) -> None:
-    from helpers.kill import final_set, run_cli
     from test_kill_outputs import _args, _env, _other_fs_tmp, check_after_kill
+
+    from helpers.kill import final_set, run_cli
     refs = {}
     tmp0 = os.path.join(work, "kill_tmp0")
     os.makedirs(tmp0, exist_ok=True)

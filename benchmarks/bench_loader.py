@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     import cv2
+
     from amct_torch import load_caffe
     from amct_torch.caffe.graph import layer_modules
     from amct_torch.fusion import fold_for_inference

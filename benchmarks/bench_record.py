@@ -12,8 +12,7 @@ import time
 import numpy as np
 
 from amct_torch.config.layers import LayerInfo
-from amct_torch.record import (merge_activation_factors, read_record, validate_record,
-                               write_weight_factors)
+from amct_torch.record import merge_activation_factors, read_record, validate_record, write_weight_factors
 
 
 def main() -> None:

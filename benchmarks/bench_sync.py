@@ -24,11 +24,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from conftest import nsfw_dir  # noqa: E402
-from helpers.sync import calibration_model, count_syncs  # noqa: E402
-
 from amct_torch.calibration import backends  # noqa: E402
 from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver  # noqa: E402
+from conftest import nsfw_dir  # noqa: E402
+from helpers.sync import calibration_model, count_syncs  # noqa: E402
 
 
 def emit(**kw) -> None:

@@ -87,6 +87,7 @@ def main() -> int:
     ap.add_argument("--new", default="WORKTREE", help="revision to check (default: the working tree)")
     args = ap.parse_args()
     import numpy as np
+
     from helpers.data import natural_images_bgr
 
     tmp = tempfile.mkdtemp(prefix="amct_identical_")

@@ -8,12 +8,20 @@ import json
 import math
 from typing import Any, Optional, Sequence
 
+from amct_torch.atomic import atomic_write_text
 from amct_torch.config.checks import check_bins, check_percentile, check_search
 from amct_torch.config.layers import CHANNEL_WISE_TYPES, LayerInfo, quantizable_layers
-from amct_torch.config.types import (ACT_ALGOS, HFMG_DEFAULT_BINS, IFMR_DEFAULTS, JSON_VERSION,
-                                     NUM_BITS, WTS_ALGO, LayerQuantConfig, QuantConfig)
+from amct_torch.config.types import (
+    ACT_ALGOS,
+    HFMG_DEFAULT_BINS,
+    IFMR_DEFAULTS,
+    JSON_VERSION,
+    NUM_BITS,
+    WTS_ALGO,
+    LayerQuantConfig,
+    QuantConfig,
+)
 from amct_torch.errors import ConfigError
-from amct_torch.atomic import atomic_write_text
 
 GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                "skip_fusion_layers")

@@ -76,8 +76,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     ``output_names.IMPROVEMENTS``, a comma-separated string or list of them, or "all"; applied in
     that fixed order and guarded on held-out calibration rows (``improve/pipeline.py``,
     docs/algorithms.md); the record, the Caffe models and the QDQ ONNX carry the improved
-    model, ``float_model`` and ``_float.onnx`` stay the float (BN-fused) model. ``distributed``: under ``torchrun``, each process calibrates its
-    share of the batches and rank 0 alone writes the outputs (docs/distributed.md);
+    model, ``float_model`` and ``_float.onnx`` stay the float (BN-fused) model.
+    ``distributed``: under ``torchrun``, each process calibrates its share of the batches and
+    rank 0 alone writes the outputs (docs/distributed.md);
     ``checkpoint``: a path where the observer states are saved after each batch, and resumed
     from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
     (``output_names.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric

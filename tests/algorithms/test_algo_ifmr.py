@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from amct_torch.algorithms.ifmr import (boundary_losses, candidate_grid, candidate_ratios,
-                                       exact_losses, ifmr_exact, level_thresholds, num_candidates)
+from amct_torch.algorithms.ifmr import (
+    boundary_losses,
+    candidate_grid,
+    candidate_ratios,
+    exact_losses,
+    ifmr_exact,
+    level_thresholds,
+    num_candidates,
+)
 
 F = np.float32
 

@@ -1,7 +1,6 @@
 """Bad Caffe files are ModelErrors that name the file (and line or layer)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from amct_torch.caffe import netio

@@ -11,7 +11,6 @@ import pytest
 from google.protobuf import text_format
 
 from amct_torch.caffe import netio
-from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
 from helpers.data import natural_images_bgr
 

@@ -1,7 +1,6 @@
 """Convolution, Deconvolution and InnerProduct against OpenCV's Caffe importer."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from helpers.caffe_nets import assert_close, make_net, rand, run_cv, run_ours

@@ -118,8 +118,9 @@ def test_detection_output(tmp_path, device):
     feat, data = rand(2, 8, h, w, seed=1), rand(2, 3, 40, 50, seed=2)
     out = run_ours(proto, model, feat, data, loc, conf, device=device)
     ours = out["det"]
-    from amct_torch.caffe import layer_modules, load_caffe
     import torch
+
+    from amct_torch.caffe import layer_modules, load_caffe
     gm = load_caffe(proto, model)
     pb = layer_modules(gm)["pb"](torch.from_numpy(feat), torch.from_numpy(data)).numpy()
     ref = detection_reference(loc, conf, pb, nc, 0.2, 0.45, 40, 25)

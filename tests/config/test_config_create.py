@@ -6,12 +6,11 @@ import json
 import re
 
 import pytest
+from google.protobuf import text_format
 
-from amct_torch.config import (LayerInfo, create_quant_config, layer_infos_from_net,
-                               model_layer_infos)
+from amct_torch.config import LayerInfo, create_quant_config, layer_infos_from_net, model_layer_infos
 from amct_torch.errors import ConfigError, ModelError
 from amct_torch.proto import amct_caffe_pb2
-from google.protobuf import text_format
 from helpers.configs import write
 
 PROTOTXT = """

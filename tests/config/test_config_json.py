@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from amct_torch.config import (LayerQuantConfig, QuantConfig, parse_quant_cfg,
-                               read_quant_config_json, resolve_quant_cfg, write_quant_config_json)
+from amct_torch.config import (
+    LayerQuantConfig,
+    QuantConfig,
+    parse_quant_cfg,
+    read_quant_config_json,
+    resolve_quant_cfg,
+    write_quant_config_json,
+)
 from amct_torch.config.json_config import quant_config_to_json
 from amct_torch.errors import ConfigError
 from helpers.configs import LAYERS, write

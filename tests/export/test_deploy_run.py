@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.data import natural_images_bgr, nsfw_dir
-from helpers.exports import minmax_records
-from helpers.ssd import ssd_net
-
 from amct_torch.caffe.graph import layer_modules, load_caffe
 from amct_torch.caffe.layers import QuantLayer
 from amct_torch.caffe.netio import save_caffe
 from amct_torch.export import save_quant_models
 from amct_torch.export.layer_quant import plan_layers
 from amct_torch.fusion import fuse_bn
+from helpers.data import natural_images_bgr, nsfw_dir
+from helpers.exports import minmax_records
+from helpers.ssd import ssd_net
 
 
 def _write(tmp_path, proto, model, x_calib):

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.caffe_nets import make_net
-from helpers.data import natural_images_bgr
-from helpers.exports import SMALL_BODY, minmax_records, register_cv_layers, small_blobs
 from amct_torch.caffe.graph import layer_modules, load_caffe
 from amct_torch.caffe.netio import parse_caffemodel
 from amct_torch.errors import ExportError
 from amct_torch.export import fake_quant_graph, save_quant_models, unpack_deq_scale
 from amct_torch.fusion import fuse_bn
 from amct_torch.record import LayerRecord
+from helpers.caffe_nets import make_net
+from helpers.data import natural_images_bgr
+from helpers.exports import SMALL_BODY, minmax_records, register_cv_layers, small_blobs
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers.caffe_nets import make_net
 from amct_torch.errors import ModelError, RecordError
 from amct_torch.export import convert_model
+from helpers.caffe_nets import make_net
 
 SEED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "seed000_record.txt")
 # conv1 takes 3 channels, 3 outputs; pool1 AVE; fc1 (one output per tensor scale)

@@ -23,14 +23,14 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers.caffe_nets import make_net
-from helpers.data import natural_images_bgr
-from helpers.exports import SMALL_BODY, minmax_records, small_blobs
 from amct_torch.caffe.graph import layer_modules, load_caffe
 from amct_torch.caffe.layers import QuantLayer
 from amct_torch.export import export_onnx, fake_quant_graph
 from amct_torch.export.layer_quant import plan_layers
 from amct_torch.fusion import fuse_bn
+from helpers.caffe_nets import make_net
+from helpers.data import natural_images_bgr
+from helpers.exports import SMALL_BODY, minmax_records, small_blobs
 
 INT8_KERNELS = {"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm",
                 "MatMulIntegerToFloat", "QLinearAveragePool"}

@@ -9,13 +9,12 @@ import numpy as np
 import onnx
 import torch
 
-from helpers.caffe_nets import make_net, rand, run_cv
-from helpers.exports import minmax_records
-from helpers.onnx_layers import export_and_run, ort_session, rel_err
-
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.export import export_onnx, fake_quant_graph
 from amct_torch.fusion import fuse_bn
+from helpers.caffe_nets import make_net, rand, run_cv
+from helpers.exports import minmax_records
+from helpers.onnx_layers import export_and_run, ort_session, rel_err
 
 
 def _conv(name, bottom, n, k, s=1):

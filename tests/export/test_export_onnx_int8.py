@@ -14,14 +14,13 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from helpers.data import natural_images_bgr, nsfw_dir
-from helpers.exports import minmax_records
-from helpers.ssd import ssd_net
-
 from amct_torch.caffe.graph import layer_modules, load_caffe
 from amct_torch.cli import main
 from amct_torch.export import export_onnx, fake_quant_graph
 from amct_torch.fusion import fuse_bn
+from helpers.data import natural_images_bgr, nsfw_dir
+from helpers.exports import minmax_records
+from helpers.ssd import ssd_net
 
 INT8_CONV = ("QLinearConv", "ConvInteger")
 INT8_FC = ("MatMulInteger", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")

@@ -151,11 +151,12 @@ def test_fake_quant_model_file_exports(tmp_path):
     Identity): ORT equals the loaded model except for a value on a rounding tie; the deploy
     model's integer layers are refused with a message naming the layer."""
     import torch
-    from helpers.exports import SMALL_BODY, minmax_records, small_blobs
+
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.errors import ExportError
     from amct_torch.export import save_quant_models
     from amct_torch.export.onnx.qdq import export_float_onnx
+    from helpers.exports import SMALL_BODY, minmax_records, small_blobs
     proto, model = make_net(tmp_path, SMALL_BODY, {"data": [1, 3, 8, 8]}, small_blobs(np.random.default_rng(0)))
     x = rand(4, 3, 8, 8, seed=2)
     gm = load_caffe(proto, model)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from amct_torch.caffe.graph import load_caffe
+from amct_torch.errors import ExportError
+from amct_torch.export.onnx.qdq import export_float_onnx
 from helpers.caffe_nets import run_cv, run_ours
 from helpers.data import natural_images_bgr
 from helpers.onnx_layers import detection_sets_match, export_and_run, rel_err
 from helpers.ssd import ssd_net
-
-from amct_torch.caffe.graph import load_caffe
-from amct_torch.errors import ExportError
-from amct_torch.export.onnx.qdq import export_float_onnx
 
 VARIANTS = {
     "default": {},

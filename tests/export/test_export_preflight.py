@@ -8,12 +8,11 @@ import os
 
 import numpy as np
 
-from helpers.data import natural_images_bgr
-from helpers.ssd import ssd_net
-
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.cli import main
 from amct_torch.export.onnx.preflight import onnx_preflight
+from helpers.data import natural_images_bgr
+from helpers.ssd import ssd_net
 
 
 def test_preflight_names_model_and_layer(tmp_path, caplog):

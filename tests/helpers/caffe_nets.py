@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from google.protobuf import text_format
 
-from amct_torch.caffe.netio import write_net
 from amct_torch.caffe.graph import load_caffe
+from amct_torch.caffe.netio import write_net
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 

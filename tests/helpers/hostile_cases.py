@@ -263,8 +263,9 @@ def quant_cfg_cases(folder: str) -> list[Case]:
 
 # ---------------------------------------------------------------- JSON config
 def json_texts() -> dict[str, str]:
-    from amct_torch.config import create_quant_config
     import tempfile
+
+    from amct_torch.config import create_quant_config
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "c.json")
         create_quant_config(p, MODEL, WEIGHTS)
@@ -497,6 +498,7 @@ class _Pickled:
 def checkpoint_cases(folder: str) -> list[Case]:
     """--checkpoint files that do not belong to the run or are not checkpoints at all."""
     import torch
+
     import amct_torch
     from amct_torch.calibration.checkpoint import save_checkpoint
     cases = []
@@ -739,6 +741,7 @@ def _cli_only(argv: list) -> bool:
 def _run_api(argv: list) -> tuple:
     """(exit-code-like status, message, traceback) of the API call of ``argv``."""
     import traceback
+
     from amct_torch.errors import AmctError
     try:
         api_call(argv)()

@@ -12,8 +12,8 @@ complete reference run, all of them from the same run.
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Optional
@@ -91,6 +91,7 @@ def main() -> int:
     kill_at = int(os.environ.get("AMCT_KILL_AT", "-1"))
     count_file = os.environ.get("AMCT_KILL_COUNT")
     import torch  # noqa: F401  (imports before counting: only the run's own steps count)
+
     from amct_torch.cli import main as cli
     counter = [0]
     _install(kill_at, counter)

@@ -11,6 +11,7 @@ from amct_torch.caffe.graph import layer_modules
 from amct_torch.improve.cle import equalize, find_pairs
 from helpers.caffe_nets import make_net, rand
 
+
 def run(gm, x: torch.Tensor) -> torch.Tensor:
     """The net's (single) output blob."""
     (y,) = gm(x).values()

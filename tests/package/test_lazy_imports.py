@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 
-import amct_torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAVY = ("torch", "onnx", "onnxruntime", "cv2")
 
@@ -37,8 +35,8 @@ def test_import_and_loading_do_not_import_onnx_or_opencv(nsfw_model):
 
 def test_every_public_name_resolves_to_its_module():
     import amct_torch.api
-    import amct_torch.workflow
     import amct_torch.caffe.graph
+    import amct_torch.workflow
     for name in amct_torch.__all__:
         assert getattr(amct_torch, name) is not None, name
     assert amct_torch.load_caffe is amct_torch.caffe.graph.load_caffe

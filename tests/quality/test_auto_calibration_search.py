@@ -16,10 +16,10 @@ import os
 import pytest
 import torch
 
-from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.config import create_quant_config
 from amct_torch.examples import example_data, example_model
+from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
 
 BAD = ("conv2", "fc1")
 THRESHOLD_DB = 40.0

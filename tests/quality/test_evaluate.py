@@ -8,13 +8,12 @@ import math
 import numpy as np
 import torch
 
-from helpers.caffe_nets import make_net
-from helpers.exports import SMALL_BODY, minmax_records, small_blobs
-
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.cli import main
 from amct_torch.export import save_quant_models
 from amct_torch.fusion import fuse_bn
+from helpers.caffe_nets import make_net
+from helpers.exports import SMALL_BODY, minmax_records, small_blobs
 
 
 def _row(text: str, name: str) -> list[str]:

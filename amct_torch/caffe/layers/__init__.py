@@ -1,8 +1,22 @@
 """Caffe layer types as torch modules (one module per Caffe layer), and their registry."""
+# imported for their registrations: BVLC's types, the segmentation/detection forks' and the
+# mobile/YOLO/SegNet forks'
+from amct_torch.caffe.layers import (  # noqa: F401
+    activations,
+    conv,
+    interp,
+    mobile,
+    norm,
+    pooling,
+    quant,
+    rcnn,
+    segnet,
+    ssd,
+    structure,
+    upsample,
+    yolo,
+)
 from amct_torch.caffe.layers.base import CaffeLayer, layer_class, register, supported_types
-from amct_torch.caffe.layers import activations, conv, norm, pooling, quant, ssd, structure  # noqa: F401  (register)
-from amct_torch.caffe.layers import interp, rcnn, yolo  # noqa: F401  (register: segmentation / detection forks)
-from amct_torch.caffe.layers import mobile, segnet, upsample  # noqa: F401  (register: mobile / YOLO / SegNet forks)
 from amct_torch.caffe.layers.conv import ConvolutionLayer, DeconvolutionLayer, InnerProductLayer
 from amct_torch.caffe.layers.norm import BatchNormLayer, BiasLayer, LRNLayer, NormalizeLayer, ScaleLayer
 from amct_torch.caffe.layers.pooling import PoolingLayer, caffe_pool2d, caffe_pooled_size

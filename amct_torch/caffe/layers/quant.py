@@ -9,7 +9,6 @@ import torch
 from torch import fx
 
 from amct_torch.algorithms.quant import fake_quant
-
 from amct_torch.caffe.layers.base import CaffeLayer, register
 from amct_torch.caffe.layers.integer import unpack_deq
 
