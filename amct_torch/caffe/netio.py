@@ -18,6 +18,7 @@ from google.protobuf import text_format
 
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
+from amct_torch.caffe.blob_shape import MAX_BLOB_AXES, blob_shape, check_value_count
 from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_counts
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
@@ -179,27 +180,9 @@ def layer_included(layer: pb.LayerParameter, state: pb.NetState, file: Optional[
     return not any(_rule_met(r, state) for r in layer.exclude)
 
 
-#: Caffe's kMaxBlobAxes: a blob has at most 32 axes.
-MAX_BLOB_AXES = 32
-
 #: ``raw_data_type`` → the little-endian dtype of ``raw_data`` (NVIDIA Caffe's field, written by
 #: ``cv2.dnn.shrinkCaffeModel`` as FLOAT16); INT and UINT are not weights.
 _RAW_DTYPES = {pb.FLOAT16: "<f2", pb.FLOAT: "<f4", pb.DOUBLE: "<f8"}
-
-
-def blob_shape(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[str] = None,
-               index: int = 0) -> list[int]:
-    """The declared shape of a blob: legacy num/channels/height/width (4-D) if any is present,
-    else ``shape.dim``; at most 32 axes (Caffe's limit), no negative dimension."""
-    legacy = any(blob.HasField(f) for f in _LEGACY_DIMS)
-    dims = blob.shape.dim
-    if not legacy and len(dims) > MAX_BLOB_AXES:
-        raise ModelError(f"blob {index} has {len(dims)} axes; Caffe allows at most {MAX_BLOB_AXES}",
-                         file=file, layer=layer)
-    shape = [blob.num, blob.channels, blob.height, blob.width] if legacy else list(dims)
-    if any(d < 0 for d in shape):
-        raise ModelError(f"blob {index} declares a negative dimension {shape}", file=file, layer=layer)
-    return shape
 
 
 def _blob_values(blob: pb.BlobProto, file: Optional[str], layer: Optional[str], index: int) -> np.ndarray:
@@ -240,17 +223,6 @@ def blob_to_array(blob: pb.BlobProto, file: Optional[str] = None, layer: Optiona
     values = _blob_values(blob, file, layer, index)
     check_value_count(values, shape, file, layer, index)
     return values.reshape(shape)
-
-
-def check_value_count(values: np.ndarray, shape: list[int], file: Optional[str], layer: Optional[str],
-                      index: int) -> None:
-    """A ModelError naming the file and layer unless ``values`` fills ``shape`` exactly."""
-    count = 1
-    for d in shape:
-        count *= int(d)
-    if values.size != count:
-        raise ModelError(f"blob {index} has {values.size} values but shape {shape} needs {count}",
-                         file=file, layer=layer)
 
 
 def array_to_blob(arr: Any, blob: Optional[pb.BlobProto] = None) -> pb.BlobProto:

@@ -19,6 +19,7 @@ from typing import IO, Callable, Iterator, Optional
 import numpy as np
 from google.protobuf import message as _message
 
+from amct_torch.caffe.blob_shape import blob_shape, check_value_count
 from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
@@ -109,8 +110,6 @@ def _parse(cls: Callable[[], _message.Message], data: bytes) -> _message.Message
 def _blob(src: _Source, start: int, end: int, path: str, layer: str, index: int) -> np.ndarray:
     """One BlobProto whose values are a single packed ``data`` field, as a float32 array of
     its declared shape, its values read from the file into the array."""
-    from amct_torch.caffe.netio import blob_shape, check_value_count
-
     meta = bytearray()
     data: Optional[tuple[int, int]] = None
     for number, wire, key, body, stop in _fields(src, start, end):
