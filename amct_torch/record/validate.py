@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, NoReturn, Optional, Sequence
 
-from amct_torch.config.layers import LayerInfo
+from amct_torch.config.layers import DEPTHWISE_TYPES, LayerInfo
 from amct_torch.errors import RecordError
 from amct_torch.record.types import LayerRecord
 
@@ -62,7 +62,11 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Opti
             fail(f"scale_w has {len(r.scale_w)} values but offset_w has {len(r.offset_w)}: "
                  "they must have the same length")
         allowed = {1} if info.out_channels is None else {1, info.out_channels}
-        if len(r.scale_w) not in allowed:
+        # a ConvolutionDepthwise may omit num_output (its fork makes one output channel per
+        # input channel): the prototxt alone cannot size it, and the exporters check the count
+        # against the loaded weights
+        sized_by_weights = info.out_channels is None and info.type in DEPTHWISE_TYPES
+        if len(r.scale_w) not in allowed and not sized_by_weights:
             per_channel = ("its output channel count is unknown" if info.out_channels is None
                            else f"{info.out_channels} (one per output channel)")
             fail(f"scale_w has {len(r.scale_w)} values; expected 1 (per tensor) or "

@@ -289,3 +289,32 @@ def test_segnet_quantize_onnx(tmp_path):
                         onnx=True, quiet=True, device="cpu", report=False)
     _check_quantized(tmp_path, proto, model, out, [], 3, "d1", min_sqnr=20.0)
     assert os.path.exists(out + "_float.onnx")
+
+
+def test_depthwise_without_num_output_calibrates_per_channel_and_converts(tmp_path):
+    """The ConvolutionDepthwise fork reads no num_output: a prototxt without it still gets one
+    weight factor per channel (sized by the weights), and ``convert`` accepts that record; the
+    scales are ARQ's per-channel max|w| / 127."""
+    import amct_torch
+    from amct_torch.record import read_record
+
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    wd = (rng.standard_normal((6, 1, 3, 3)) * np.linspace(0.1, 3, 6).reshape(6, 1, 1, 1)).astype(np.float32)
+    body = ('layer { name: "c1" type: "Convolution" bottom: "data" top: "c1" '
+            'convolution_param { num_output: 6 kernel_size: 3 bias_term: false } }\n'
+            'layer { name: "dw" type: "ConvolutionDepthwise" bottom: "c1" top: "dw" '
+            'convolution_param { kernel_size: 3 pad: 1 bias_term: false } }\n')
+    proto, model = make_net(tmp_path, body, {"data": [2, 3, 15, 13]}, {"c1": [w1], "dw": [wd]})
+    out = str(tmp_path / "o" / "m")
+    amct_torch.quantize(proto, model, rand(4, 3, 15, 13, seed=6), output=out, batch_num=2,
+                        report=False, quiet=True)
+    rec = read_record(out + "_record.txt")["dw"]
+    assert len(rec.scale_w) == 6
+    # ARQ per channel (docs/algorithms.md, "ARQ"): v = the signed extreme of larger magnitude,
+    # scale_w = v/127 if v > 0 else |v|/128
+    rows = wd.reshape(6, -1).astype(np.float64)
+    v = np.where(rows.max(1) > -rows.min(1), rows.max(1), rows.min(1))
+    np.testing.assert_allclose(rec.scale_w, np.where(v > 0, v / 127, -v / 128), rtol=1e-5)
+    amct_torch.convert_model(proto, model, out + "_record.txt", str(tmp_path / "c" / "m"))
+    assert os.path.exists(str(tmp_path / "c" / "m_deploy_model.prototxt"))
