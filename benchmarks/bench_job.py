@@ -154,15 +154,6 @@ def vgg16_prototxt() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
     """``vgg16_deploy.prototxt`` and a caffemodel of seeded random weights (He-scaled normal,
     so activations keep their size through the 16 layers; biases small) in ``folder``. The
@@ -171,6 +162,7 @@ def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
     import numpy as np
 
     from amct_torch.proto import amct_caffe_pb2 as pb
+    from amct_torch.protowire import field_key, varint
 
     proto, weights = os.path.join(folder, "vgg16_deploy.prototxt"), os.path.join(folder, "vgg16.caffemodel")
     if os.path.exists(proto) and os.path.exists(weights):
@@ -189,9 +181,9 @@ def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
                     blob = layer.blobs.add()
                     blob.shape.dim.extend(arr.shape)
                     raw = arr.astype("<f4").tobytes()
-                    blob.MergeFromString(bytes([5 << 3 | 2]) + _varint(len(raw)) + raw)
+                    blob.MergeFromString(field_key(5) + varint(len(raw)) + raw)
             data = layer.SerializeToString()
-            f.write(_varint(100 << 3 | 2) + _varint(len(data)) + data)
+            f.write(field_key(100) + varint(len(data)) + data)
     os.replace(weights + ".part", weights)
     return proto, weights
 

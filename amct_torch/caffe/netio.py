@@ -24,6 +24,7 @@ from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.protowire import varint
 
 _LEGACY_DIMS = ("num", "channels", "height", "width")
 
@@ -242,21 +243,11 @@ def array_to_blob(arr: Any, blob: Optional[pb.BlobProto] = None) -> pb.BlobProto
         # ``data`` (field 5, packed float) parsed from its wire bytes: the same message as
         # ``data.extend(flat.tolist())``, 10x faster (no Python float per element)
         raw = flat.astype("<f4", copy=False).tobytes()
-        blob.MergeFromString(_PACKED_DATA_TAG + _varint(len(raw)) + raw)
+        blob.MergeFromString(_PACKED_DATA_TAG + varint(len(raw)) + raw)
     return blob
 
 
 _PACKED_DATA_TAG = bytes([5 << 3 | 2])  # BlobProto.data: field 5, wire type 2 (length-delimited)
-
-
-def _varint(n: int) -> bytes:
-    """``n`` (>= 0) as a protobuf base-128 varint."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) -> list[tuple[str, list[int]]]:

@@ -24,6 +24,7 @@ from amct_torch.atomic import file_mode, fsync_dir
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.protowire import field_key, fields, varint
 from amct_torch.termination import clean_exit_on_signals
 
 __all__ = ["write_caffemodel", "blob_parts", "layer_parts", "split_before"]
@@ -38,54 +39,14 @@ _INT8_FIELD = 100  # BlobProto.int8_data (bytes)
 #: their own memory
 DIRECT_BYTES = 1 << 16
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _key(number: int) -> bytes:
-    """The key of a length-delimited field ``number``."""
-    return _varint(number << 3 | 2)
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
 def split_before(data: bytes, number: int, known: Sequence[int]) -> int:
     """The offset in a serialised message ``data`` where a field ``number`` would go: before
     the first top-level field with a larger number or unknown to the schema (``known``:
     the message's field numbers; protobuf writes unknown fields after the known ones)."""
     known_set = set(known)
-    i = 0
-    while i < len(data):
-        start = i
-        key, i = _read_varint(data, i)
-        field, wire = key >> 3, key & 7
+    for field, start, _, _ in fields(data):
         if field > number or field not in known_set:
             return start
-        if wire == 0:
-            _, i = _read_varint(data, i)
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            size, i = _read_varint(data, i)
-            i += size
-        elif wire == 5:
-            i += 4
-        else:  # groups: never written by our schema
-            raise ValueError(f"unexpected wire type {wire} in field {field}")
     return len(data)
 
 
@@ -111,7 +72,7 @@ def blob_parts(arr: np.ndarray) -> list:
     rest = shape.SerializeToString()
     cut = split_before(rest, number, _BLOB_FIELDS)
     data = flat.data.cast("B")
-    return [rest[:cut], _key(number) + _varint(data.nbytes), data, rest[cut:]]
+    return [rest[:cut], field_key(number) + varint(data.nbytes), data, rest[cut:]]
 
 
 def _size(parts: Iterable) -> int:
@@ -136,7 +97,7 @@ def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
     parts: list = [data[:cut]]
     for arr in arrays:
         blob = blob_parts(arr)
-        parts.append(_key(_BLOBS_FIELD) + _varint(_size(blob)))
+        parts.append(field_key(_BLOBS_FIELD) + varint(_size(blob)))
         parts += blob
     parts.append(data[cut:])
     return parts
@@ -178,7 +139,7 @@ def write_caffemodel(path: str, net: pb.NetParameter,
         f.write(head)
         for layer, arrays in layers:
             parts = layer_parts(layer, arrays)
-            f.write(_key(_LAYER_FIELD) + _varint(_size(parts)))
+            f.write(field_key(_LAYER_FIELD) + varint(_size(parts)))
             _write_all(f, parts)
             del parts
         f.write(tail)

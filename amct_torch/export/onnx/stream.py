@@ -19,6 +19,7 @@ import onnx
 from onnx import helper
 
 from amct_torch.caffe.stream_writer import split_before
+from amct_torch.protowire import field_key, varint
 
 __all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
 
@@ -46,19 +47,6 @@ def skeleton(arr: np.ndarray, name: str) -> onnx.TensorProto:
     return t
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _key(number: int) -> bytes:
-    return _varint(number << 3 | 2)
-
-
 def _size(parts: list) -> int:
     return sum(memoryview(p).nbytes for p in parts)
 
@@ -84,7 +72,7 @@ def _tensor_parts(t: onnx.TensorProto, arr) -> list:
         return [data]
     flat = np.ascontiguousarray(arr).data.cast("B")
     cut = split_before(data, _TENSOR_RAW, _TENSOR_FIELDS)
-    return [data[:cut], _key(_TENSOR_RAW) + _varint(flat.nbytes), flat, data[cut:]]
+    return [data[:cut], field_key(_TENSOR_RAW) + varint(flat.nbytes), flat, data[cut:]]
 
 
 def write_model(f: BinaryIO, model: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> None:
@@ -96,12 +84,12 @@ def write_model(f: BinaryIO, model: onnx.ModelProto, external: Mapping[str, np.n
     inits: list = []
     for t in graph.initializer:
         parts = _tensor_parts(t, external.get(t.name))
-        inits += [_key(_GRAPH_INIT) + _varint(_size(parts))] + parts
+        inits += [field_key(_GRAPH_INIT) + varint(_size(parts))] + parts
     gparts = [gdata[:gcut]] + inits + [gdata[gcut:]]
     mdata = _without(model, "graph").SerializeToString()
     mcut = split_before(mdata, _MODEL_GRAPH, _MODEL_FIELDS)
     f.write(mdata[:mcut])
-    f.write(_key(_MODEL_GRAPH) + _varint(_size(gparts)))
+    f.write(field_key(_MODEL_GRAPH) + varint(_size(gparts)))
     for p in gparts:
         f.write(p)
     f.write(mdata[mcut:])
