@@ -101,9 +101,13 @@ def test_scale_with_second_bottom(tmp_path):
 
 
 def test_non_finite_result_warns(tmp_path, caplog):
-    var = np.array([0.5, -1.0, 1.0, 2.0], np.float32)  # sqrt(var + eps) is NaN for channel 1
+    # a negative variance is refused when the model loads; a finite but huge Scale still makes
+    # the folded weights overflow: gamma / sqrt(var + eps) for channel 1 is past float32's range
+    body, inputs, blobs = _conv_bn_scale()
+    blobs["sc1"][0][1] = 3e38
+    blobs["bn1"][1][1] = 0.0
     with caplog.at_level(logging.WARNING, logger="amct_torch.fusion"):
-        _refused(tmp_path, *_conv_bn_scale(var=var), expect_layer="conv1", reason="non-finite", file="m.prototxt")
+        _refused(tmp_path, body, inputs, blobs, expect_layer="conv1", reason="non-finite", file="m.prototxt")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "conv1" in warnings[0].getMessage() and "m.prototxt" in warnings[0].getMessage()
 
