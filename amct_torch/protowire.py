@@ -3,12 +3,13 @@
 Why by hand: a caffemodel or an ONNX model is one protobuf message, and protobuf's own API
 serialises or parses it whole, holding every weight twice. Written field by field (a key, a
 length, the bytes) the same message can go to a file layer by layer, and the bytes are the
-ones ``SerializeToString`` gives (tested). Used by ``caffe/stream_writer.py``,
+ones ``SerializeToString`` gives (tested); ``copy_fields`` gives such a writer the message
+without the fields it streams itself. Used by ``caffe/stream_writer.py``,
 ``caffe/netio.py``, ``caffe/limits.py`` and ``export/onnx/stream.py``.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 #: wire type of a length-delimited field (a message, bytes, a packed repeated field)
 LENGTH_DELIMITED = 2
@@ -78,3 +79,19 @@ def fields(buf: bytes, pos: int = 0, end: int = -1) -> Iterator[tuple[int, int, 
             raise MalformedWire(pos)
         if pos > end:
             raise MalformedWire(pos)
+
+
+def copy_fields(src: Any, dst: Any, skip: Iterable[str] = ()) -> Any:
+    """Copy every set field of message ``src`` into ``dst`` except those named in ``skip`` (the
+    big repeated ones a streaming writer emits itself); returns ``dst``."""
+    skipped = set(skip)
+    for fd, value in src.ListFields():
+        if fd.name in skipped:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+    return dst

@@ -24,7 +24,7 @@ from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import varint
+from amct_torch.protowire import copy_fields, varint
 
 _LEGACY_DIMS = ("num", "channels", "height", "width")
 
@@ -355,23 +355,11 @@ def _without_blobs(net: pb.NetParameter) -> pb.NetParameter:
     """A copy of ``net`` whose layers have no blobs, made field by field so that the blobs
     are never copied (copying them took ~0.1 s per ResNet-50 caffemodel written)."""
     clean = pb.NetParameter()
-    _copy_fields(net, clean, skip=("layer", "layers"))
+    copy_fields(net, clean, skip=("layer", "layers"))
     for src, dst in ((net.layer, clean.layer), (net.layers, clean.layers)):
         for layer in src:
-            _copy_fields(layer, dst.add(), skip=("blobs",))
+            copy_fields(layer, dst.add(), skip=("blobs",))
     return clean
-
-
-def _copy_fields(src: Any, dst: Any, skip: tuple) -> None:
-    for fd, value in src.ListFields():
-        if fd.name in skip:
-            continue
-        if fd.is_repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
 
 
 def caffemodel_bytes(net: pb.NetParameter) -> bytes:

@@ -24,7 +24,7 @@ from amct_torch.atomic import file_mode, fsync_dir
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import field_key, fields, varint
+from amct_torch.protowire import copy_fields, field_key, fields, varint
 from amct_torch.termination import clean_exit_on_signals
 
 __all__ = ["write_caffemodel", "blob_parts", "layer_parts", "split_before"]
@@ -82,16 +82,7 @@ def _size(parts: Iterable) -> int:
 def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
     """The encoding of ``layer`` (whose own ``blobs`` are ignored) with ``arrays`` as its blobs,
     internal fields dropped as ``caffemodel_bytes`` drops them, as a list of buffers."""
-    clean = pb.LayerParameter()
-    for fd, value in layer.ListFields():
-        if fd.name in ("blobs", _ptx.UNKNOWN_FIELD):
-            continue
-        if fd.is_repeated:
-            getattr(clean, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(clean, fd.name).CopyFrom(value)
-        else:
-            setattr(clean, fd.name, value)
+    clean = copy_fields(layer, pb.LayerParameter(), skip=("blobs", _ptx.UNKNOWN_FIELD))
     data = clean.SerializeToString()
     cut = split_before(data, _BLOBS_FIELD, _LAYER_FIELDS)
     parts: list = [data[:cut]]
@@ -106,18 +97,9 @@ def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
 def _net_parts(net: pb.NetParameter) -> tuple[bytes, bytes]:
     """The net's own fields before and after its ``layer`` field (layers and internal fields
     left out)."""
-    head = pb.NetParameter()
-    for fd, value in net.ListFields():
-        if fd.name in ("layer", _ptx.UNKNOWN_FIELD):
-            continue
-        if fd.name == "layers":
-            raise ValueError("a net with V1 'layers' cannot be streamed")
-        if fd.is_repeated:
-            getattr(head, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(head, fd.name).CopyFrom(value)
-        else:
-            setattr(head, fd.name, value)
+    if len(net.layers):
+        raise ValueError("a net with V1 'layers' cannot be streamed")
+    head = copy_fields(net, pb.NetParameter(), skip=("layer", _ptx.UNKNOWN_FIELD))
     data = head.SerializeToString()
     cut = split_before(data, _LAYER_FIELD, _NET_FIELDS)
     return data[:cut], data[cut:]

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from amct_torch.caffe.stream_writer import split_before
-from amct_torch.protowire import field_key, varint
+from amct_torch.protowire import copy_fields, field_key, varint
 
 __all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
 
@@ -51,21 +51,6 @@ def _size(parts: list) -> int:
     return sum(memoryview(p).nbytes for p in parts)
 
 
-def _without(msg, field: str):
-    """A copy of ``msg`` without ``field`` (the other fields copied as they are)."""
-    out = type(msg)()
-    for fd, value in msg.ListFields():
-        if fd.name == field:
-            continue
-        if fd.is_repeated:
-            getattr(out, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(out, fd.name).CopyFrom(value)
-        else:
-            setattr(out, fd.name, value)
-    return out
-
-
 def _tensor_parts(t: onnx.TensorProto, arr) -> list:
     data = t.SerializeToString()
     if arr is None:
@@ -79,14 +64,14 @@ def write_model(f: BinaryIO, model: onnx.ModelProto, external: Mapping[str, np.n
     """Write ``model`` to ``f``, each initializer named in ``external`` (a ``skeleton``) with
     that array's bytes as its ``raw_data``."""
     graph = model.graph
-    gdata = _without(graph, "initializer").SerializeToString()
+    gdata = copy_fields(graph, type(graph)(), skip=("initializer",)).SerializeToString()
     gcut = split_before(gdata, _GRAPH_INIT, _GRAPH_FIELDS)
     inits: list = []
     for t in graph.initializer:
         parts = _tensor_parts(t, external.get(t.name))
         inits += [field_key(_GRAPH_INIT) + varint(_size(parts))] + parts
     gparts = [gdata[:gcut]] + inits + [gdata[gcut:]]
-    mdata = _without(model, "graph").SerializeToString()
+    mdata = copy_fields(model, type(model)(), skip=("graph",)).SerializeToString()
     mcut = split_before(mdata, _MODEL_GRAPH, _MODEL_FIELDS)
     f.write(mdata[:mcut])
     f.write(field_key(_MODEL_GRAPH) + varint(_size(gparts)))
