@@ -12,10 +12,11 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from typing import Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
-from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES
+from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES
 from amct_torch.transaction import Terminated, abort_open
 
 log = logging.getLogger("amct_torch")
@@ -38,9 +39,8 @@ CALIBRATE_EXAMPLES = """examples:
   amct-torch calibrate deploy.prototxt weights.caffemodel images/ --mean 104,117,123 --improve bias_correction
 
 outputs (prefix --output):
-  _quant_config.json  _record.txt  _fake_quant_model.prototxt  _fake_quant_weights.caffemodel
-  _deploy_model.prototxt  _deploy_weights.caffemodel  _quant.json  _layer_report.json  [_quant.onnx]
-"""
+""" + textwrap.fill("  ".join(PREFIX_SUFFIXES), width=96, initial_indent="  ", subsequent_indent="  ",
+                    break_on_hyphens=False) + "\n"
 
 CONVERT_EXAMPLES = """examples:
   amct-torch convert deploy.prototxt weights.caffemodel record.txt --output out/model

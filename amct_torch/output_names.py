@@ -39,23 +39,43 @@ def improvement_list(value: object) -> tuple[str, ...]:
     return tuple(n for n in IMPROVEMENTS if n in names)
 
 
-def model_paths(save_path: str, save_type: str) -> list[str]:
-    """The files ``save_model`` writes for ``save_type``: the fake-quant and/or deploy Caffe
+#: kind → the suffix of every file a calibrate run may write under its prefix (AMCT's names;
+#: the one place that spells them: writers ask ``output_path``, a rerun removes the ones it does
+#: not write and nothing else, the command's help lists them)
+SUFFIXES = {
+    "config": "_quant_config.json",
+    "record": "_record.txt",
+    "fake_quant_model": "_fake_quant_model.prototxt",
+    "fake_quant_weights": "_fake_quant_weights.caffemodel",
+    "deploy_model": "_deploy_model.prototxt",
+    "deploy_weights": "_deploy_weights.caffemodel",
+    "quant": "_quant.json",
+    "report": "_layer_report.json",
+    "onnx_float": "_float.onnx",
+    "onnx": "_quant.onnx",
+}
+PREFIX_SUFFIXES = tuple(SUFFIXES.values())
+
+
+def output_path(prefix: str, kind: str) -> str:
+    """The path of the ``kind`` output (a key of ``SUFFIXES``) under ``prefix``."""
+    return prefix + SUFFIXES[kind]
+
+
+def model_kinds(save_type: str) -> list[str]:
+    """The kinds ``save_model`` writes for ``save_type``: the fake-quant and/or deploy Caffe
     models and the quant info JSON."""
     out = []
     if save_type in ("Fakequant", "Both"):
-        out += [f"{save_path}_fake_quant_model.prototxt", f"{save_path}_fake_quant_weights.caffemodel"]
+        out += ["fake_quant_model", "fake_quant_weights"]
     if save_type in ("Deploy", "Both"):
-        out += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
-    return out + [f"{save_path}_quant.json"]
+        out += ["deploy_model", "deploy_weights"]
+    return out + ["quant"]
 
 
-#: every file name a calibrate run may write under its prefix (the one place that lists them:
-#: a rerun removes the ones it does not write, and nothing else)
-PREFIX_SUFFIXES = ("_quant_config.json", "_record.txt", "_fake_quant_model.prototxt",
-                   "_fake_quant_weights.caffemodel", "_deploy_model.prototxt",
-                   "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json",
-                   "_float.onnx", "_quant.onnx")
+def model_paths(save_path: str, save_type: str) -> list[str]:
+    """The files ``save_model`` writes for ``save_type`` (``model_kinds``)."""
+    return [output_path(save_path, k) for k in model_kinds(save_type)]
 
 
 def prefix_outputs(prefix: str) -> list[str]:

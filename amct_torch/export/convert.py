@@ -20,7 +20,7 @@ from amct_torch.errors import ExportError, ModelError
 from amct_torch.export.caffe.deploy import save_deploy
 from amct_torch.export.caffe.fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
-from amct_torch.output_names import SAVE_TYPES
+from amct_torch.output_names import SAVE_TYPES, model_paths, output_path
 from amct_torch.record import LayerRecord, read_record, validate_record
 
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")
@@ -73,17 +73,14 @@ def save_quant_models(fused: torch.fx.GraphModule, records: Mapping[str, LayerRe
     # are quantized layer by layer as each model is written
     plan_layers(fused, records, record_file, weights=False)
     fused_map = dict(fused_layers) if fused_layers is not None else fused_layers_of(fused)
-    paths: list[str] = []
     emitted = None
     if save_type in ("Fakequant", "Both"):
         emitted = save_fake_quant(fused, records, save_path, offset_form, record_file)
-        paths += [f"{save_path}_fake_quant_model.prototxt", f"{save_path}_fake_quant_weights.caffemodel"]
     if save_type in ("Deploy", "Both"):
         emitted = save_deploy(fused, records, save_path, offset_form, record_file)
-        paths += [f"{save_path}_deploy_model.prototxt", f"{save_path}_deploy_weights.caffemodel"]
     assert emitted is not None, save_type  # save_type was checked against SAVE_TYPES
-    write_quant_info(f"{save_path}_quant.json", emitted, fused_map)
-    return paths + [f"{save_path}_quant.json"]
+    write_quant_info(output_path(save_path, "quant"), emitted, fused_map)
+    return model_paths(save_path, save_type)
 
 
 def convert_model(model_file: str, weights_file: str, scale_offset_record_file: str,

@@ -27,7 +27,7 @@ from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
 from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
-from amct_torch.output_names import model_paths
+from amct_torch.output_names import model_kinds, output_path
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
     QuantGraph,
@@ -256,8 +256,8 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     write_records(records, staged["record"])
     if opts.save_type is not None:
         prog.start("writing the Caffe models")
-        for p in export_models(graph, records, opts.save_type, plan.prefix):
-            files[_kind(p, plan.prefix)] = p
+        export_models(graph, records, opts.save_type, plan.prefix)
+        files.update((k, output_path(plan.prefix, k)) for k in model_kinds(opts.save_type))
     if opts.onnx:
         prog.start("writing the ONNX models")
         calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
@@ -306,15 +306,9 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
 
 def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:
     """kind → final path of every file ``quantize`` may write under the prefix ``output``."""
-    out = {"config": output + "_quant_config.json", "record": output + "_record.txt"}
-    if save_type is not None:
-        for p in model_paths(output, save_type):
-            out[_kind(p, output)] = p
-    if onnx:
-        out["onnx_float"], out["onnx"] = output + "_float.onnx", output + "_quant.onnx"
-    if report:
-        out["report"] = output + "_layer_report.json"
-    return {k: os.path.abspath(p) for k, p in out.items()}
+    kinds = ["config", "record"] + (model_kinds(save_type) if save_type is not None else [])
+    kinds += (["onnx_float", "onnx"] if onnx else []) + (["report"] if report else [])
+    return {k: os.path.abspath(output_path(output, k)) for k in kinds}
 
 
 def _config_json(config: Optional[str], path: str, model_file: str, weights_file: str,
@@ -361,8 +355,3 @@ def _computed_factors(err: AmctError, opts: QuantizeOptions) -> AmctError:
     weights = "scale_w" in err.message or "offset_w" in err.message
     err.message = f"computed factors: {err.message}"
     return err.with_file(opts.weights_file if weights else opts.data_path)
-
-
-def _kind(path: str, prefix: str) -> str:
-    tail = path[len(prefix) + 1:] if path.startswith(prefix + "_") else os.path.basename(path)
-    return tail.rsplit(".", 1)[0]

@@ -21,6 +21,7 @@ from amct_torch.caffe.netio import ParsedNet
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
 from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
+from amct_torch.output_names import output_path
 from amct_torch.record import LayerRecord
 
 
@@ -124,6 +125,6 @@ def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord]
     """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
     plan = LazyPlan(gm, records, file)  # every check now; each layer's weights when written
     emitted = emit_net(gm, plan.light, _fake_blobs, _fake_dequant_blobs, file, full=plan)
-    write_caffe_layers(emitted, f"{save_path}_fake_quant_model.prototxt",
-                       f"{save_path}_fake_quant_weights.caffemodel", offset_form)
+    write_caffe_layers(emitted, output_path(save_path, "fake_quant_model"),
+                       output_path(save_path, "fake_quant_weights"), offset_form)
     return emitted

@@ -56,7 +56,7 @@ from amct_torch.export.onnx.targets import apply as apply_target
 from amct_torch.export.onnx.targets import check_records as check_target_records
 from amct_torch.export.onnx.targets import get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
-from amct_torch.output_names import ONNX_ACTIVATIONS
+from amct_torch.output_names import ONNX_ACTIVATIONS, output_path
 from amct_torch.record import LayerRecord
 from amct_torch.termination import clean_exit_on_signals
 
@@ -519,7 +519,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                                           calibration_data, file)
         out_factors = {n: factors[n] for n in res}
         elt_factors = {n: factors[n] for n in extra}
-    float_path, quant_path = f"{path_prefix}_float.onnx", f"{path_prefix}_quant.onnx"
+    float_path, quant_path = output_path(path_prefix, "onnx_float"), output_path(path_prefix, "onnx")
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
     named = model_file if model_file is not None else file
     # the ONNX Runtime layout is written from the arrays, one model at a time (the targets'
