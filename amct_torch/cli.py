@@ -85,24 +85,23 @@ def _sizes(text: str) -> list[int]:
     return vals
 
 
-def _positive(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
+    """``text`` as an integer >= ``low``, else an argument error saying ``what`` was expected."""
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        v = low - 1
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return v
+
+
+def _positive(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def _non_negative(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def _batch_count(text: str) -> int:
