@@ -224,24 +224,35 @@ def default_sigterm():
     yield
     signal.signal(signal.SIGTERM, old)
 
-
-def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch, default_sigterm):
-    prefix = str(tmp_path / "m")
-    finals = [prefix + "_record.txt", prefix + "_quant.json", prefix + "_quant_config.json"]
-    tx = OutputTransaction(finals, owns_prefix=prefix).begin("m")
+def _staged_new(tx: OutputTransaction, finals: list) -> OutputTransaction:
+    """``tx`` begun, with "new" staged for each final path."""
+    tx.begin("m")
     for p in finals:
         with open(tx.staged(p), "w") as f:
             f.write("new")
+    return tx
+
+
+def _sigterm_after_the_first_rename(monkeypatch) -> None:
+    """A SIGTERM to this process arrives between the commit's first and second rename."""
     real_replace = os.replace
     calls = []
 
     def replace(src, dst):
         if not calls:
-            os.kill(os.getpid(), signal.SIGTERM)  # arrives between the first and second rename
+            os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
         calls.append(dst)
         real_replace(src, dst)
     monkeypatch.setattr(os, "replace", replace)
+
+
+
+def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch, default_sigterm):
+    prefix = str(tmp_path / "m")
+    finals = [prefix + "_record.txt", prefix + "_quant.json", prefix + "_quant_config.json"]
+    tx = _staged_new(OutputTransaction(finals, owns_prefix=prefix), finals)
+    _sigterm_after_the_first_rename(monkeypatch)
     with pytest.raises(Terminated) as stop:
         tx.commit()
     assert stop.value.code == 143 and stop.value.committed
@@ -331,20 +342,8 @@ def test_a_leftover_handler_still_holds_the_signal_through_a_commit(tmp_path, mo
     OutputTransaction([str(tmp_path / "a" / "x_record.txt")]).begin()
     prefix = str(tmp_path / "m")
     finals = [prefix + "_record.txt", prefix + "_quant.json"]
-    tx = OutputTransaction(finals).begin("m")
-    for p in finals:
-        with open(tx.staged(p), "w") as f:
-            f.write("new")
-    real_replace = os.replace
-    calls = []
-
-    def replace(src, dst):
-        if not calls:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-        calls.append(dst)
-        real_replace(src, dst)
-    monkeypatch.setattr(os, "replace", replace)
+    tx = _staged_new(OutputTransaction(finals), finals)
+    _sigterm_after_the_first_rename(monkeypatch)
     with pytest.raises(Terminated) as stop:
         tx.commit()
     assert stop.value.committed and all(open(p).read() == "new" for p in finals)
@@ -356,10 +355,7 @@ def test_an_error_amid_the_renames_finishes_the_set(tmp_path, monkeypatch):
     for p in finals:
         with open(p, "w") as f:
             f.write("old")
-    tx = OutputTransaction(finals).begin("m")
-    for p in finals:
-        with open(tx.staged(p), "w") as f:
-            f.write("new")
+    tx = _staged_new(OutputTransaction(finals), finals)
     real_replace = os.replace
     calls = []
 
