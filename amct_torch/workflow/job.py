@@ -204,9 +204,9 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
             raise err.with_file(opts.config) from None
         raise
     if opts.onnx:
+        check_target_config(opts.onnx_target, graph.config, opts.config)  # names the config file
         preflight_onnx(graph.model, graph.config, activations=opts.onnx_activations, outputs=opts.onnx_outputs,
-                       model_file=opts.model_file, speed=opts.onnx_speed)
-        check_target_config(opts.onnx_target, graph.config, opts.config)
+                       model_file=opts.model_file, speed=opts.onnx_speed, target=opts.onnx_target)
     if opts.batch_num is not None:
         graph.config.batch_num = int(opts.batch_num)
     return graph, cfg

@@ -13,6 +13,13 @@ values is the form of a quantized conv followed by a ReLU (QDQ when the next qua
 sits at the grid minimum, else the integer form): the QDQ model is built twice, with offsets 0
 and -128, so that both forms are checked.
 
+The runtime target (``--onnx-target``) is part of the check: its activation type, its form
+(plain QDQ for openvino and tensorrt: built once, no integer form to choose), its rewrite of the
+built model, and for tensorrt the zero points, so that a layout the target cannot express is
+reported here and not after calibration. TensorRT takes zero point 0 only: every calibration
+group must be symmetric, including the Eltwise SUMs that ``joint_quant`` quantizes, which
+follow the config's global ``activation_offset`` (no per-layer setting reaches them).
+
 Cheap by design: large arrays (weights) are written as shape-only graph inputs, never
 serialised (``_Builder.light``), and sizes come from the layers' shape rules (no forward
 pass); on the nsfw ResNet-50 it takes about 0.2 s plus one BN fusion.
@@ -28,6 +35,8 @@ from torch import fx
 
 from amct_torch.errors import AmctError, ExportError
 from amct_torch.export.layer_quant import WEIGHTED, LayerQuant
+from amct_torch.export.onnx.targets import apply as apply_target
+from amct_torch.export.onnx.targets import get_target, symmetric_fix
 
 log = logging.getLogger("amct_torch")
 
@@ -71,6 +80,54 @@ def _placeholder(name: str, mod: Any, channel_wise: bool, scale_d: float, offset
     return lq
 
 
+def _joint_config(quant: Any) -> Any:
+    """The activation config of a joint Eltwise group: IFMR defaults, asymmetric as the
+    config's ``activation_offset`` (what the calibration step gives these groups; quant.cfg has
+    no per-layer setting for an Eltwise)."""
+    from amct_torch.config.types import LayerQuantConfig
+    return LayerQuantConfig(asymmetric=bool(getattr(quant, "activation_offset", True)))
+
+
+def _groups(gm: fx.GraphModule, quant: Any, file: Optional[str]) -> tuple[list, dict[str, Any], dict[str, Any]]:
+    """The calibration groups of ``quant``'s enabled layers (as the calibration forms them),
+    the graph's layer modules and the per-layer configs."""
+    from amct_torch.caffe.graph import layer_modules
+    from amct_torch.calibration.observer_plan import build_plan
+    from amct_torch.config.types import LayerQuantConfig
+    layers = getattr(quant, "layers", None)
+    if layers is None:
+        layers = {n: LayerQuantConfig() for n in quant}
+    mods = layer_modules(gm)
+    missing = sorted(n for n, lc in layers.items() if lc.quant_enable and n not in mods)
+    if missing:
+        raise ExportError(f"the quant config names layer(s) not in the model: {', '.join(missing)}", file=file)
+    groups = build_plan(gm, layers, joint_quant=bool(getattr(quant, "joint_quant", False)),
+                        joint_config=_joint_config(quant))
+    return groups, mods, layers
+
+
+def check_symmetric(gm: fx.GraphModule, quant: Any, target: str, file: Optional[str] = None) -> None:
+    """Refuse, for a target that takes zero point 0 only (tensorrt), a calibration group whose
+    activations the config makes asymmetric, naming its first layer and the config field: a
+    quantized layer (its ``asymmetric``, default ``activation_offset``) or an Eltwise SUM that
+    ``joint_quant`` quantizes (always as ``activation_offset``). ``quant``: a QuantConfig or a
+    list of layer names (the default config: asymmetric)."""
+    if quant is None or not get_target(target).symmetric:
+        return
+    groups, _, _ = _groups(gm, quant, file)
+    for g in groups:
+        if not g.config.asymmetric:
+            continue
+        if g.joint:
+            what, fix = ("this Eltwise SUM, quantized by joint_quant,",
+                         "an Eltwise SUM that joint_quant quantizes takes the config's activation_offset: set "
+                         "activation_offset: false (or joint_quant: false) in the quant config")
+        else:
+            what, fix = "this layer", symmetric_fix("--config")
+        raise ExportError(f"ONNX export for --onnx-target {target}: {what} would be calibrated with asymmetric "
+                          f"activations, and {target} takes only zero point 0: {fix}", file=file, layer=g.layers[0])
+
+
 def placeholder_plan(gm: fx.GraphModule, quant: Any, file: Optional[str] = None,
                      offset_d: int = 0) -> dict[str, LayerQuant]:
     """The exporter's per-layer plan with placeholder factors: every enabled layer of ``quant``
@@ -79,19 +136,9 @@ def placeholder_plan(gm: fx.GraphModule, quant: Any, file: Optional[str] = None,
     one config) share one factor and the others get distinct ones, as after calibration, so
     that the Q/DQ pairs are shared exactly as in the real model; every activation factor has
     offset ``offset_d``."""
-    from amct_torch.caffe.graph import layer_modules
-    from amct_torch.calibration.observer_plan import build_plan
-    from amct_torch.config.types import LayerQuantConfig
     if quant is None:
         return {}
-    layers = getattr(quant, "layers", None)
-    if layers is None:
-        layers = {n: LayerQuantConfig() for n in quant}
-    mods = layer_modules(gm)
-    missing = sorted(n for n, lc in layers.items() if lc.quant_enable and n not in mods)
-    if missing:
-        raise ExportError(f"the quant config names layer(s) not in the model: {', '.join(missing)}", file=file)
-    groups = build_plan(gm, layers, joint_quant=bool(getattr(quant, "joint_quant", False)))
+    groups, mods, layers = _groups(gm, quant, file)
     factor: dict[str, float] = {}
     for k, group in enumerate(groups):
         for name in group.layers:
@@ -110,7 +157,7 @@ def placeholder_plan(gm: fx.GraphModule, quant: Any, file: Optional[str] = None,
 def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = None, *,
                    activations: str = "uint8", outputs: Optional[Sequence[str]] = None,
                    model_file: Optional[str] = None, speed: bool = False,
-                   fuse: bool = True) -> PreflightResult:
+                   fuse: bool = True, target: str = "onnxruntime") -> PreflightResult:
     """Build the float and the QDQ ONNX models of ``gm`` as ``export_onnx`` will, with
     placeholder factors for the layers ``quant`` quantizes (a QuantConfig, a list of layer
     names, or None), and check them; raise an ``ExportError`` naming ``model_file`` (and the
@@ -119,12 +166,24 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
     a quantized form ONNX cannot express, a model the checker or ONNX Runtime refuses.
     ``activations``: "uint8" or "int8" (``--onnx-activations``); ``speed``: the opt-in speed
     mode (``--onnx-quantize-eltwise``); ``fuse``: BN fusion first, as the config says (the
-    graph the exporter receives is the fused one). Nothing is written."""
+    graph the exporter receives is the fused one). ``target``: the runtime layout
+    (``--onnx-target``; it fixes the activation type and the form, its rewrite is applied to
+    the built model, and tensorrt refuses asymmetric groups, ``check_symmetric``). Nothing is
+    written."""
     from amct_torch.export.onnx.qdq import _build
     from amct_torch.export.onnx.shapes import probe
-    from amct_torch.export.onnx.validate import check_runtime, runtime_status
+    from amct_torch.export.onnx.validate import check_runtime, check_structure, runtime_status
 
+    tg = get_target(target)
+    activations = tg.activations or activations
+    # the form the exporter writes: the integer form unless the speed mode or the target says not
+    integer_ops = not speed and tg.integer_ops is not False
+    # only the integer form depends on where a zero point sits; a symmetric target has zero 0
+    offsets = OFFSETS if integer_ops else (0,)
     try:
+        if tg.symmetric and speed:
+            raise ExportError(f"--onnx-target {target} cannot take --onnx-quantize-eltwise (its extra factors "
+                              "are asymmetric); drop one of the two options", file=model_file)
         graph = gm
         if fuse:
             from amct_torch.fusion import fuse_bn
@@ -132,10 +191,11 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
                             skip_fusion_layers=getattr(quant, "skip_fusion_layers", ()), file=model_file).graph
         # the fixed-size build: a symbolic spatial size only changes how sizes are written,
         # never whether a layer maps, and skips the spatial probe
+        check_symmetric(graph, quant, target, model_file)
         pr = probe(graph, try_spatial=False)
         built = [_build(graph, {}, activations, model_file, "float", outputs=outputs,
                         dynamic_spatial=False, probed=pr, light=True)]
-        for offset in OFFSETS:
+        for offset in offsets:
             plan = placeholder_plan(graph, quant, model_file, offset)
             out_f = elt = elt_f = None
             if speed and plan:
@@ -145,9 +205,13 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
                 elt = eltwise_plan(graph, plan, set(res))
                 out_f = {n: (2.0, offset) for n in res}
                 elt_f = {n: (3.0, offset) for n in calibrated_layers(elt)}
-            built.append(_build(graph, plan, activations, model_file, "quant", out_factors=out_f,
-                                eltwise=elt, elt_factors=elt_f, outputs=outputs, dynamic_spatial=False,
-                                probed=pr, integer_ops=not speed, light=True))
+            model, b = _build(graph, plan, activations, model_file, "quant", out_factors=out_f,
+                              eltwise=elt, elt_factors=elt_f, outputs=outputs, dynamic_spatial=False,
+                              probed=pr, integer_ops=integer_ops, light=True)
+            if plan and target != "onnxruntime":  # the target's rewrite reads names, not weights
+                check_structure(apply_target(target, model), model_file, b.layer_of,
+                                f"the QDQ model for --onnx-target {target}")
+            built.append((model, b))
             if not plan:
                 break  # nothing quantized: the offset changes nothing
         for (model, b), what in zip(built, ("float", "QDQ", "QDQ")):
@@ -160,11 +224,13 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
 
 
 def onnx_preflight(gm: fx.GraphModule, model_file: str, outputs: Optional[Sequence[str]] = None,
-                   config: Any = None, activations: str = "uint8", speed: bool = False) -> Optional[ExportError]:
+                   config: Any = None, activations: str = "uint8", speed: bool = False,
+                   target: str = "onnxruntime") -> Optional[ExportError]:
     """``preflight_onnx``'s problem returned instead of raised (None when the export will
     work), logged as a warning at once (``preflight_onnx`` raises instead: the one line)."""
     try:
-        preflight_onnx(gm, config, activations=activations, outputs=outputs, model_file=model_file, speed=speed)
+        preflight_onnx(gm, config, activations=activations, outputs=outputs, model_file=model_file, speed=speed,
+                       target=target)
     except ExportError as problem:
         log.warning("%s -- the ONNX models cannot be written", problem)
         return problem

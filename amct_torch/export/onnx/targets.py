@@ -107,7 +107,8 @@ def check_records(target: str, offsets: Iterable[tuple[str, int]], file: Optiona
     for name, off in offsets:
         if int(off) != 0:
             raise ExportError(f"ONNX export for TensorRT: layer '{name}' has activation offset {off}; "
-                              "TensorRT takes only zero point 0: calibrate with " + symmetric_fix("--config"),
+                              "TensorRT takes only zero point 0: calibrate with symmetric activations ("
+                              + symmetric_fix("--config") + "; with joint_quant, activation_offset: false)",
                               file=file, layer=name)
 
 
