@@ -6,8 +6,9 @@ inputs to the next layer). Random weights without this give activations that shr
 up through the net, and a fidelity that means nothing.
 
 Families: a MobileNet-style depthwise net (ConvolutionDepthwise + 1x1), PReLU cascade face
-nets at 12x12, 24x24 and 48x48 (MTCNN-like P/R/O nets), a CIFAR-style ReLU net. Each net is
-returned as (prototxt, caffemodel, input size, logits blob).
+nets at 12x12, 24x24 and 48x48 (MTCNN-like P/R/O nets), a CIFAR-style ReLU net, a VGG-style
+SSD detector (three PriorBox heads, Softmax, DetectionOutput). Each family's body gives (layer
+text, input size, its output layer or layers); ``build`` writes (prototxt, caffemodel).
 """
 from __future__ import annotations
 
@@ -88,20 +89,66 @@ def cifar_body() -> tuple[str, int, str]:
     return b, 32, "ip2"
 
 
-FAMILIES: dict[str, Callable[[], tuple[str, int, str]]] = {
+def ssd_body() -> tuple[str, int, tuple[str, ...]]:
+    """A VGG-style SSD (3x3 ReLU convolutions and max pooling, 96x96) with three heads (24x24,
+    12x12, 6x6): per head a location and a confidence convolution, Permute + Flatten, a
+    PriorBox; Concat of each, the confidences reshaped, Softmax over the 3 classes, Flatten,
+    and DetectionOutput (scored before it: ``mbox_loc`` and the confidence logits ``mbox_conf``)."""
+    c = 3
+    b = _conv("conv1_1", "data", 16, 3, 1, 1) + _act("relu1_1", "conv1_1", "ReLU")
+    b += _conv("conv1_2", "conv1_1", 16, 3, 1, 1) + _act("relu1_2", "conv1_2", "ReLU") + _pool("pool1", "conv1_2", 2, 2)
+    b += _conv("conv2_1", "pool1", 32, 3, 1, 1) + _act("relu2_1", "conv2_1", "ReLU")
+    b += _conv("conv2_2", "conv2_1", 32, 3, 1, 1) + _act("relu2_2", "conv2_2", "ReLU") + _pool("pool2", "conv2_2", 2, 2)
+    b += _conv("conv3_1", "pool2", 64, 3, 1, 1) + _act("relu3_1", "conv3_1", "ReLU")
+    b += _conv("conv3_2", "conv3_1", 64, 3, 1, 1) + _act("relu3_2", "conv3_2", "ReLU") + _pool("pool3", "conv3_2", 2, 2)
+    b += _conv("conv4_1", "pool3", 64, 3, 1, 1) + _act("relu4_1", "conv4_1", "ReLU") + _pool("pool4", "conv4_1", 2, 2)
+    b += _conv("conv5_1", "pool4", 64, 3, 1, 1) + _act("relu5_1", "conv5_1", "ReLU")
+    heads = [("h1", "conv3_2", "min_size: 10 max_size: 20 aspect_ratio: 2 flip: true clip: false", 4),
+             ("h2", "conv4_1", "min_size: 24 max_size: 40 aspect_ratio: 2 flip: true clip: false", 4),
+             ("h3", "conv5_1", "min_size: 48 max_size: 80 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: true", 6)]
+    finals = []
+    for h, src, pp, n_prior in heads:
+        b += _conv(f"{h}_loc", src, n_prior * 4, 3, 1, 1) + _conv(f"{h}_conf", src, n_prior * c, 3, 1, 1)
+        finals += [f"{h}_loc", f"{h}_conf"]
+        for kind in ("loc", "conf"):
+            b += (f'layer {{ name: "{h}_{kind}_perm" type: "Permute" bottom: "{h}_{kind}" top: "{h}_{kind}_perm" '
+                  f'permute_param {{ order: 0 order: 2 order: 3 order: 1 }} }}\n'
+                  f'layer {{ name: "{h}_{kind}_flat" type: "Flatten" bottom: "{h}_{kind}_perm" top: "{h}_{kind}_flat" '
+                  f'flatten_param {{ axis: 1 }} }}\n')
+        b += (f'layer {{ name: "{h}_prior" type: "PriorBox" bottom: "{src}" bottom: "data" top: "{h}_prior" '
+              f'prior_box_param {{ {pp} variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 }} }}\n')
+    for kind, axis in (("loc", 1), ("conf", 1), ("prior", 2)):
+        tops = "".join(f'bottom: "{h}_{kind}{"" if kind == "prior" else "_flat"}" ' for h, *_ in heads)
+        name = "mbox_priorbox" if kind == "prior" else f"mbox_{kind}"
+        b += f'layer {{ name: "{name}" type: "Concat" {tops}top: "{name}" concat_param {{ axis: {axis} }} }}\n'
+    b += (f'layer {{ name: "mbox_conf_reshape" type: "Reshape" bottom: "mbox_conf" top: "mbox_conf_reshape" '
+          f'reshape_param {{ shape {{ dim: 0 dim: -1 dim: {c} }} }} }}\n'
+          'layer { name: "mbox_conf_softmax" type: "Softmax" bottom: "mbox_conf_reshape" top: "mbox_conf_softmax" '
+          'softmax_param { axis: 2 } }\n'
+          'layer { name: "mbox_conf_flatten" type: "Flatten" bottom: "mbox_conf_softmax" top: "mbox_conf_flatten" '
+          'flatten_param { axis: 1 } }\n'
+          'layer { name: "detection_out" type: "DetectionOutput" bottom: "mbox_loc" bottom: "mbox_conf_flatten" '
+          f'bottom: "mbox_priorbox" top: "detection_out" detection_output_param {{ num_classes: {c} '
+          'share_location: true background_label_id: 0 nms_param { nms_threshold: 0.45 top_k: 100 } '
+          'code_type: CENTER_SIZE keep_top_k: 50 confidence_threshold: 0.3 } }\n')
+    return b, 96, tuple(finals)
+
+
+FAMILIES: dict[str, Callable[[], tuple[str, int, object]]] = {
     "mobilenet_depthwise": mobilenet_body, "prelu_face_12": pnet_body, "prelu_face_24": rnet_body,
-    "prelu_face_48": onet_body, "cifar": cifar_body}
+    "prelu_face_48": onet_body, "cifar": cifar_body, "ssd": ssd_body}
 
 
-def build(family: str, folder: str, crops: np.ndarray, seed: int = 0) -> tuple[str, str, str]:
+def build(family: str, folder: str, crops: np.ndarray, seed: int = 0) -> tuple[str, str, object]:
     """Write the family's net with normalized weights under ``folder``; ``crops``: N×3×S×S
     natural-image crops (the data the weights are normalized on). Returns (prototxt,
-    caffemodel, logits blob)."""
+    caffemodel, the output layer or layers)."""
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
     from helpers.caffe_nets import make_net
 
     body, size, logits = FAMILIES[family]()
+    finals = (logits,) if isinstance(logits, str) else tuple(logits)  # the output layers: no shift
     os.makedirs(folder, exist_ok=True)
     proto, _ = make_net(folder, body, {"data": [1, 3, size, size]}, {}, name=family)
     gm = _load_empty(proto)
@@ -125,7 +172,7 @@ def build(family: str, folder: str, crops: np.ndarray, seed: int = 0) -> tuple[s
             y = got["y"]
             dims = [0] + list(range(2, y.dim()))
             m, sd = y.mean(dim=dims), y.std(dim=dims).clamp_min(1e-6)
-            last = name == logits
+            last = name in finals
             g = torch.full_like(sd, 3.0) if last else torch.from_numpy(
                 np.exp(rng.normal(0, 0.6, sd.shape)).astype(np.float32))
             beta = torch.zeros_like(m) if last else torch.from_numpy(
