@@ -9,17 +9,35 @@ checks could pass the command and fail in the user's deployment; with them a pro
 ``ExportError`` naming the user's model file and, where an ONNX name in the message belongs to
 one, the Caffe layer. ``onnxruntime`` is optional: without it only the checker runs, and
 ``runtime_status`` says so.
+
+A model file is checked through a *view* of it (``file_view``): the file's own bytes, parsed
+field by field, with each large initializer's ``raw_data`` replaced by an external-data
+reference to that very byte range of the file. Why: the checker given the file reads it whole
+and parses it (two copies of the weights: 1.1 GB for a VGG-16), and ONNX Runtime then loads a
+third; given the view, the checker sees the same graph, nodes, types and small constants
+without the weights, and ONNX Runtime reads each weight from the file itself (memory-mapped),
+the same bytes it would have parsed out of it. ONNX Runtime's prepacking (a copy of each weight
+in its kernels' layout, made after the graph is optimized and every kernel created, which
+never refuses a model: a kernel that cannot pack a weight runs it unpacked) is off for the
+check: it would copy the weights once more for a session that is thrown away.
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
+import mmap
+import os
 import re
-from typing import Callable, Optional, Union
+import tempfile
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Union
 
+import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 
 from amct_torch.errors import ExportError
+from amct_torch.protowire import MalformedWire, field_key, read_varint, varint
 
 log = logging.getLogger("amct_torch")
 
@@ -50,21 +68,162 @@ def _fail(what: str, detail: str, file: Optional[str], layer_of: LayerOf, by: st
     return ExportError(f"ONNX export: {by} refuses {what}: {detail}{hint}", file=file, layer=layer)
 
 
+#: initializers whose data is at least this large are referenced in a file's view, not copied
+VIEW_BYTES = 1 << 16
+
+_MODEL_GRAPH, _GRAPH_INIT = 7, 5  # ModelProto.graph, GraphProto.initializer
+_T_DIMS, _T_TYPE, _T_RAW = 1, 2, 9  # TensorProto.dims, data_type, raw_data
+#: TensorProto's other value fields (float_data, int32_data, string_data, int64_data,
+#: double_data, uint64_data), external_data and data_location: a tensor with any of them is
+#: left as the file has it
+_T_OTHER_DATA = {4, 5, 6, 7, 10, 11, 13, 14}
+_ITEMSIZE: dict[int, int] = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1,
+             onnx.TensorProto.UINT16: 2, onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4,
+             onnx.TensorProto.INT64: 8, onnx.TensorProto.BOOL: 1, onnx.TensorProto.FLOAT16: 2,
+             onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.UINT32: 4, onnx.TensorProto.UINT64: 8,
+             onnx.TensorProto.BFLOAT16: 2}
+
+
+def _spans(buf, pos: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, field start, field end, payload start, payload end) of each field of the
+    message in ``buf[pos:end]``; the payload bounds are -1 unless the field is
+    length-delimited. MalformedWire when the bytes are not a well-formed message."""
+    while pos < end:
+        start = pos
+        key, pos = read_varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        p0 = p1 = -1
+        if wire == 0:
+            _, pos = read_varint(buf, pos, end)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            size, pos = read_varint(buf, pos, end)
+            p0, p1 = pos, pos + size
+            pos = p1
+        else:
+            raise MalformedWire(pos)
+        if pos > end or number == 0:
+            raise MalformedWire(pos)
+        yield number, start, pos, p0, p1
+
+
+def _referenced(buf, start: int, end: int, location: str) -> Optional[bytes]:
+    """The TensorProto ``buf[start:end]`` with its ``raw_data`` as an external-data reference
+    (``location``, the payload's offset and length), or None to keep it as it is: a small
+    tensor, one with another value field or external data already, or raw data whose length
+    does not match its dims and type (the checkers then see exactly what the file holds)."""
+    kept = bytearray()
+    raw: Optional[tuple[int, int]] = None
+    dims: list[int] = []
+    dtype = 0
+    for number, s, e, p0, p1 in _spans(buf, start, end):
+        wire = buf[s] & 7  # fields 1..15 have one-byte keys
+        if number in _T_OTHER_DATA or (number == _T_RAW and (raw is not None or wire != 2)) \
+                or (number == _T_TYPE and wire != 0) or (number == _T_DIMS and wire not in (0, 2)):
+            return None
+        if number == _T_RAW:
+            raw = (p0, p1 - p0)
+            continue
+        if number == _T_DIMS:
+            if p0 >= 0:  # packed
+                pos = p0
+                while pos < p1:
+                    d, pos = read_varint(buf, pos, p1)
+                    dims.append(d)
+            else:
+                dims.append(read_varint(buf, s + 1, e)[0])
+        elif number == _T_TYPE:
+            dtype = read_varint(buf, s + 1, e)[0]
+        kept += buf[s:e]
+    if raw is None or raw[1] < VIEW_BYTES or dtype not in _ITEMSIZE \
+            or raw[1] != int(np.prod(dims, dtype=np.int64)) * _ITEMSIZE[dtype]:
+        return None
+    t = onnx.TensorProto()
+    try:
+        t.ParseFromString(bytes(kept))
+    except DecodeError:
+        return None
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(raw[1]))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+    return t.SerializeToString()
+
+
+def file_view(path: str) -> Optional[bytes]:
+    """The ONNX model file at ``path`` as a serialised ModelProto whose main graph's large
+    initializers (``VIEW_BYTES``) are external data pointing at their own ``raw_data`` bytes in
+    ``path`` (location: its file name); every other byte is the file's. None when the file is
+    not a well-formed message or holds no such initializer (check the file itself then)."""
+    location = os.path.basename(path)
+    out = bytearray()
+    changed = False
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            try:
+                for number, s, e, p0, p1 in _spans(buf, 0, len(buf)):
+                    if number != _MODEL_GRAPH or p0 < 0:
+                        out += buf[s:e]
+                        continue
+                    graph = bytearray()
+                    for gnum, gs, ge, g0, g1 in _spans(buf, p0, p1):
+                        ref = _referenced(buf, g0, g1, location) if gnum == _GRAPH_INIT and g0 >= 0 else None
+                        if ref is None:
+                            graph += buf[gs:ge]
+                        else:
+                            graph += field_key(_GRAPH_INIT) + varint(len(ref)) + ref
+                            changed = True
+                    out += field_key(_MODEL_GRAPH) + varint(len(graph)) + graph
+            except MalformedWire:
+                return None
+    return bytes(out) if changed else None
+
+
+@contextmanager
+def _viewed(path: str) -> Iterator[str]:
+    """The path of ``file_view(path)`` written beside ``path`` (removed afterwards), or
+    ``path`` itself when there is no view."""
+    data = file_view(path)
+    if data is None:
+        yield path
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, view = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".view", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        yield view
+    finally:
+        try:
+            os.unlink(view)
+        except OSError:
+            pass
+
+
 def check_structure(model: Union[onnx.ModelProto, str], file: Optional[str], layer_of: LayerOf,
                     what: str) -> None:
-    """``onnx.checker.check_model(full_check=True)`` on a model or a model file's path; an
-    ExportError naming ``file`` and the layer otherwise."""
+    """``onnx.checker.check_model(full_check=True)`` on a model or a model file's path (through
+    its view, ``file_view``); an ExportError naming ``file`` and the layer otherwise."""
     try:
-        onnx.checker.check_model(model, full_check=True)
+        if isinstance(model, str):
+            with _viewed(model) as path:
+                onnx.checker.check_model(path, full_check=True)
+        else:
+            onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
         raise _fail(what, str(err), file, layer_of, "onnx.checker") from None
 
 
 def check_runtime(data: Union[bytes, str], file: Optional[str], layer_of: LayerOf, what: str) -> bool:
     """Create an ONNX Runtime session (CPU, default optimizations) on the serialised model
-    ``data`` (or the model file at that path); an ExportError naming ``file`` and the layer
-    when ORT refuses it. Returns False
-    (after one warning per process) when onnxruntime is not installed."""
+    ``data`` (or the model file at that path, through its view without prepacking: see the
+    module's docstring); an ExportError naming ``file`` and the layer when ORT refuses it.
+    Returns False (after one warning per process) when onnxruntime is not installed."""
     if not runtime_available():
         if not _warned:
             _warned.append(True)
@@ -77,7 +236,13 @@ def check_runtime(data: Union[bytes, str], file: Optional[str], layer_of: LayerO
     opts.intra_op_num_threads = 1
     opts.inter_op_num_threads = 1
     try:
-        ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+        if isinstance(data, str):
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+            with _viewed(data) as path:
+                session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+                del session  # its memory maps of the file go before the view does
+        else:
+            ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as err:  # noqa: BLE001 - ORT raises its own exception types for any refusal
         raise _fail(what, str(err), file, layer_of, "ONNX Runtime") from None
     return True
