@@ -41,7 +41,7 @@ from amct_torch.steps import (
 from amct_torch.transaction import OutputTransaction, check_outputs
 from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, report_use
 from amct_torch.workflow.options import QuantizeOptions
-from amct_torch.workflow.result import QuantizeResult
+from amct_torch.workflow.result import Deferred, QuantizeResult
 
 log = logging.getLogger("amct_torch")
 
@@ -128,7 +128,7 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
     from amct_torch.progress import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
-    prog = JobProgress(5 + bool(opts.improve) + bool(opts.onnx) + bool(opts.report) + (opts.save_type is not None),
+    prog = JobProgress(4 + bool(opts.improve) + bool(opts.onnx) + 2 * bool(opts.report) + (opts.save_type is not None),
                        progress_enabled(opts.quiet))
     try:
         graph, config_file = _load_and_check(opts, plan, prog)
@@ -265,11 +265,15 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
             graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
             calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs,
             float_model=model if improved is not None else None, target=opts.onnx_target)
-    # after the ONNX models: the export then never holds this model's weights beside its own
-    prog.start("building the fake-quant model")
-    quant_model = fake_quant_graph(graph.fused, records).to(plan.device)
+    # the fake-quant twin (a second copy of every weight) only when something reads it: the
+    # report now, a caller of the result on first access; after the ONNX models either way, so
+    # that the export never holds its weights beside its own
+    fused, device = graph.fused, plan.device
+    quant_model: Any = Deferred(lambda: fake_quant_graph(fused, records).to(device))
     stats = None
     if opts.report:
+        prog.start("building the fake-quant model")
+        quant_model = quant_model.build()
         prog.start("per-layer report")
         stats = _report(opts, plan, cal, improved.reference if improved is not None else model,
                         quant_model, records, files,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -17,12 +17,17 @@ class QuantizeResult:
     ``deploy_model``, ``onnx``, ``report``…); ``records``: the record as written (the values
     the file holds); ``float_model``/``quant_model``: the fused float torch model and its
     fake-quant twin (on ``device``); ``report``: per-layer ``LayerStat`` rows, worst first
-    (None when not asked); ``graph``: the ``QuantGraph``."""
+    (None when not asked); ``graph``: the ``QuantGraph``.
+
+    ``quant_model`` may be given as a ``Deferred``: it is then built on first access, once.
+    Why: the fake-quant twin holds a second copy of every weight (a VGG-16: 0.5 GB and most of
+    a second); the command without a report never reads it, a Python caller who does pays for
+    it then."""
 
     files: dict[str, str]
     records: dict
     float_model: Any
-    quant_model: Any
+    quant_model: Any = field(repr=False, compare=False)
     graph: QuantGraph
     report: Optional[list] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -35,3 +40,28 @@ class QuantizeResult:
     removed: list[str] = field(default_factory=list)
     #: with ``improve``: what each improvement stage did and cost (``Improvement.summary()``)
     improvement: Optional[dict] = None
+
+
+class Deferred:
+    """A value made by ``build()`` when first needed (see ``QuantizeResult.quant_model``)."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+
+
+def _get_quant_model(self: QuantizeResult) -> Any:
+    value = self.__dict__["_quant_model"]
+    if isinstance(value, Deferred):
+        value = value.build()
+        self.__dict__["_quant_model"] = value
+    return value
+
+
+def _set_quant_model(self: QuantizeResult, value: Any) -> None:
+    self.__dict__["_quant_model"] = value
+
+
+# after the dataclass is made: its __init__ assigns quant_model through the setter
+QuantizeResult.quant_model = property(_get_quant_model, _set_quant_model,
+                                      doc="The fake-quant twin of ``float_model`` (built on first access "
+                                          "when the job deferred it).")
