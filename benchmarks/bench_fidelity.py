@@ -602,7 +602,8 @@ def family_model(fam: str, imgs, n_calib: int, n_held: int, tmp: str) -> dict:
     size = fidelity_nets.input_size(fam)
     proto, weights, _ = fidelity_nets.build(fam, os.path.join(tmp, fam), crops(imgs, 64, seed=5, size=size))
     return {"name": fam, "proto": proto, "weights": weights, "outputs": None,
-            "calib": crops(imgs, n_calib, seed=1, size=size) / 64.0, "held": crops(imgs, n_held, seed=2, size=size) / 64.0}
+            "calib": crops(imgs, n_calib, seed=1, size=size) / 64.0,
+            "held": crops(imgs, n_held, seed=2, size=size) / 64.0}
 
 
 def caffe_model(spec: dict, imgs, n_calib: int, n_held: int) -> dict:
@@ -610,7 +611,8 @@ def caffe_model(spec: dict, imgs, n_calib: int, n_held: int) -> dict:
     parsed = net_layers(spec["proto"])
     h, w = spec["size"] or tuple(parsed.inputs[0][1][2:4])
     kw = {k: spec[k] for k in ("mean", "scale", "rgb", "transpose")}
-    return {**spec, "calib": image_inputs(imgs, n_calib, 1, h, w, **kw), "held": image_inputs(imgs, n_held, 2, h, w, **kw)}
+    return {**spec, "calib": image_inputs(imgs, n_calib, 1, h, w, **kw),
+            "held": image_inputs(imgs, n_held, 2, h, w, **kw)}
 
 
 def run_model(spec: dict, args, tmp: str) -> dict:
@@ -634,17 +636,20 @@ def run_model(spec: dict, args, tmp: str) -> dict:
           "input_shape": list(held.shape[1:]), "n_calib": len(calib), "n_heldout": len(held),
           "float_s": round(time.time() - t, 1)})
     res: dict[str, float] = {}
+    torch_db: dict[str, float] = {}
     cost: dict[str, float] = {}
     fused = None
     for m in [x for x in args.methods.split(",") if x]:
         t = time.time()
         try:
-            r = amct_torch.quantize(proto, weights, calib, output=os.path.join(work, m, "m"),
+            prefix = os.path.join(work, m, "m")
+            kw = {"onnx": True, "onnx_outputs": blobs} if args.ours_onnx else {}
+            r = amct_torch.quantize(proto, weights, calib, output=prefix,
                                     batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
                                     save_type=None, report=False, quiet=True, device="cpu",
-                                    improve=None if m == "default" else m)
+                                    improve=None if m == "default" else m, **kw)
             cost[m] = time.time() - t
-            res[m], per = worst(ref, outputs_of(r.quant_model, held, args.infer_batch, blobs, producers))
+            torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, args.infer_batch, blobs, producers))
         except Exception as e:  # noqa: BLE001 - reported, the other methods still run
             import traceback
             emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "error": repr(e)[:400],
@@ -652,10 +657,23 @@ def run_model(spec: dict, args, tmp: str) -> dict:
             continue
         if fused is None or m == "default":
             fused = r.float_model  # the default's BN-fused float model (an improvement may change it)
-        emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "scored_with": "torch fake-quant (quant_model)",
-              "worst_sqnr_db": res[m], "per_output": per, "job_s": round(cost[m], 2),
-              "kept": (r.improvement or {}).get("kept"),
-              "stages": [(s["name"], s["gain_db"], s["seconds"]) for s in (r.improvement or {}).get("stages", [])]})
+        row = {"bench": "fidelity", "model": fam, "method": f"ours_{m}", "torch_fake_quant_db": torch_db[m],
+               "torch_per_output": per, "job_s": round(cost[m], 2), "kept": (r.improvement or {}).get("kept"),
+               "stages": [(s["name"], s["gain_db"], s["seconds"]) for s in (r.improvement or {}).get("stages", [])]}
+        res[m] = torch_db[m]
+        if args.ours_onnx:  # the QDQ model the job wrote, run by ONNX Runtime as the peers are
+            try:
+                res[m], row["per_output"] = worst(ref, onnx_outputs(prefix + "_quant.onnx", held, inp, blobs))
+                f_ours = onnx_outputs(prefix + "_float.onnx", held, inp, blobs)
+                row["float_onnx_vs_reference_db"] = worst(ref, f_ours)[0]  # _float.onnx: the float model
+                row["scored_with"] = "onnxruntime (the job's _quant.onnx)"
+            except Exception as e:  # noqa: BLE001 - reported; the torch figure stands in
+                row["onnx_error"] = repr(e)[:300]
+                row["scored_with"] = "torch fake-quant (quant_model)"
+        else:
+            row["scored_with"] = "torch fake-quant (quant_model)"
+        row["worst_sqnr_db"] = res[m]
+        emit(row)
         del r
     peers: dict[str, float] = {}
     skip = set(args.skip.split(","))
@@ -663,16 +681,18 @@ def run_model(spec: dict, args, tmp: str) -> dict:
         path = os.path.join(work, "float.onnx")
         export_float_onnx(fused, path, outputs=blobs)  # the BN-fused float model, cut at the scored blobs
         f_w, f_per = worst(ref, onnx_outputs(path, held, inp, blobs))
-        emit({"bench": "fidelity", "model": fam, "method": "float_onnx_vs_reference", "worst_sqnr_db": f_w, "per_output": f_per})
+        emit({"bench": "fidelity", "model": fam, "method": "float_onnx_vs_reference", "worst_sqnr_db": f_w,
+              "per_output": f_per})
         if "ort" not in skip:
             peers.update(ort_peers(path, calib, held, ref, blobs, work, [x for x in args.ort.split(",") if x],
                                    [x for x in args.ort_types.split(",") if x], fam, inp))
         if "nncf" not in skip:
-            peers.update(nncf_peers(path, calib, held, ref, blobs, work, [x for x in args.nncf.split(",") if x], fam, inp,
-                                    args.batch))
+            peers.update(nncf_peers(path, calib, held, ref, blobs, work, [x for x in args.nncf.split(",") if x],
+                                    fam, inp, args.batch))
     best = max(peers, key=peers.get) if peers else None
     summary = {"bench": "fidelity_summary", "model": fam, "outputs": blobs, "n_calib": len(calib),
-               "n_heldout": len(held), "ours": res, "ours_s": {k: round(v, 2) for k, v in cost.items()},
+               "n_heldout": len(held), "ours": res, "ours_torch_fake_quant": torch_db,
+               "ours_s": {k: round(v, 2) for k, v in cost.items()},
                "peers": peers}
     if best:
         summary.update(best_peer=best, best_peer_db=peers[best],
@@ -684,7 +704,8 @@ def run_model(spec: dict, args, tmp: str) -> dict:
 def table(summaries: list[dict], methods: list[str]) -> str:
     """The markdown table: per model the worst-output SQNR (dB) of ours per method, the best
     peer and the margins of the default and of all over it."""
-    head = ["model", "outputs"] + [f"amct {m}" for m in methods] + ["best peer", "peer dB", "default − peer", "all − peer"]
+    head = (["model", "outputs"] + [f"amct {m}" for m in methods]
+            + ["best peer", "peer dB", "default − peer", "all − peer"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(v):
@@ -735,6 +756,9 @@ def main() -> None:
                          "transpose, size=HxW, outputs=A:B (see parse_caffe_spec)")
     ap.add_argument("--methods", default=None,
                     help="ours: default, the --improve values and all (default: every one known)")
+    ap.add_argument("--ours-onnx", type=int, default=1,
+                    help="models mode: 1 (default) scores ours on the job's own _quant.onnx in ONNX Runtime (cut "
+                         "at the scored blobs; also checks its _float.onnx), 0 on the torch fake-quant model")
     ap.add_argument("--markdown", default="", help="also write the table (with date and command) to this file")
     ap.add_argument("--table-from", nargs="*", default=None, metavar="LOG",
                     help="only print the table from the summary lines of earlier runs' logs")
