@@ -724,6 +724,16 @@ def table(summaries: list[dict], methods: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_table(summaries: list[dict], methods: list[str]) -> str:
+    """Seconds of each of our jobs (calibration, the improvements, the exports) per model."""
+    head = ["model"] + [f"{m} s" for m in methods]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        c = s.get("ours_s", {})
+        lines.append("| " + " | ".join([s["model"]] + ["—" if m not in c else f"{c[m]:.1f}" for m in methods]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def summaries_from(logs: list[str]) -> list[dict]:
     """The fidelity_summary lines of earlier runs' logs (the last one per model)."""
     out: dict[str, dict] = {}
@@ -784,7 +794,7 @@ def main() -> None:
                 summaries.append(run_model(caffe_model(spec, imgs, args.calib, args.n), args, tmp))
         seen = [m for s in summaries for m in s.get("ours", {})]
         cols = [m for m in methods if m in seen] + [m for m in dict.fromkeys(seen) if m not in methods]
-        text = table(summaries, cols)
+        text = table(summaries, cols) + "\nJob seconds (CPU, shared machine):\n\n" + cost_table(summaries, cols)
         print(text, flush=True)
         if args.markdown:
             cmd = " ".join([".venv/bin/python", "benchmarks/bench_fidelity.py"] + sys.argv[1:])
