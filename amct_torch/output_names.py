@@ -14,9 +14,10 @@ ONNX_ACTIVATIONS = ("int8", "uint8")
 ONNX_TARGETS = ("onnxruntime", "openvino", "tensorrt")
 #: opt-in improvements beyond AMCT's result (``quantize(improve=...)``), in their order of
 #: application: cross-layer equalization changes the weights (AMCT's calibration then runs again
-#: on them); the output-error activation ranges and then the bias correction refine the calibrated
-#: model (docs/algorithms.md)
-IMPROVEMENTS = ("cle", "output_ranges", "bias_correction")
+#: on them); then, layer by layer in one sequential pass, the output-error activation range, the
+#: learned weight rounding (on the input so quantized) and the bias correction (of the output
+#: with both) refine the calibrated model (docs/algorithms.md)
+IMPROVEMENTS = ("cle", "output_ranges", "adaround", "bias_correction")
 
 
 def improvement_list(value: object) -> tuple[str, ...]:

@@ -2,8 +2,9 @@
 
 Order (``output_names.IMPROVEMENTS``): cross-layer equalization first (it changes the weights,
 so the weight factors and the activation calibration are computed again on the equalized
-model), then one sequential pass with the output-error activation ranges and the bias
-correction (both refine the calibrated model; the bias correction must see the final ranges).
+model), then one sequential pass that refines each layer in graph order: the output-error
+activation range, the learned weight rounding (``adaround.py``, on the input quantized with
+that range) and the bias correction (it must see the final range and weights).
 
 Data: the calibration batches the job kept. The last batch is held out from every fitting
 (a single batch is split: its last quarter); the fitting rows are the other batches' first
@@ -197,21 +198,24 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
             candidates["cle"] = (gm, rec, gm)
             if _better(st, default):
                 cur_gm, cur_rec = gm, rec
-    ranges, bias = "output_ranges" in names, "bias_correction" in names
-    if ranges or bias:
+    ranges, rounding, bias = "output_ranges" in names, "adaround" in names, "bias_correction" in names
+    if ranges or rounding or bias:
         t0 = time.perf_counter()
-        res = refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias)
-        gm = copy.deepcopy(cur_gm) if res.bias_delta else cur_gm
+        res = refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding)
+        gm = copy.deepcopy(cur_gm) if res.bias_delta or res.weights else cur_gm
         mods: dict[Any, Any] = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
         for n, d in res.bias_delta.items():
             mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
-        label = "+".join(n for n in ("output_ranges", "bias_correction") if n in names)
+        for n, w in res.weights.items():  # codes · scale_w: the exporters' ARQ grid gives the codes back
+            mods[n].weight.data = w.to(device=mods[n].weight.device, dtype=mods[n].weight.dtype).clone()
+        label = "+".join(n for n in ("output_ranges", "adaround", "bias_correction") if n in names)
         label = ("cle+" + label) if cur_gm is not fused else label
         st = output_sqnr(fake_quant_graph(gm, res.records).to(device), ref, held, label,
                          time.perf_counter() - t0)
         imp.stages.append(st)
         candidates[label] = (gm, res.records, cur_gm)
         imp.layers = {n: {"range_multiplier": c.multiplier, "range_db": round(c.range_db, 3),
+                          "rounding_kept": c.rounding_kept, "rounding_db": round(c.rounding_db, 3),
                           "bias_kept": c.bias_kept, "bias_mean_error_db": round(c.bias_db, 3)}
                       for n, c in res.changes.items()}
     best = max((s for s in imp.stages if s is default or _better(s, default)), key=lambda s: s.worst_db)

@@ -43,6 +43,19 @@ from torch import fx, nn
 from amct_torch.algorithms.quant import fake_quant, to_float32
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.export.layer_quant import WEIGHTED, layer_quant
+from amct_torch.improve.adaround import (
+    Rounding,
+    Sites,
+    choose_sites,
+    fake_weight,
+    iterations,
+    learn_rounding,
+    outputs_at,
+    patches,
+    scale_view,
+    supported,
+    weight_view,
+)
 from amct_torch.record import LayerRecord
 
 #: scale multipliers tried for each layer's activation clip (1.0: AMCT's own)
@@ -62,6 +75,8 @@ class LayerChange:
     range_mse: tuple[float, float] = (math.nan, math.nan)
     bias_kept: bool = False
     bias_err: tuple[float, float] = (math.nan, math.nan)
+    rounding_kept: bool = False
+    rounding_mse: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def range_db(self) -> float:
@@ -73,6 +88,11 @@ class LayerChange:
         a, b = self.bias_err
         return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
 
+    @property
+    def rounding_db(self) -> float:
+        a, b = self.rounding_mse
+        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+
 
 @dataclass
 class Refined:
@@ -82,6 +102,8 @@ class Refined:
     records: dict[str, LayerRecord]
     bias_delta: dict[str, torch.Tensor] = field(default_factory=dict)
     changes: dict[str, LayerChange] = field(default_factory=dict)
+    #: the learned-rounding weights kept (codes · scale_w, the module's layout) per layer
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _channel_mean(y: torch.Tensor) -> torch.Tensor:
@@ -102,42 +124,58 @@ def float_channel_means(fused: fx.GraphModule, names: list[str], data: tuple, n_
                         ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per-channel output means of the float model's layers ``names`` on the fitting and the
     held-out rows of ``data`` (one forward)."""
-    mods = layer_modules(fused)
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    return float_pass(fused, names, [], data, n_fit)[0]
 
-    def hook(name: str) -> Callable:
-        def h(_m: nn.Module, _a: tuple, y: torch.Tensor) -> None:
-            out[name] = (_channel_mean(y[:n_fit]), _channel_mean(y[n_fit:]))
+
+def float_pass(fused: fx.GraphModule, mean_names: list[str], site_names: list[str], data: tuple,
+               n_fit: int) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, Sites]]:
+    """One forward of the float model over ``data``: the per-channel output means (fitting and
+    held-out rows apart) of ``mean_names``, and for ``site_names`` (learned rounding) the
+    sampled output positions with the float outputs there (a bounded number per layer)."""
+    mods = layer_modules(fused)
+    means: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    sites: dict[str, Sites] = {}
+
+    def hook(name: str, mean: bool, site: bool) -> Callable:
+        def h(m: nn.Module, _a: tuple, y: torch.Tensor) -> None:
+            if mean:
+                means[name] = (_channel_mean(y[:n_fit]), _channel_mean(y[n_fit:]))
+            if site:
+                st = choose_sites(name, m, y, n_fit)
+                st.y_fit, st.y_held = outputs_at(m, y, st.fit), outputs_at(m, y, st.held)
+                sites[name] = st
         return h
 
-    handles = [mods[n].register_forward_hook(hook(n)) for n in names]
+    both = set(mean_names) | set(site_names)
+    handles = [mods[n].register_forward_hook(hook(n, n in mean_names, n in site_names)) for n in sorted(both)]
     try:
         with torch.no_grad():
             fused(*data)
     finally:
         for h in handles:
             h.remove()
-    return out
+    return means, sites
 
 
 def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tuple, n_fit: int,
-           ranges: bool, bias: bool) -> Refined:
+           ranges: bool, bias: bool, rounding: bool = False) -> Refined:
     """The guarded sequential pass over ``data`` (a tuple of input tensors on the model's
-    device: the first ``n_fit`` rows fit, the rest are held out); ``fused`` is not changed."""
+    device: the first ``n_fit`` rows fit, the rest are held out); ``fused`` is not changed.
+    Per layer, in this order: the activation range, the learned weight rounding (on the input
+    quantized with the range kept), the bias correction (of the output with both)."""
     from amct_torch.improve.bias_correction import correctable_layers
 
     n_all = data[0].shape[0]
     if not 0 < n_fit < n_all:
         raise ValueError(f"refine needs fitting and held-out rows, got {n_fit} of {n_all}")
     correct = set(correctable_layers(fused, records)) if bias else set()
-    targets = float_channel_means(fused, sorted(correct), data, n_fit) if correct else {}
     fmods = layer_modules(fused)
+    learn = sorted(n for n, r in records.items() if rounding and n in fmods and supported(fmods[n])
+                   and r.scale_d is not None and r.offset_d is not None and r.scale_w)
+    targets, sites = float_pass(fused, sorted(correct), learn, data, n_fit) if correct or learn else ({}, {})
     sim = copy.deepcopy(fused)
     smods = layer_modules(sim)
-    chosen: dict[str, torch.Tensor] = {}
-    rmse: dict[str, torch.Tensor] = {}
-    deltas: dict[str, torch.Tensor] = {}
-    berr: dict[str, torch.Tensor] = {}
+    st = _State()
     handles = []
     for name, rec in records.items():
         mod = smods.get(name)
@@ -149,24 +187,64 @@ def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tupl
             mod.weight.data = torch.from_numpy(lq.fake_weight).to(mod.weight.device).reshape(mod.weight.shape)
         joint = mod.caffe_type == "Eltwise" and not rec.scale_w
         search = ranges and weighted
+        learner = _Learner(fmods[name], rec.scale_w, sites[name], n_fit, name in correct) if name in sites else None
         handles.append(mod.register_forward_pre_hook(
             _pre_hook(name, float(rec.scale_d), int(rec.offset_d), joint, fmods[name] if search else None,
-                      n_fit, chosen, rmse, centered=name in correct)))
+                      n_fit, st, centered=name in correct, learner=learner)))
         if name in correct:
-            handles.append(mod.register_forward_hook(_bias_hook(name, targets[name], n_fit, deltas, berr)))
+            handles.append(mod.register_forward_hook(_bias_hook(name, targets[name], n_fit, st.deltas, st.berr)))
     try:
         with torch.no_grad():
             sim(*data)
     finally:
         for h in handles:
             h.remove()
-    return _collect(records, chosen, rmse, deltas, berr)
+    return _collect(records, st)
+
+
+@dataclass
+class _State:
+    """What the pass's hooks leave (device tensors, read once after the pass)."""
+
+    chosen: dict = field(default_factory=dict)
+    rmse: dict = field(default_factory=dict)
+    deltas: dict = field(default_factory=dict)
+    berr: dict = field(default_factory=dict)
+    rounding: dict = field(default_factory=dict)
+
+
+class _Learner:
+    """The learned rounding of one layer inside the pass: the float module (its weights and
+    the sampled float outputs), the record's scale_w and the samples."""
+
+    def __init__(self, float_mod: nn.Module, scale_w: Any, sites: Sites, n_fit: int, centered: bool) -> None:
+        self.float_mod, self.scale_w, self.sites, self.n_fit, self.centered = \
+            float_mod, scale_w, sites, n_fit, centered
+
+    def __call__(self, mod: nn.Module, xq: torch.Tensor) -> Optional[tuple[Rounding, torch.Tensor]]:
+        """Learn on the quantized input ``xq`` (all rows); set ``mod``'s weights to the codes
+        kept and return them with the fake weights (None: the layer's budget is too small,
+        ARQ's codes stay)."""
+        fm, st = self.float_mod, self.sites
+        assert st.y_fit is not None and st.y_held is not None
+        x_fit, x_held = patches(fm, xq, st.fit), patches(fm, xq, st.held)
+        w = weight_view(fm)
+        s = scale_view(fm, self.scale_w)
+        p, _, k = x_fit.shape
+        iters = iterations(self.n_fit * st.per_row, k, int(w.shape[0] * w.shape[1]), p, k <= p)
+        if iters == 0:
+            return None
+        r = learn_rounding(w, s, x_fit, st.y_fit, x_held, st.y_held, iters, self.centered)
+        fw = fake_weight(fm, r.codes, self.scale_w)
+        mod.weight.data = fw.float()
+        return r, fw
 
 
 def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Optional[nn.Module],
-              n_fit: int, chosen: dict, rmse: dict, centered: bool = False) -> Callable:
+              n_fit: int, st: _State, centered: bool = False, learner: Optional[_Learner] = None) -> Callable:
     """The layer's input(s) through the activation fake-quant; with ``float_mod``, the range
-    search first (the winner on the fitting rows, kept if it also wins on the held-out rows)."""
+    search first (the winner on the fitting rows, kept if it also wins on the held-out rows);
+    with ``learner``, then the learned rounding on the input so quantized."""
     scales = [to_float32(scale * m) for m in MULTIPLIERS]
     base = MULTIPLIERS.index(1.0)
 
@@ -174,24 +252,30 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
         if joint:
             return tuple(fake_quant(a, scale, offset) if isinstance(a, torch.Tensor) else a for a in args)
         x = args[0]
-        if float_mod is None:
-            return (fake_quant(x, scale, offset),) + tuple(args[1:])
         rest = tuple(args[1:])
-        # the candidates on the first SEARCH_ROWS fitting rows; the held-out rows see AMCT's
-        # factor and the winner only
-        fit, held = x[:min(n_fit, SEARCH_ROWS)], x[n_fit:]
-        ref_fit, ref_held = float_mod(fit), float_mod(held)
-        errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered)
-                            for s in scales])
-        k = torch.argmin(errs)
-        s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
-        e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
-        e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
-        keep = e_k < e_base
-        k = torch.where(keep, k, torch.full_like(k, base))
-        chosen[name] = k
-        rmse[name] = torch.stack([e_base, torch.minimum(e_k, e_base)])
-        return (fake_quant(x, s_all[k], offset),) + rest
+        if float_mod is None:
+            xq = fake_quant(x, scale, offset)
+        else:
+            # the candidates on the first SEARCH_ROWS fitting rows; the held-out rows see AMCT's
+            # factor and the winner only
+            fit, held = x[:min(n_fit, SEARCH_ROWS)], x[n_fit:]
+            ref_fit, ref_held = float_mod(fit), float_mod(held)
+            errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered)
+                                for s in scales])
+            k = torch.argmin(errs)
+            s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
+            e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
+            e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
+            keep = e_k < e_base
+            k = torch.where(keep, k, torch.full_like(k, base))
+            st.chosen[name] = k
+            st.rmse[name] = torch.stack([e_base, torch.minimum(e_k, e_base)])
+            xq = fake_quant(x, s_all[k], offset)
+        if learner is not None:
+            learned = learner(mod, xq)
+            if learned is not None:
+                st.rounding[name] = learned
+        return (xq,) + rest
     return hook
 
 
@@ -212,25 +296,30 @@ def _bias_hook(name: str, target: tuple[torch.Tensor, torch.Tensor], n_fit: int,
         return y + delta.to(y.dtype).reshape([1, -1] + [1] * (y.dim() - 2))
     return hook
 
-
-def _collect(records: Mapping[str, LayerRecord], chosen: dict, rmse: dict, deltas: dict,
-             berr: dict) -> Refined:
+def _collect(records: Mapping[str, LayerRecord], st: _State) -> Refined:
     """Host values, read once: the new records and the per-layer changes."""
     out = Refined(records=dict(records))
-    for name, k in chosen.items():
+    for name, k in st.chosen.items():
         m = MULTIPLIERS[int(k)]
-        mse = rmse[name].cpu().tolist()
+        mse = st.rmse[name].cpu().tolist()
         out.changes.setdefault(name, LayerChange()).range_mse = (mse[0], mse[1])
         out.changes[name].multiplier = m
         if m != 1.0:
             rec = records[name]
             assert rec.scale_d is not None  # only calibrated layers get a range search
             out.records[name] = replace(rec, scale_d=to_float32(float(rec.scale_d) * m))
-    for name, d in deltas.items():
-        err = berr[name].cpu().tolist()
+    for name, d in st.deltas.items():
+        err = st.berr[name].cpu().tolist()
         ch = out.changes.setdefault(name, LayerChange())
         ch.bias_err = (err[0], err[1])
         ch.bias_kept = err[1] < err[0]
         if ch.bias_kept:
             out.bias_delta[name] = d
+    for name, (r, fw) in st.rounding.items():
+        vals = torch.cat([r.err.double(), r.kept.reshape(1).double()]).cpu().tolist()
+        ch = out.changes.setdefault(name, LayerChange())
+        ch.rounding_mse = (vals[0], vals[1])
+        ch.rounding_kept = bool(vals[2])
+        if ch.rounding_kept:
+            out.weights[name] = fw
     return out

@@ -1,0 +1,307 @@
+"""Learned weight rounding (opt-in, beyond AMCT; AdaRound-class, Nagel et al. 2020, "Up or
+Down? Adaptive Rounding for Post-Training Quantization").
+
+Why: ARQ rounds every weight to the nearest point of its grid, which minimizes each weight's
+own error but not the error of the layer's *output*: the rounding errors of the weights that
+meet the same input add up, and choosing per weight between the grid point below and the one
+above (floor or ceil of w/s) so that they cancel on the data lowers the output error, often by
+several dB on small and depthwise layers, with the grid itself unchanged.
+
+What stays AMCT's: the grid. Every learned weight is an integer code q on ARQ's grid for the
+layer -- the record's scale_w per output channel (or per tensor), offset 0, q in [-128, 127] --
+and only floor(w/s) versus floor(w/s) + 1 is chosen. Elements whose nearest code is an end of
+the grid (the extreme that set ARQ's scale: |code| 127 or 128), elements already on the grid
+(w/s an integer: no second candidate) and channels whose codes are all 0 (dead channels) keep
+ARQ's code. The layer's float weights are then replaced by q·s (float32): the exporters
+quantize the graph's weights with the record's scale_w (``export/layer_quant.py``,
+clamp(round(w/s), -128, 127)), and round((q·s)/s) = q exactly in float32 for |q| ≤ 128 (the
+relative error of the product and the quotient is below 2^-22, far from the 0.5 that would
+change the rounding), so the record, the fake-quant and deploy Caffe models and the QDQ ONNX
+all carry the learned integers; the tests check it through the writers.
+
+The problem, per layer (one call of ``learn_rounding`` inside the sequential refining pass of
+``refine.py``, so the layer's input is what the quantized model really produces, every layer
+before it already quantized and refined): X, the layer's input patches from the quantized
+model (im2col rows at sampled output positions), Y, the float model's layer output at the same
+positions on the float input (the float bias taken off: the weights alone are learned), and
+
+    minimize_V  ||X·W(V)ᵀ − Y||² / ||X·W_nearestᵀ − Y||²  +  λ · mean(1 − |2h(V) − 1|^β)
+    W(V) = s · clamp(floor(W/s) + h(V), −128, 127),  h(V) = clamp(σ(V)·(ζ − γ) + γ, 0, 1)
+
+(rectified sigmoid, ζ = 1.1, γ = −0.1; V starts where h(V) = frac(W/s), i.e. at W itself);
+the regularizer is off for the first ``WARMUP`` of the iterations and then drives every h to 0
+or 1 while β anneals from 20 to 2; at the end the rounding is hard: ceil where h ≥ ½ (V ≥ 0).
+The reconstruction term is normalized by the nearest rounding's error, so λ means the same on
+every layer whatever its output's magnitude. Where the bias correction follows for the layer,
+X and Y are centered per channel first (the mean error is what the correction removes).
+
+Cost and memory: the output positions are sampled (a fixed number per layer, at most
+``MAX_POSITIONS`` fitting and ``HELD_POSITIONS`` held-out, capped so that a layer's samples
+stay within ``MAX_ELEMENTS`` floats), so memory does not grow with the data. When a group's
+patch length K is at most the number of positions, the loss is evaluated through the Gram
+matrix G = XᵀX (per group) and B = XᵀY, computed once: per iteration C_out·K² instead of
+P·K·C_out. The iteration count is scaled to the layer (``iterations``): a budget of
+``BUDGET`` times the layer's own forward cost on the fitting rows, between ``MIN_ITERS`` and
+``MAX_ITERS``. Every iteration is device work only (hand-written Adam, no host read); the
+guard's decision is a device tensor, read once per layer after the pass.
+
+Guard: the learned codes are kept only where they lower the layer's output error against the
+float output on held-out positions (rows held out from the fitting), else ARQ's codes stay.
+
+Layers: Convolution, grouped and depthwise ones (ConvolutionDepthwise, DepthwiseConvolution),
+and InnerProduct. Deconvolution is left to ARQ (an output position there mixes a different
+set of weights per phase; not worth its own patch gatherer here).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from amct_torch.algorithms.quant import QMAX, QMIN, channel_view
+
+#: the rectified sigmoid's stretch (AdaRound's ζ, γ)
+ZETA, GAMMA = 1.1, -0.1
+#: weight of the rounding regularizer against the normalized reconstruction error
+LAMBDA = 1.0
+#: β of the regularizer, annealed from the first to the second after the warm-up
+BETA = (20.0, 2.0)
+#: share of the iterations without the regularizer (the rounding moves freely first)
+WARMUP = 0.2
+#: Adam's step size on V (V starts within about ±2.4; a few dozen steps can cross 0)
+LR = 0.05
+#: fitting / held-out output positions sampled per layer, at most
+MAX_POSITIONS, HELD_POSITIONS = 4096, 1024
+#: floats a layer's samples may hold (positions × max(patch length, output channels))
+MAX_ELEMENTS = 1 << 22
+#: iterations: BUDGET × (the layer's forward multiply-adds on the fitting rows) / (one
+#: iteration's), within [MIN_ITERS, MAX_ITERS]
+BUDGET, MIN_ITERS, MAX_ITERS = 4.0, 50, 300
+
+TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct")
+
+
+def supported(mod: Any) -> bool:
+    """Whether ``mod``'s rounding can be learned: a float (not integer) Convolution of any group
+    count or an InnerProduct."""
+    if getattr(mod, "caffe_type", None) not in TYPES or getattr(mod, "integer", False):
+        return False
+    w = getattr(mod, "weight", None)
+    if w is None:
+        return False
+    return mod.caffe_type == "InnerProduct" or w.dim() == 4
+
+
+def _groups(mod: Any) -> int:
+    return 1 if mod.caffe_type == "InnerProduct" else int(getattr(mod, "groups", 1))
+
+
+def _ip_axis(mod: Any, x_dim: int) -> int:
+    ax = int(getattr(mod, "axis", 1))
+    return ax + x_dim if ax < 0 else ax
+
+
+@dataclass
+class Sites:
+    """The sampled output positions of one layer (flat indices over rows × spatial positions,
+    fitting ones from the first ``n_fit`` rows, held-out ones from the rest), with the float
+    model's output there (Y, [P, C_out], float bias taken off)."""
+
+    fit: torch.Tensor
+    held: torch.Tensor
+    per_row: int = 1
+    y_fit: Optional[torch.Tensor] = None
+    y_held: Optional[torch.Tensor] = None
+
+
+def positions_per_row(mod: Any, y: torch.Tensor) -> int:
+    """Output positions of one row of the layer's output ``y``."""
+    if mod.caffe_type == "InnerProduct":
+        return int(math.prod(y.shape[1:-1])) if y.dim() > 2 else 1
+    return int(y.shape[2] * y.shape[3])
+
+
+def choose_sites(name: str, mod: Any, y: torch.Tensor, n_fit: int) -> Sites:
+    """Sampled positions of ``name``'s output ``y`` (a fixed seed per layer name, so a rerun
+    picks the same ones): all of them when few, else a uniform sample without replacement."""
+    per_row = positions_per_row(mod, y)
+    k = int(mod.weight[0].numel()) * (_groups(mod) if mod.caffe_type != "InnerProduct" else 1)
+    width = max(k, int(y.shape[1] if mod.caffe_type != "InnerProduct" else y.shape[-1]))
+    cap = max(64, MAX_ELEMENTS // max(1, width))
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+
+    def pick(lo: int, hi: int, most: int) -> torch.Tensor:
+        total = (hi - lo) * per_row
+        if total <= most:
+            idx = torch.arange(total)
+        else:
+            idx = torch.randperm(total, generator=gen)[:most].sort().values
+        return (idx + lo * per_row).to(y.device)
+
+    n_all = int(y.shape[0])
+    return Sites(pick(0, n_fit, min(MAX_POSITIONS, cap)), pick(n_fit, n_all, min(HELD_POSITIONS, cap)), per_row)
+
+
+def outputs_at(mod: Any, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The layer output ``y`` at flat positions ``idx``, as [P, C_out], less the layer's bias."""
+    if mod.caffe_type == "InnerProduct":
+        out = y.reshape(-1, y.shape[-1])[idx]
+    else:
+        per = y.shape[2] * y.shape[3]
+        n, r = idx // per, idx % per
+        out = y[n, :, r // y.shape[3], r % y.shape[3]]
+    if mod.bias is not None:
+        out = out - mod.bias.detach().to(out.dtype)
+    return out.float()
+
+
+def patches(mod: Any, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The layer's input patches at flat output positions ``idx``: [P, groups, K] with K in
+    the weight's own order (C_in/g, kh, kw), so that patch · weight row = the output."""
+    if mod.caffe_type == "InnerProduct":
+        ax = _ip_axis(mod, x.dim())
+        return x.reshape(-1, int(math.prod(x.shape[ax:])))[idx].float().unsqueeze(1)
+    kh, kw = mod.weight.shape[2], mod.weight.shape[3]
+    (sh, sw), (ph, pw), (dh, dw) = mod.stride, mod.padding, mod.dilation
+    h_out = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    w_out = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    per = h_out * w_out
+    n, r = idx // per, idx % per
+    hi = (r // w_out).unsqueeze(1) * sh + torch.arange(kh, device=x.device) * dh   # [P, kh]
+    wi = (r % w_out).unsqueeze(1) * sw + torch.arange(kw, device=x.device) * dw    # [P, kw]
+    p = xp[n[:, None, None], :, hi[:, :, None], wi[:, None, :]]                     # [P, kh, kw, C]
+    g = _groups(mod)
+    return p.permute(0, 3, 1, 2).reshape(idx.numel(), g, -1).float()
+
+
+def weight_view(mod: Any) -> torch.Tensor:
+    """The layer's weight as [groups, C_out/g, K] (rows in output-channel order)."""
+    w = mod.weight.detach().float()
+    g = _groups(mod)
+    return w.reshape(g, w.shape[0] // g, -1)
+
+
+def iterations(rows_positions: int, k: int, c_out: int, positions: int, gram: bool) -> int:
+    """The iteration budget of a layer: ``BUDGET`` × its forward multiply-adds over the
+    fitting rows (``rows_positions`` output positions, each K·C_out) divided by one
+    iteration's (Gram: C_out·K², one product; direct: 2·P·K·C_out, the prediction and the
+    gradient), at most ``MAX_ITERS``; 0 (the layer keeps ARQ's rounding) when that is below
+    ``MIN_ITERS``: too few steps to move the rounding, and a layer this costly per step
+    (a large K over few positions) would dominate the run."""
+    forward = rows_positions * k * c_out
+    per_iter = c_out * k * k if gram else 2 * positions * k * c_out
+    n = int(min(MAX_ITERS, BUDGET * forward / max(1, per_iter)))
+    return n if n >= MIN_ITERS else 0
+
+
+def _h(v: torch.Tensor) -> torch.Tensor:
+    return (torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
+
+
+@dataclass
+class Rounding:
+    """One layer's result (device tensors): the codes kept ([groups, C_out/g, K], float holding
+    integers; the learned ones where ``kept``), and the held-out output error (MSE) with ARQ's
+    nearest codes and with the codes kept."""
+
+    codes: torch.Tensor
+    kept: torch.Tensor
+    err: torch.Tensor
+
+
+def _center(t: torch.Tensor) -> torch.Tensor:
+    return t - t.mean(dim=0, keepdim=True)
+
+
+def _sse(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Σ (x·wᵀ − y)² per group; x [P, g, K], w [g, o, K], y [P, g·o]."""
+    pred = torch.einsum("pgk,gok->pgo", x, w).reshape(y.shape)
+    return (pred - y).pow(2).sum()
+
+
+def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_fit: torch.Tensor,
+                   x_held: torch.Tensor, y_held: torch.Tensor, iters: int, centered: bool = False,
+                   lam: float = LAMBDA) -> Rounding:
+    """Learn the rounding of ``w`` ([g, o, K], float) on the grid ``scale`` ([g, o, 1] or
+    broadcastable) from the fitting patches ``x_fit`` [P, g, K] and float outputs ``y_fit``
+    [P, g·o]; keep it only where the held-out error (``x_held``, ``y_held``) is lower than with
+    the nearest codes. No host read."""
+    x_fit, y_fit, x_held, y_held = x_fit.float(), y_fit.float(), x_held.float(), y_held.float()
+    if centered:
+        x_fit, y_fit, x_held, y_held = _center(x_fit), _center(y_fit), _center(x_held), _center(y_held)
+    ws = w / scale
+    nearest = torch.round(ws).clamp(QMIN, QMAX)       # ARQ's codes, as the exporters compute them
+    base = torch.floor(ws)
+    rest = ws - base
+    alive = nearest.ne(0).any(dim=-1, keepdim=True)   # a channel of zero codes stays zero
+    free = (rest > 0) & (nearest.abs() < QMAX) & alive   # the extremes (±127, −128) stay
+    p, g, k = x_fit.shape
+    gram = k <= p
+    if gram:  # Σ(xw − y)² = Σ_c wᵀGw − 2wᵀb + yᵀy: its gradient 2(wG − b), o·K² per group
+        gmat = torch.einsum("pgk,pgl->gkl", x_fit, x_fit)
+        bmat = torch.einsum("pgk,pgo->gok", x_fit, y_fit.reshape(p, g, -1))
+
+        def grad_w(wt: torch.Tensor) -> torch.Tensor:
+            return 2 * (torch.matmul(wt, gmat) - bmat)
+    else:
+        def grad_w(wt: torch.Tensor) -> torch.Tensor:
+            r = torch.einsum("pgk,gok->pgo", x_fit, wt) - y_fit.reshape(p, g, -1)
+            return 2 * torch.einsum("pgo,pgk->gok", r, x_fit)
+    norm = _sse(x_fit, nearest * scale, y_fit).clamp_min(1e-30)
+    target = ((rest - GAMMA) / (ZETA - GAMMA)).clamp(1e-4, 1 - 1e-4)
+    v = torch.where(free, torch.log(target / (1 - target)), torch.zeros_like(rest))
+    m1, m2 = torch.zeros_like(v), torch.zeros_like(v)
+    n_free = free.sum().clamp_min(1)
+    warm = int(iters * WARMUP)
+    ds = scale / norm        # dLoss/dq = s · dLoss/dW, the reconstruction term normalized
+    reg_w = lam / n_free
+    for t in range(1, iters + 1):
+        # the gradient by hand (no autograd graph: one product per iteration on the Gram path)
+        sig = torch.sigmoid(v)
+        raw = sig * (ZETA - GAMMA) + GAMMA
+        h = raw.clamp(0.0, 1.0)
+        soft = base + h
+        q = torch.where(free, soft.clamp(QMIN, QMAX), nearest)
+        dq = grad_w(q * scale) * ds
+        if t > warm:
+            frac = (t - warm) / max(1, iters - warm)
+            beta = BETA[1] + 0.5 * (BETA[0] - BETA[1]) * (1 + math.cos(math.pi * frac))
+            u = 2 * h - 1  # d/dh (1 − |u|^β) = −2β·|u|^(β−1)·sign(u)
+            dq = dq - reg_w * 2 * beta * u.abs().pow(beta - 1) * torch.sign(u)
+        live = free & (raw > 0) & (raw < 1) & (soft > QMIN) & (soft < QMAX)
+        grad = torch.where(live, dq * (ZETA - GAMMA) * sig * (1 - sig), torch.zeros_like(dq))
+        m1.mul_(0.9).add_(grad, alpha=0.1)
+        m2.mul_(0.999).addcmul_(grad, grad, value=0.001)
+        step = LR * math.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+        v = v - step * m1 / (m2.sqrt() + 1e-8)
+    learned = torch.where(free, (base + (v >= 0).float()).clamp(QMIN, QMAX), nearest)
+    e_near = _sse(x_held, nearest * scale, y_held)
+    e_learn = _sse(x_held, learned * scale, y_held)
+    kept = e_learn < e_near
+    codes = torch.where(kept, learned, nearest)
+    count = max(1, y_held.numel())
+    return Rounding(codes, kept, torch.stack([e_near, torch.minimum(e_learn, e_near)]) / count)
+
+
+def scale_view(mod: Any, scale_w: Any) -> torch.Tensor:
+    """The record's scale_w of ``mod`` as [groups, C_out/g, 1] (a per-tensor value broadcast)."""
+    s = torch.as_tensor(scale_w, dtype=torch.float32, device=mod.weight.device).reshape(-1)
+    g = _groups(mod)
+    c_out = int(mod.weight.shape[0])
+    if s.numel() == 1:
+        s = s.expand(c_out)
+    return s.reshape(g, c_out // g, 1)
+
+
+def fake_weight(mod: Any, codes: torch.Tensor, scale_w: Any) -> torch.Tensor:
+    """codes · scale_w in the module's weight layout (float32): the weights to store, which the
+    exporters' clamp(round(w/s)) turns back into ``codes`` exactly."""
+    s = torch.as_tensor(scale_w, dtype=torch.float32, device=mod.weight.device).reshape(-1)
+    shape = tuple(mod.weight.shape)
+    codes_l = codes.reshape(shape)
+    return codes_l * channel_view(s, shape, mod.caffe_type, _groups(mod))
