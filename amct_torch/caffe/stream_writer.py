@@ -10,19 +10,21 @@ layer as a length-delimited field 100 made as soon as its blobs exist, then the 
 fields. A layer is itself its fields before ``blobs`` (7), each blob, then its later fields; a
 large blob's data goes to the file straight from the array's memory. The bytes are exactly
 those of ``caffemodel_bytes(net)`` on the same net with the blobs attached
-(``tests/caffe/test_caffe_stream_write.py`` checks it byte for byte).
+(``tests/caffe/test_caffe_stream_write.py`` checks it byte for byte). The file is written
+around the page cache (``amct_torch.direct_io``).
 """
 from __future__ import annotations
 
 import os
 import tempfile
-from typing import BinaryIO, Iterable, Optional, Sequence
+from typing import BinaryIO, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
 from amct_torch.atomic import file_mode, fsync_dir
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.netio import array_to_blob
+from amct_torch.direct_io import DirectFile
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.protowire import copy_fields, field_key, fields, varint
 from amct_torch.termination import clean_exit_on_signals
@@ -55,28 +57,47 @@ _LAYER_FIELDS = [f.number for f in pb.LayerParameter.DESCRIPTOR.fields]
 _NET_FIELDS = [f.number for f in pb.NetParameter.DESCRIPTOR.fields]
 
 
-def blob_parts(arr: np.ndarray) -> list:
+class _Blocks:
+    """A blob's data written block by block from a source with ``blocks()`` (flat arrays in
+    order, e.g. ``export.layer_quant.RowBlocks``): its size is known before any block exists."""
+
+    def __init__(self, source, nbytes: int, little_f32: bool) -> None:
+        self.source, self.nbytes, self.little_f32 = source, nbytes, little_f32
+
+    def __iter__(self):
+        for block in self.source.blocks():
+            flat = np.ascontiguousarray(block).reshape(-1)
+            yield (flat.astype("<f4", copy=False) if self.little_f32 else flat).data.cast("B")
+
+
+def blob_parts(arr) -> list:
     """The encoding of ``array_to_blob(arr)`` as a list of buffers (a large float32 or int8
-    array's data is a view of its own memory, not a copy)."""
-    a = np.asarray(arr)
+    array's data is a view of its own memory, not a copy). ``arr`` may also be a source of
+    blocks (``shape``, ``dtype``, ``nbytes`` and ``blocks()``: see ``_Blocks``), whose data is
+    then made as it is written; a small one is made whole."""
+    blocks = hasattr(arr, "blocks") and not isinstance(arr, np.ndarray)
+    a = arr if blocks else np.asarray(arr)
     direct = a.nbytes >= DIRECT_BYTES and a.ndim > 0 and (a.dtype == np.int8 or a.dtype.kind == "f")
     if not direct:
-        return [array_to_blob(a).SerializeToString()]
-    flat = np.ascontiguousarray(a).reshape(-1)
-    if a.dtype == np.int8:
-        number = _INT8_FIELD
-    else:
-        number, flat = _DATA_FIELD, flat.astype("<f4", copy=False)
+        return [array_to_blob(np.asarray(a)).SerializeToString()]
+    int8 = a.dtype == np.int8
+    number = _INT8_FIELD if int8 else _DATA_FIELD
     shape = pb.BlobProto()
     shape.shape.dim.extend(int(d) for d in a.shape)
     rest = shape.SerializeToString()
     cut = split_before(rest, number, _BLOB_FIELDS)
+    if blocks:
+        nbytes = int(a.size) * (1 if int8 else 4)  # float blobs are float32 on file
+        return [rest[:cut], field_key(number) + varint(nbytes), _Blocks(a, nbytes, not int8), rest[cut:]]
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if not int8:
+        flat = flat.astype("<f4", copy=False)
     data = flat.data.cast("B")
     return [rest[:cut], field_key(number) + varint(data.nbytes), data, rest[cut:]]
 
 
 def _size(parts: Iterable) -> int:
-    return sum(memoryview(p).nbytes for p in parts)
+    return sum(p.nbytes if isinstance(p, _Blocks) else memoryview(p).nbytes for p in parts)
 
 
 def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
@@ -105,9 +126,16 @@ def _net_parts(net: pb.NetParameter) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def _write_all(f: BinaryIO, parts: Iterable) -> None:
+def _write_all(f: Union[BinaryIO, DirectFile], parts: Iterable) -> None:
     for p in parts:
-        f.write(p)
+        if isinstance(p, _Blocks):
+            written = 0
+            for block in p:
+                written += f.write(block) or block.nbytes
+            if written != p.nbytes:  # the length prefix is already in the file
+                raise ValueError(f"a blob's blocks held {written} bytes, {p.nbytes} were announced")
+        else:
+            f.write(p)
 
 
 def write_caffemodel(path: str, net: pb.NetParameter,
@@ -135,17 +163,17 @@ class _atomic_file:
         self.path = os.fspath(path)
         self.folder = os.path.dirname(os.path.abspath(self.path))
         self.tmp: Optional[str] = None
-        self.file: Optional[BinaryIO] = None
+        self.file: Optional[DirectFile] = None
         self.guard = clean_exit_on_signals()
 
-    def __enter__(self) -> BinaryIO:
+    def __enter__(self) -> DirectFile:
         self.guard.__enter__()
         try:
             fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
                                             suffix=".tmp", dir=self.folder)
             if hasattr(os, "fchmod"):
                 os.fchmod(fd, file_mode())
-            self.file = os.fdopen(fd, "wb")
+            self.file = DirectFile(fd)
         except BaseException:
             self.guard.__exit__(None, None, None)
             raise
@@ -160,9 +188,10 @@ class _atomic_file:
                 self.file.close()
                 os.replace(self.tmp, self.path)
             else:
-                self.file.close()
+                self.file.close(discard=True)
                 os.unlink(self.tmp)
         except BaseException:
+            self.file.close(discard=True)
             try:
                 os.unlink(self.tmp)
             except OSError:
@@ -171,4 +200,3 @@ class _atomic_file:
         finally:
             self.guard.__exit__(kind, value, tb)
         fsync_dir(self.folder)
-

@@ -44,6 +44,7 @@ from torch import fx
 
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
+from amct_torch.direct_io import DirectFile
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
 from amct_torch.export.onnx import layers_mobile, layers_rcnn, layers_segmentation  # noqa: F401  (register the forks' layers)
@@ -562,7 +563,7 @@ def _stage_checked(built: tuple, path: str, file: Optional[str]) -> tuple[str, s
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with DirectFile(fd) as f:  # around the page cache (amct_torch.direct_io)
             write_model(f, model, b.streamed)
         what = os.path.basename(path)
         check_structure(tmp, file, b.layer_of, f"the model {what}")

@@ -12,13 +12,14 @@ by ``from_array`` (``tests/export/test_export_big_models.py`` checks it byte for
 """
 from __future__ import annotations
 
-from typing import BinaryIO, Mapping
+from typing import BinaryIO, Mapping, Union
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from amct_torch.caffe.stream_writer import split_before
+from amct_torch.direct_io import DirectFile
 from amct_torch.protowire import copy_fields, field_key, varint
 
 __all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
@@ -60,7 +61,8 @@ def _tensor_parts(t: onnx.TensorProto, arr) -> list:
     return [data[:cut], field_key(_TENSOR_RAW) + varint(flat.nbytes), flat, data[cut:]]
 
 
-def write_model(f: BinaryIO, model: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> None:
+def write_model(f: Union[BinaryIO, DirectFile], model: onnx.ModelProto,
+                external: Mapping[str, np.ndarray]) -> None:
     """Write ``model`` to ``f``, each initializer named in ``external`` (a ``skeleton``) with
     that array's bytes as its ``raw_data``."""
     graph = model.graph
