@@ -65,12 +65,14 @@ def _out_channels(module: CaffeLayer) -> int:
 
 
 def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[str] = None,
-                weights: bool = True, fake: bool = True) -> LayerQuant:
+                weights: bool = True, fake: bool = True, rows: bool = False) -> LayerQuant:
     """Quantize one layer's weights with the record's scale_w (ARQ grid: clamp(round(w/s),
     -128, 127)) and derive its int32 bias and DeQuant factors. A bias that does not fit int32
     is an ExportError naming the layer. ``weights`` False: everything but the int8 and
     fake-quant weights (the checks and factors alone, without a copy of the weights); ``fake``
-    False: the int8 weights without the fake-quant ones (the ONNX exporter's need)."""
+    False: the int8 weights without the fake-quant ones (the ONNX exporter's need). ``rows``:
+    the one weight a Caffe writer needs (the fake-quant weights, or with ``fake`` False the
+    int8 ones) as ``RowBlocks``, computed as it is written."""
     assert rec.scale_d is not None and rec.offset_d is not None  # plan_layers refused the others
     lq = LayerQuant(name=name, type=module.caffe_type, module=module, scale_d=float(rec.scale_d),
                     offset_d=int(rec.offset_d))
@@ -95,7 +97,13 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
         w = module.weight.detach().to("cpu", torch.float32)
         s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
                          module.caffe_type, _groups(module))
-        lq.int8_weight, lq.fake_weight = quantize_rows(w, s, fake)
+        if rows:
+            if fake:
+                lq.fake_weight = RowBlocks(w, s, fake=True)  # type: ignore[assignment]
+            else:
+                lq.int8_weight = RowBlocks(w, s, fake=False)  # type: ignore[assignment]
+        else:
+            lq.int8_weight, lq.fake_weight = quantize_rows(w, s, fake)
     return lq
 
 
@@ -120,6 +128,63 @@ def int32_bias(name: str, b: np.ndarray, sd32: np.float32, sw: np.ndarray,
 CHUNK_ELEMENTS = 1 << 22
 
 
+def _row_blocks(w: torch.Tensor, s: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """The blocks of rows (axis 0) a large ``w`` is quantized in, each with its scales (one
+    block, the whole tensor, when small)."""
+    if w.dim() == 0 or w.numel() <= CHUNK_ELEMENTS:
+        yield slice(None), s
+        return
+    rows = int(w.shape[0])
+    step = max(1, CHUNK_ELEMENTS // max(1, w[0].numel()))
+    per_row = s.dim() > 0 and int(s.shape[0]) == rows and rows > 1
+    for a in range(0, rows, step):
+        yield slice(a, a + step), (s[a:a + step] if per_row else s)
+
+
+class RowBlocks:
+    """One layer's int8 codes (``fake`` False) or fake-quant weights, computed a block of rows
+    at a time when consumed (``blocks``: the values in C order) instead of held whole.
+
+    Why: a streaming Caffe writer copies each block into its file and drops it, so the largest
+    layer's quantized weights (a VGG-16's fc6: 0.4 GB as fake-quant float32, with its int8
+    codes beside them) never exist at once; the values are ``quantize_rows``'s, block for block
+    (every operation is elementwise). ``np.asarray`` gives the whole array."""
+
+    def __init__(self, w: torch.Tensor, s: torch.Tensor, fake: bool,
+                 shape: Optional[tuple[int, ...]] = None) -> None:
+        self.w, self.s, self.fake = w, s, fake
+        self.shape = tuple(int(d) for d in (shape if shape is not None else w.shape))
+        self.dtype = np.dtype(np.float32 if fake else np.int8)
+        if int(np.prod(self.shape, dtype=np.int64)) != w.numel():
+            raise ValueError(f"cannot view {tuple(w.shape)} weights as {self.shape}")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(self.w.numel())
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def reshape(self, shape: tuple[int, ...]) -> "RowBlocks":
+        """The same values in another shape (C order), as ``ndarray.reshape``."""
+        return RowBlocks(self.w, self.s, self.fake, tuple(shape))
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The values, flat, one block of rows after another."""
+        for rows, ss in _row_blocks(self.w, self.s):
+            q = quantize(self.w[rows], ss)
+            yield ((q.float() * ss) if self.fake else q).numpy().reshape(-1)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.concatenate(list(self.blocks())).reshape(self.shape)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 def quantize_rows(w: torch.Tensor, s: torch.Tensor,
                   fake: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The int8 codes clamp(round(w/s), -128, 127) and the fake-quant weights codes·s (None
@@ -131,15 +196,11 @@ def quantize_rows(w: torch.Tensor, s: torch.Tensor,
         return q.numpy(), (q.float() * s).numpy() if fake else None
     q8 = np.empty(tuple(w.shape), np.int8)
     out = np.empty(tuple(w.shape), np.float32) if fake else None
-    rows = int(w.shape[0])
-    step = max(1, CHUNK_ELEMENTS // max(1, w[0].numel()))
-    per_row = s.dim() > 0 and int(s.shape[0]) == rows and rows > 1
-    for a in range(0, rows, step):
-        ss = s[a:a + step] if per_row else s
-        q = quantize(w[a:a + step], ss)
-        q8[a:a + step] = q.numpy()
+    for rows, ss in _row_blocks(w, s):
+        q = quantize(w[rows], ss)
+        q8[rows] = q.numpy()
         if out is not None:
-            out[a:a + step] = (q.float() * ss).numpy()
+            out[rows] = (q.float() * ss).numpy()
     return q8, out
 
 
@@ -182,12 +243,13 @@ class LazyPlan(Mapping[str, LayerQuant]):
     read, only the last one kept. Why: an exporter writing layer by layer then holds one
     layer's quantized weights instead of the whole model's (a VGG-16: 0.7 GB). ``light``
     is the plan without weights (for what only needs the factors); ``fake`` False: int8
-    weights only (the deploy model)."""
+    weights only (the deploy model); ``rows``: the one weight a Caffe writer needs as
+    ``RowBlocks`` (a block of rows in memory at a time, see ``layer_quant``)."""
 
     def __init__(self, gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
-                 file: Optional[str] = None, fake: bool = True) -> None:
+                 file: Optional[str] = None, fake: bool = True, rows: bool = False) -> None:
         self.light = plan_layers(gm, records, file, weights=False)
-        self.records, self.file, self.fake = records, file, fake
+        self.records, self.file, self.fake, self.rows = records, file, fake, rows
         self._last: tuple[Optional[str], Optional[LayerQuant]] = (None, None)
 
     def __getitem__(self, name: str) -> LayerQuant:
@@ -197,7 +259,7 @@ class LazyPlan(Mapping[str, LayerQuant]):
         if self._last[0] != name:
             self._last = (None, None)  # the previous layer's arrays go before the next ones exist
             self._last = (name, layer_quant(name, lq.module, self.records[name], self.file,
-                                            fake=self.fake))
+                                            fake=self.fake, rows=self.rows))
         assert self._last[1] is not None
         return self._last[1]
 

@@ -63,7 +63,7 @@ def deploy_net(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
 def save_deploy(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                 offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_deploy_model.prototxt`` and ``{save_path}_deploy_weights.caffemodel``."""
-    plan = LazyPlan(gm, records, file, fake=False)  # every check now; each layer's int8 when written
+    plan = LazyPlan(gm, records, file, fake=False, rows=True)  # every check now; each layer's int8 as written
     emitted = emit_net(gm, plan.light, _deploy_blobs, _deploy_dequant_blobs, file, full=plan)
     write_caffe_layers(emitted, output_path(save_path, "deploy_model"),
                        output_path(save_path, "deploy_weights"), offset_form)

@@ -123,7 +123,7 @@ def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, Layer
 def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], save_path: str,
                     offset_form: str = "uint8", file: Optional[str] = None) -> EmittedNet:
     """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
-    plan = LazyPlan(gm, records, file)  # every check now; each layer's weights when written
+    plan = LazyPlan(gm, records, file, rows=True)  # every check now; each layer's weights as written
     emitted = emit_net(gm, plan.light, _fake_blobs, _fake_dequant_blobs, file, full=plan)
     write_caffe_layers(emitted, output_path(save_path, "fake_quant_model"),
                        output_path(save_path, "fake_quant_weights"), offset_form)
