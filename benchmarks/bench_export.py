@@ -12,7 +12,12 @@ the runtime runs in int8 (ORT: its optimized graph; OpenVINO: the compiled runti
 runtimePrecision), then exits. OpenVINO's float model runs at its default inference
 precision (bf16 on CPUs with AVX512-BF16/AMX) and, as ``float_f32``, with the f32 hint.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 20] [--sessions 4] [--only a,b] [--targets]
+Each latency is the median of ``rounds × per-round`` runs, the models of one runtime
+interleaved round by round (order rotated), so that the load of a shared machine falls on all
+of them alike; every line names the batch and the thread count.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/bench_export.py [--threads 2] [--rounds 20] [--sessions 4] [--only a,b]
+     [--targets [--models a,b] [--batches 1,8] [--ort-own]]
 """
 from __future__ import annotations
 
@@ -155,6 +160,8 @@ def bench_targets(args):
     from helpers.runtimes import openvino_available, openvino_compile, openvino_counts, ort_counts
     with tempfile.TemporaryDirectory() as tmp:
         for name, proto, weights, size, scale in _target_nets(tmp):
+            if args.models and name not in args.models.split(","):
+                continue
             calib = _images(size, scale, 8, 1)
             records = {}
             for offset in (True, False):  # tensorrt needs symmetric activations
@@ -167,7 +174,11 @@ def bench_targets(args):
                 gm, recs = records[target != "tensorrt"]
                 paths["float"], paths[target] = export_onnx(gm, recs, os.path.join(tmp, f"{name}_{target}"),
                                                             target=target)
-            for batch in (1, 8):
+            if args.ort_own:  # ONNX Runtime's own quantizer on the same float model and crops (U8S8)
+                from onnxruntime.quantization import QuantType
+                paths["ort_quantize_static_u8s8"] = os.path.join(tmp, f"{name}_ort_u8s8.onnx")
+                ort_static(paths["float"], paths["ort_quantize_static_u8s8"], calib, QuantType.QUInt8)
+            for batch in [int(b) for b in args.batches.split(",")]:
                 x = _images(size, scale, batch, 2)
                 sessions = {k: session(p, args.threads) for k, p in paths.items()}
                 lat = _timed({k: (lambda v, s=s: s.run(None, {s.get_inputs()[0].name: v})) for k, s in sessions.items()},
@@ -176,12 +187,13 @@ def bench_targets(args):
                     print(json.dumps({"bench": "targets", "runtime": "onnxruntime", "model": name, "batch": batch,
                                       "onnx": k, "threads": args.threads, "latency_ms": round(lat[k] * 1e3, 2),
                                       "speed_vs_float": round(lat["float"] / lat[k], 3),
+                                      "runs": args.rounds * args.per_round,
                                       **({} if k == "float" else ort_counts(paths[k], args.threads))}), flush=True)
                 why = openvino_available()
                 if why:
                     print(json.dumps({"bench": "targets", "runtime": "openvino", "skipped": why}))
                     continue
-                compiled = {k: openvino_compile(p, args.threads) for k, p in paths.items()}
+                compiled = {k: openvino_compile(p, args.threads) for k, p in paths.items() if not k.startswith("ort_")}
                 compiled["float_f32"] = openvino_compile(paths["float"], args.threads, precision="f32")
                 reqs = {k: c.create_infer_request() for k, c in compiled.items()}
                 lat = _timed({k: (lambda v, r=r: r.infer({0: v})) for k, r in reqs.items()}, x, args.rounds, args.per_round)
@@ -189,6 +201,7 @@ def bench_targets(args):
                     print(json.dumps({"bench": "targets", "runtime": "openvino", "model": name, "batch": batch,
                                       "onnx": k, "threads": args.threads, "latency_ms": round(lat[k] * 1e3, 2),
                                       "speed_vs_float": round(lat["float"] / lat[k], 3),
+                                      "runs": args.rounds * args.per_round,
                                       **({} if k.startswith("float") else openvino_counts(c))}), flush=True)
 
 
@@ -203,6 +216,11 @@ def main():
     ap.add_argument("--targets", action="store_true", help="the per-runtime target table only")
     ap.add_argument("--only", default="", help="comma-separated variant names (float and the ORT "
                     "models are always measured)")
+    ap.add_argument("--models", default="", help="--targets: comma-separated model names "
+                    "(nsfw_resnet50, depthwise_detector, prelu_facenet48; default all)")
+    ap.add_argument("--batches", default="1,8", help="--targets: comma-separated batch sizes (default 1,8)")
+    ap.add_argument("--ort-own", action="store_true", help="--targets: also ONNX Runtime's own "
+                    "quantize_static (U8S8, per channel) model of each net, for reference")
     args = ap.parse_args()
     if args.targets:
         return bench_targets(args)
