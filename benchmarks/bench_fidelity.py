@@ -429,7 +429,7 @@ def blob_producers(parsed) -> dict[str, list[tuple[str, int]]]:
 
 
 def outputs_of(model, x: np.ndarray, batch: int, blobs: list[str], producers) -> dict[str, np.ndarray]:
-    """Each blob's value (N×rest, float64) on ``x``: a hook on the last layer of ``model``
+    """Each blob's values (flat, float64, sample-major) on ``x``: a hook on the last layer of ``model``
     writing it (a fused model has no BN/Scale layers; an in-place ReLU after a convolution
     writes its blob last)."""
     mods = layer_modules(model)
@@ -440,7 +440,7 @@ def outputs_of(model, x: np.ndarray, batch: int, blobs: list[str], producers) ->
 
         def hook(_m, _a, o, b=b, idx=idx):
             t = o[idx] if isinstance(o, (tuple, list)) else o
-            got[b].append(t.detach().double().reshape(t.shape[0], -1))
+            got[b].append(t.detach().double().reshape(-1))  # flat: a Reshape may fix the batch at 1
         hooks.append(mods[name].register_forward_hook(hook))
     dev = next(model.parameters()).device
     try:
@@ -470,7 +470,7 @@ def onnx_outputs(path: str, x: np.ndarray, inp: str, blobs: list[str], batch: in
     got: dict[str, list] = {b: [] for b in blobs}
     for i in range(0, len(x), batch):
         for b, v in zip(blobs, s.run(blobs, {inp: x[i:i + batch]})):
-            got[b].append(v.reshape(v.shape[0], -1).astype(np.float64))
+            got[b].append(v.reshape(-1).astype(np.float64))
     return {b: np.concatenate(v) for b, v in got.items()}
 
 
