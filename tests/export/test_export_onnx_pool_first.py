@@ -27,6 +27,7 @@ from amct_torch.fusion import fuse_bn
 from helpers.caffe_nets import make_net, rand
 from helpers.data import natural_images_bgr
 from helpers.exports import minmax_records
+from helpers.runtimes import ort_counts
 from helpers.target_nets import onet_like
 
 
@@ -77,6 +78,8 @@ def test_prelu_net_pools_in_float_with_the_same_numbers(tmp_path, monkeypatch):
     # ORT: every MaxPool on uint8 codes before, none now
     assert _pools_on_codes(_optimized(kept, tmp_path)) == 3
     assert _pools_on_codes(_optimized(moved, tmp_path)) == 0
+    # every convolution and FC still an int8 kernel (ORT's channel-scaling Conv aside)
+    assert ort_counts(moved) == {"conv_int8": 4, "conv_float": 0, "fc_int8": 4, "fc_float": 0}
     for optimize in (False, True):
         for a, b in zip(_run(moved, x[2:], optimize), _run(kept, x[2:], optimize)):
             assert np.array_equal(a, b)

@@ -59,8 +59,17 @@ def openvino_counts(compiled) -> dict[str, int]:
     return {k: c[k] for k in ("conv_int8", "conv_float", "fc_int8", "fc_float")}
 
 
+def _channel_scaling(n) -> bool:
+    """ORT's NCHWc layout pass writes a per-channel Mul (e.g. the integer form's rescale after a
+    pooling in NCHWc) as a depthwise 1×1 ``Conv`` of its own (weights named ``mul_scale…``):
+    not one of the model's convolutions."""
+    return n.op_type == "Conv" and n.domain == "com.microsoft.nchwc" and len(n.input) > 1 \
+        and n.input[1].startswith("mul_scale")
+
+
 def ort_optimized_ops(path: str, threads: int = 1) -> collections.Counter:
-    """Op counts of ONNX Runtime's optimized graph (CPU, default optimizations)."""
+    """Op counts of ONNX Runtime's optimized graph (CPU, default optimizations); ORT's own
+    channel-scaling convolutions (``_channel_scaling``) are counted as ``ChannelScale``."""
     import onnx
     import onnxruntime as ort
     with tempfile.TemporaryDirectory() as d:
@@ -69,7 +78,8 @@ def ort_optimized_ops(path: str, threads: int = 1) -> collections.Counter:
         so.log_severity_level = 3
         so.optimized_model_filepath = os.path.join(d, "optimized.onnx")
         ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        return collections.Counter(n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node)
+        return collections.Counter("ChannelScale" if _channel_scaling(n) else n.op_type
+                                   for n in onnx.load(so.optimized_model_filepath).graph.node)
 
 
 def ort_counts(path: str, threads: int = 1) -> dict[str, int]:
