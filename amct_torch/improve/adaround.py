@@ -80,7 +80,7 @@ MAX_POSITIONS, HELD_POSITIONS = 4096, 1024
 MAX_ELEMENTS = 1 << 22
 #: iterations: BUDGET × (the layer's forward multiply-adds on the fitting rows) / (one
 #: iteration's), within [MIN_ITERS, MAX_ITERS]
-BUDGET, MIN_ITERS, MAX_ITERS = 4.0, 50, 300
+BUDGET, MIN_ITERS, MAX_ITERS = 2.0, 50, 200
 
 TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct")
 
@@ -125,12 +125,23 @@ def positions_per_row(mod: Any, y: torch.Tensor) -> int:
     return int(y.shape[2] * y.shape[3])
 
 
-def choose_sites(name: str, mod: Any, y: torch.Tensor, n_fit: int) -> Sites:
-    """Sampled positions of ``name``'s output ``y`` (a fixed seed per layer name, so a rerun
-    picks the same ones): all of them when few, else a uniform sample without replacement."""
-    per_row = positions_per_row(mod, y)
+def input_positions_per_row(mod: Any, x: torch.Tensor) -> int:
+    """Output positions of one row, from the layer's input ``x`` (what ``positions_per_row``
+    gives from its output)."""
+    if mod.caffe_type == "InnerProduct":
+        return int(math.prod(x.shape[1:_ip_axis(mod, x.dim())]))
+    h, w = _out_hw(mod, x)
+    return h * w
+
+
+def choose_sites(name: str, mod: Any, n_all: int, per_row: int, n_fit: int, device: torch.device) -> Sites:
+    """Sampled output positions of layer ``name`` over ``n_all`` rows of ``per_row`` positions
+    (a fixed seed per layer name, so the float pass and the quantized pass pick the same ones):
+    all of them when few, else a uniform sample without replacement, at most ``MAX_POSITIONS``
+    fitting and ``HELD_POSITIONS`` held-out ones and ``MAX_ELEMENTS`` floats of patches or
+    outputs."""
     k = int(mod.weight[0].numel()) * (_groups(mod) if mod.caffe_type != "InnerProduct" else 1)
-    width = max(k, int(y.shape[1] if mod.caffe_type != "InnerProduct" else y.shape[-1]))
+    width = max(k, int(mod.weight.shape[0]))
     cap = max(64, MAX_ELEMENTS // max(1, width))
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
 
@@ -140,9 +151,8 @@ def choose_sites(name: str, mod: Any, y: torch.Tensor, n_fit: int) -> Sites:
             idx = torch.arange(total)
         else:
             idx = torch.randperm(total, generator=gen)[:most].sort().values
-        return (idx + lo * per_row).to(y.device)
+        return (idx + lo * per_row).to(device)
 
-    n_all = int(y.shape[0])
     return Sites(pick(0, n_fit, min(MAX_POSITIONS, cap)), pick(n_fit, n_all, min(HELD_POSITIONS, cap)), per_row)
 
 
@@ -159,6 +169,14 @@ def outputs_at(mod: Any, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return out.float()
 
 
+def _out_hw(mod: Any, x: torch.Tensor) -> tuple[int, int]:
+    """A convolution's output height and width for the input ``x`` (Caffe's formula)."""
+    kh, kw = mod.weight.shape[2], mod.weight.shape[3]
+    (sh, sw), (ph, pw), (dh, dw) = mod.stride, mod.padding, mod.dilation
+    return ((x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1,
+            (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+
+
 def patches(mod: Any, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The layer's input patches at flat output positions ``idx``: [P, groups, K] with K in
     the weight's own order (C_in/g, kh, kw), so that patch · weight row = the output."""
@@ -167,8 +185,7 @@ def patches(mod: Any, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, int(math.prod(x.shape[ax:])))[idx].float().unsqueeze(1)
     kh, kw = mod.weight.shape[2], mod.weight.shape[3]
     (sh, sw), (ph, pw), (dh, dw) = mod.stride, mod.padding, mod.dilation
-    h_out = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    w_out = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    h_out, w_out = _out_hw(mod, x)
     xp = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     per = h_out * w_out
     n, r = idx // per, idx % per
@@ -256,29 +273,29 @@ def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_
     target = ((rest - GAMMA) / (ZETA - GAMMA)).clamp(1e-4, 1 - 1e-4)
     v = torch.where(free, torch.log(target / (1 - target)), torch.zeros_like(rest))
     m1, m2 = torch.zeros_like(v), torch.zeros_like(v)
-    n_free = free.sum().clamp_min(1)
     warm = int(iters * WARMUP)
-    ds = scale / norm        # dLoss/dq = s · dLoss/dW, the reconstruction term normalized
-    reg_w = lam / n_free
+    # free elements have |nearest| < 127, so floor(w/s) + h stays within [-127, 127]: no clamp
+    fixed = torch.where(free, base, nearest) * scale   # the weight with h = 0 where free
+    free_s = free.float() * scale                       # dW/dh
+    dq_ds = (ZETA - GAMMA) * free_s / norm              # dLoss_rec/dW · dW/dh · dh/dσ, less σ'
+    reg_w = (ZETA - GAMMA) * lam / free.sum().clamp_min(1) * free.float()
     for t in range(1, iters + 1):
         # the gradient by hand (no autograd graph: one product per iteration on the Gram path)
         sig = torch.sigmoid(v)
         raw = sig * (ZETA - GAMMA) + GAMMA
         h = raw.clamp(0.0, 1.0)
-        soft = base + h
-        q = torch.where(free, soft.clamp(QMIN, QMAX), nearest)
-        dq = grad_w(q * scale) * ds
+        dq = grad_w(torch.addcmul(fixed, h, free_s)) * dq_ds
         if t > warm:
             frac = (t - warm) / max(1, iters - warm)
             beta = BETA[1] + 0.5 * (BETA[0] - BETA[1]) * (1 + math.cos(math.pi * frac))
             u = 2 * h - 1  # d/dh (1 − |u|^β) = −2β·|u|^(β−1)·sign(u)
-            dq = dq - reg_w * 2 * beta * u.abs().pow(beta - 1) * torch.sign(u)
-        live = free & (raw > 0) & (raw < 1) & (soft > QMIN) & (soft < QMAX)
-        grad = torch.where(live, dq * (ZETA - GAMMA) * sig * (1 - sig), torch.zeros_like(dq))
+            dq = dq - (2 * beta) * reg_w * u.abs().pow(beta - 1) * torch.sign(u)
+        # σ' = σ(1 − σ), zero where the rectified sigmoid is clamped
+        grad = torch.where((raw > 0) & (raw < 1), dq * sig * (1 - sig), torch.zeros_like(dq))
         m1.mul_(0.9).add_(grad, alpha=0.1)
         m2.mul_(0.999).addcmul_(grad, grad, value=0.001)
         step = LR * math.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
-        v = v - step * m1 / (m2.sqrt() + 1e-8)
+        v = v.addcdiv_(m1, m2.sqrt().add_(1e-8), value=-step)
     learned = torch.where(free, (base + (v >= 0).float()).clamp(QMIN, QMAX), nearest)
     e_near = _sse(x_held, nearest * scale, y_held)
     e_learn = _sse(x_held, learned * scale, y_held)

@@ -204,14 +204,26 @@ def test_iteration_budget_scales_with_the_layer():
     # over few positions) none
     assert A.iterations(16 * 32 * 32, 27, 16, 4096, True) == A.MAX_ITERS
     assert A.iterations(16 * 7 * 7, 2304, 256, 784, False) == 0
-    mid = A.iterations(16 * 28 * 28, 576, 64, 3136, True)
-    assert A.MIN_ITERS < mid == int(A.BUDGET * 16 * 28 * 28 / 576) < A.MAX_ITERS
+    rows_positions = int((A.MIN_ITERS + A.MAX_ITERS) / 2 * 576 / A.BUDGET)   # Gram: K² per iteration
+    mid = A.iterations(rows_positions, 576, 64, 4096, True)
+    assert A.MIN_ITERS < mid == int(A.BUDGET * rows_positions / 576) < A.MAX_ITERS
 
 
-def test_job_writes_the_learned_codes(tmp_path):
-    """quantize(improve="adaround") on the example model: the record's scale_w is AMCT's; the
-    deploy Caffe model and the QDQ ONNX hold the learned codes (different from ARQ's nearest
-    rounding of the float weights somewhere), the fake-quant model their dequantized values."""
+def test_job_writes_the_learned_codes(tmp_path, monkeypatch):
+    """quantize(improve="adaround") on the example model, the stage kept (the end-of-run guard,
+    tested elsewhere, forced to accept it): the record's scale_w is AMCT's; the deploy Caffe
+    model and the QDQ ONNX hold the learned codes (different from ARQ's nearest rounding of the
+    float weights somewhere), the fake-quant model their dequantized values."""
+    from amct_torch.improve import pipeline
+    scored = pipeline.output_sqnr
+
+    def favoured(*a, **kw):   # the improved stage scored 10 dB up: kept whatever it measured
+        st = scored(*a, **kw)
+        if st.name != "default":
+            st.sqnr_db = [v + 10 for v in st.sqnr_db]
+            st.halves = [[v + 10 for v in h] for h in st.halves]
+        return st
+    monkeypatch.setattr(pipeline, "output_sqnr", favoured)
     onnx = pytest.importorskip("onnx")
     from onnx import numpy_helper
 
@@ -221,6 +233,7 @@ def test_job_writes_the_learned_codes(tmp_path):
                                quiet=True, report=False, save_type=None)
     res = amct_torch.quantize(*example_model(), calib, output=str(tmp_path / "a"), batch_num=3, device="cpu",
                               quiet=True, report=False, onnx=True, save_type="Both", improve="adaround")
+    assert res.improvement["kept"] == "adaround"
     kept = [n for n, c in res.improvement["layers"].items() if c["rounding_kept"]]
     assert kept, res.improvement
     deploy = read_net(res.files["deploy_model"], res.files["deploy_weights"]).blobs
