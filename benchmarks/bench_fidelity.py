@@ -474,7 +474,7 @@ def onnx_outputs(path: str, x: np.ndarray, inp: str, blobs: list[str], batch: in
     return {b: np.concatenate(v) for b, v in got.items()}
 
 
-def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, inp) -> dict[str, float]:
+def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, inp, run_batch) -> dict[str, float]:
     """ONNX Runtime ``quantize_static`` (QDQ, per-channel S8 weights, reduce_range off) for each
     calibration method and activation type; a ``_noout`` type is the same model with the
     Quantize/Dequantize pair on each scored output removed (as ours: only layer inputs are
@@ -510,7 +510,7 @@ def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, i
                 if tp.endswith("_noout"):
                     unquantize_outputs(q, blobs)
                 t_q = time.time() - t
-                w, per = worst(ref, onnx_outputs(q, held, inp, blobs))
+                w, per = worst(ref, onnx_outputs(q, held, inp, blobs, run_batch))
             except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
                 emit({"bench": "fidelity", "model": model, "method": f"ort_{m}_{tp}", "error": repr(e)[:300]})
                 continue
@@ -552,7 +552,7 @@ def unquantize_outputs(path: str, blobs: list[str]) -> None:
     onnx.save(m, path)
 
 
-def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp, batch) -> dict[str, float]:
+def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp, batch, run_batch) -> dict[str, float]:
     """NNCF (``nncf.quantize``, ONNX backend, default options: its own range estimators and fast
     bias correction) with each preset on the same calibration inputs, fed in batches of the
     calibration batch size as ours (NNCF averages per-batch min/max: batches of one image clip
@@ -577,7 +577,7 @@ def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp, ba
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(q, path)
             t_q = time.time() - t
-            w, per = worst(ref, onnx_outputs(path, held, inp, blobs))
+            w, per = worst(ref, onnx_outputs(path, held, inp, blobs, run_batch))
         except Exception as e:  # noqa: BLE001
             emit({"bench": "fidelity", "model": model, "method": name, "error": repr(e)[:300]})
             continue
@@ -629,10 +629,14 @@ def run_model(spec: dict, args, tmp: str) -> dict:
     blobs = spec.get("outputs") or scored_outputs(parsed)
     producers = blob_producers(parsed)
     inp = parsed.inputs[0][0]
+    # a Reshape with a literal batch dimension (RFB/slim's "dim: 1 dim: -1 dim: 2") joins the
+    # samples of a batch (Caffe's semantics, kept by torch and the ONNX export): scored one at a time
+    ib = 1 if any(lay.type == "Reshape" and len(lay.reshape_param.shape.dim) and lay.reshape_param.shape.dim[0] != 0
+                  for lay in parsed.layers) else args.infer_batch
     del parsed
     t = time.time()
-    ref = outputs_of(load_caffe(proto, weights), held, args.infer_batch, blobs, producers)
-    emit({"bench": "fidelity", "model": fam, "scored_outputs": blobs, "input": inp,
+    ref = outputs_of(load_caffe(proto, weights), held, ib, blobs, producers)
+    emit({"bench": "fidelity", "model": fam, "scored_outputs": blobs, "input": inp, "torch_batch": ib,
           "input_shape": list(held.shape[1:]), "n_calib": len(calib), "n_heldout": len(held),
           "float_s": round(time.time() - t, 1)})
     res: dict[str, float] = {}
@@ -649,7 +653,7 @@ def run_model(spec: dict, args, tmp: str) -> dict:
                                     save_type=None, report=False, quiet=True, device="cpu",
                                     improve=None if m == "default" else m, **kw)
             cost[m] = time.time() - t
-            torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, args.infer_batch, blobs, producers))
+            torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, ib, blobs, producers))
         except Exception as e:  # noqa: BLE001 - reported, the other methods still run
             import traceback
             emit({"bench": "fidelity", "model": fam, "method": f"ours_{m}", "error": repr(e)[:400],
@@ -663,8 +667,8 @@ def run_model(spec: dict, args, tmp: str) -> dict:
         res[m] = torch_db[m]
         if args.ours_onnx:  # the QDQ model the job wrote, run by ONNX Runtime as the peers are
             try:
-                res[m], row["per_output"] = worst(ref, onnx_outputs(prefix + "_quant.onnx", held, inp, blobs))
-                f_ours = onnx_outputs(prefix + "_float.onnx", held, inp, blobs)
+                res[m], row["per_output"] = worst(ref, onnx_outputs(prefix + "_quant.onnx", held, inp, blobs, ib))
+                f_ours = onnx_outputs(prefix + "_float.onnx", held, inp, blobs, ib)
                 row["float_onnx_vs_reference_db"] = worst(ref, f_ours)[0]  # _float.onnx: the float model
                 row["scored_with"] = "onnxruntime (the job's _quant.onnx)"
             except Exception as e:  # noqa: BLE001 - reported; the torch figure stands in
@@ -680,15 +684,15 @@ def run_model(spec: dict, args, tmp: str) -> dict:
     if fused is not None and not {"ort", "nncf"} <= skip:
         path = os.path.join(work, "float.onnx")
         export_float_onnx(fused, path, outputs=blobs)  # the BN-fused float model, cut at the scored blobs
-        f_w, f_per = worst(ref, onnx_outputs(path, held, inp, blobs))
+        f_w, f_per = worst(ref, onnx_outputs(path, held, inp, blobs, ib))
         emit({"bench": "fidelity", "model": fam, "method": "float_onnx_vs_reference", "worst_sqnr_db": f_w,
               "per_output": f_per})
         if "ort" not in skip:
             peers.update(ort_peers(path, calib, held, ref, blobs, work, [x for x in args.ort.split(",") if x],
-                                   [x for x in args.ort_types.split(",") if x], fam, inp))
+                                   [x for x in args.ort_types.split(",") if x], fam, inp, ib))
         if "nncf" not in skip:
             peers.update(nncf_peers(path, calib, held, ref, blobs, work, [x for x in args.nncf.split(",") if x],
-                                    fam, inp, args.batch))
+                                    fam, inp, args.batch, ib))
     best = max(peers, key=peers.get) if peers else None
     summary = {"bench": "fidelity_summary", "model": fam, "outputs": blobs, "n_calib": len(calib),
                "n_heldout": len(held), "ours": res, "ours_torch_fake_quant": torch_db,
