@@ -25,8 +25,9 @@ from typing import Any, Optional
 
 __all__ = ["DirectFile", "BUFFER_BYTES"]
 
-#: bytes per buffer (two are used in turn): large writes, a multiple of every block size
-BUFFER_BYTES = 8 << 20
+#: bytes per buffer (two are used in turn): writes large enough for the device (1-8 MiB measured
+#: alike), small beside a model (the buffers are part of the peak), a multiple of every block size
+BUFFER_BYTES = 2 << 20
 #: alignment of the memory, offsets and lengths of direct writes (covers 512 B and 4 KiB sectors)
 ALIGN = 4096
 
