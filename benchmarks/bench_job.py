@@ -19,8 +19,8 @@ Caffe). ORT quantizes the project's own float ONNX export of the same BN-fused m
 Printed (JSON lines): per model and size (32 images at batch 8, 256 at batch 32) one ``job``
 row per job and repetition, a ``summary`` row with medians and ratios (ours / ORT; report on /
 off; with ``--onnx``), and a ``phases`` row: per phase of our job (the job's own progress
-phases) its seconds, the process's RSS at its end and its peak RSS so far, in one extra
-instrumented run. The VGG-16 case also prints the caffemodel's size and the peak / caffemodel
+phases) its seconds, user and system CPU seconds, the process's RSS at its end and its peak
+RSS so far, in one extra instrumented run. The VGG-16 case also prints the caffemodel's size and the peak / caffemodel
 ratio.
 
 Run: .venv/bin/python benchmarks/bench_job.py [--repeats 3] [--sizes 32x8,256x32]
@@ -288,15 +288,30 @@ def phases_child(argv: list[str]) -> None:
     end = progress.JobProgress._end
     job_phases: list[dict] = []
 
+    last_cpu = [0.0, 0.0]
+
     def _end(self: Any) -> None:
         name, t0 = self._name, self._t0
         end(self)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
         if name is not None:
             with open("/proc/self/statm") as f:
                 rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
             job_phases.append({"phase": name, "s": round(time.perf_counter() - t0, 3),
+                               "user_s": round(ru.ru_utime - last_cpu[0], 3),
+                               "sys_s": round(ru.ru_stime - last_cpu[1], 3),
                                "rss_mib": round(rss, 1),
-                               "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
+                               "peak_mib": round(ru.ru_maxrss / 1024, 1)})
+        last_cpu[:] = [ru.ru_utime, ru.ru_stime]
+
+    start = progress.JobProgress.start
+
+    def _start(self: Any, name: str) -> None:
+        if self._name is None:  # the first phase: CPU time from here (the imports are counted apart)
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            last_cpu[:] = [ru.ru_utime, ru.ru_stime]
+        start(self, name)
+    progress.JobProgress.start = _start
     progress.JobProgress._end = _end
     t = time.perf_counter()
     rc = cli.main(argv)
@@ -363,7 +378,7 @@ def bench_size(model: str, proto: str, weights: str, float_onnx: str, work: str,
     phases = json.loads(res.pop("stdout").strip().splitlines()[-1])
     emit(metric="phases", model=model, images=n, batch=batch, onnx=True,
          note="one instrumented run: seconds per wrapped call; job_phases: the job's progress "
-              "phases with RSS at their end and peak so far (MiB)", **phases,
+              "phases with wall and CPU seconds, RSS at their end and peak so far (MiB)", **phases,
          wall_s=res["wall_s"], peak_rss_mib=res["peak_rss_mib"])
 
 
