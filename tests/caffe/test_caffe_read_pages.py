@@ -14,7 +14,8 @@ from amct_torch.caffe.netio import array_to_blob, blob_to_array
 from amct_torch.caffe.stream_reader import read_weights
 from amct_torch.proto import amct_caffe_pb2 as pb
 
-switch = np._core.multiarray._set_madvise_hugepage
+_core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+switch = _core.multiarray._set_madvise_hugepage
 
 
 @pytest.fixture
