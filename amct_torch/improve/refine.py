@@ -180,7 +180,13 @@ def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tupl
         raise ValueError(f"refine needs fitting and held-out rows, got {n_fit} of {n_all}")
     correct = set(correctable_layers(fused, records)) if bias else set()
     fmods = layer_modules(fused)
+    calls: dict[int, int] = {}
+    for node in fused.graph.nodes:  # a module called from several nodes: one rounding cannot fit each
+        if node.op == "call_module":
+            key = id(fused.get_submodule(str(node.target)))
+            calls[key] = calls.get(key, 0) + 1
     learn = sorted(n for n, r in records.items() if rounding and n in fmods and supported(fmods[n])
+                   and calls.get(id(fmods[n]), 0) == 1
                    and r.scale_d is not None and r.offset_d is not None and r.scale_w)
     targets, sites = float_pass(fused, sorted(correct), learn, data, n_fit) if correct or learn else ({}, {})
     sim = copy.deepcopy(fused)
