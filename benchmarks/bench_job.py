@@ -79,22 +79,45 @@ def make_images(folder: str, n: int, seed: int = 0) -> None:
                     [cv2.IMWRITE_JPEG_QUALITY, 92])
 
 
+#: a small Python that starts the job and reports its rusage: Linux records the peak RSS of the
+#: process that exec()s a command as at least the RSS of the memory it was forked from, so a
+#: job started straight from this (large) benchmark process would report the benchmark's own
+#: RSS as its peak; started from this ~10 MB launcher, the figure is the job's own
+_LAUNCHER = """
+import json, os, sys, time
+fd, cmd = int(sys.argv[1]), json.loads(sys.argv[2])
+t = time.perf_counter()
+pid = os.posix_spawnp(cmd[0], cmd, os.environ)
+_, status, ru = os.wait4(pid, 0)
+os.write(fd, json.dumps({"wall": time.perf_counter() - t, "status": status, "utime": ru.ru_utime,
+                         "stime": ru.ru_stime, "maxrss": ru.ru_maxrss}).encode())
+"""
+
+
 def run_child(cmd: list[str], env: Optional[dict] = None) -> dict:
-    """Run ``cmd`` to the end; its wall time and its own rusage (user, system, peak RSS)."""
+    """Run ``cmd`` to the end through ``_LAUNCHER``; its wall time and its own rusage (user,
+    system, peak RSS), as ``os.wait4`` gives them for exactly that child."""
+    r, w = os.pipe()
     with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
-        t = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fout, stderr=ferr, env=env)
-        # wait4 returns the rusage of exactly this child (not of every child waited for so far)
-        _, status, ru = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t
+        try:
+            launcher = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(w), json.dumps(cmd)],
+                                        stdout=fout, stderr=ferr, env=env, pass_fds=(w,))
+        finally:
+            os.close(w)
+        with os.fdopen(r) as f:
+            report = f.read()
+        launcher.wait()
         fout.seek(0)
         ferr.seek(0)
         out, err = fout.read(), ferr.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}):\n{err.decode()[-3000:]}")
-    return {"wall_s": round(wall, 3), "user_s": round(ru.ru_utime, 3), "sys_s": round(ru.ru_stime, 3),
-            "cpu_s": round(ru.ru_utime + ru.ru_stime, 3), "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+    if launcher.returncode != 0 or not report:
+        raise SystemExit(f"{cmd[:4]}: the launcher failed ({launcher.returncode}):\n{err.decode()[-3000:]}")
+    ru = json.loads(report)
+    code = os.waitstatus_to_exitcode(ru["status"])
+    if code != 0:
+        raise SystemExit(f"{cmd[:4]} failed ({code}):\n{err.decode()[-3000:]}")
+    return {"wall_s": round(ru["wall"], 3), "user_s": round(ru["utime"], 3), "sys_s": round(ru["stime"], 3),
+            "cpu_s": round(ru["utime"] + ru["stime"], 3), "peak_rss_mib": round(ru["maxrss"] / 1024, 1),
             "stdout": out.decode(errors="replace")}
 
 
