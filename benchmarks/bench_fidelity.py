@@ -194,7 +194,12 @@ def ort_logits(path, x, batch=16, inp="data") -> np.ndarray:
                            for i in range(0, len(x), batch)]).reshape(len(x), -1).astype(np.float64)
 
 
-def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw", inp="data") -> list[dict]:
+def ort_quantize(float_path: str, out: str, calib: np.ndarray, inp: str, method: str, types: str,
+                 cache: str) -> None:
+    """ONNX Runtime ``quantize_static`` of ``float_path`` into ``out``: QDQ, per-channel QInt8
+    weights, reduce_range off, activations per ``types`` (U8S8: QUInt8, S8S8: QInt8), the
+    calibration ``method`` fed one sample at a time; the ranges are cached in ``cache`` and
+    reused by the other type pair (what ORT itself does with the cache)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -211,17 +216,20 @@ def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw",
             return next(self.it, None)
 
     act = {"U8S8": QuantType.QUInt8, "S8S8": QuantType.QInt8}
+    quantize_static(float_path, out, None if os.path.exists(cache) else Reader(),
+                    quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
+                    activation_type=act[types], weight_type=QuantType.QInt8,
+                    calibrate_method=getattr(CalibrationMethod, method), calibration_cache_path=cache)
+
+
+def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw", inp="data") -> list[dict]:
     rows = []
     for m in methods:
         cache = os.path.join(tmp, f"ort_{m}_calibration.json")
         for tp in types:
             q = os.path.join(tmp, f"ort_{m}_{tp}.onnx")
             t = time.time()
-            quantize_static(float_path, q, None if os.path.exists(cache) else Reader(),
-                            quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
-                            activation_type=act[tp], weight_type=QuantType.QInt8,
-                            calibrate_method=getattr(CalibrationMethod, m),
-                            calibration_cache_path=cache)
+            ort_quantize(float_path, q, calib, inp, m, tp, cache)
             t_q = time.time() - t
             t = time.time()
             out = ort_logits(q, held, inp=inp)
@@ -479,22 +487,6 @@ def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, i
     calibration method and activation type; a ``_noout`` type is the same model with the
     Quantize/Dequantize pair on each scored output removed (as ours: only layer inputs are
     quantized)."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter([{inp: calib[i:i + 1]} for i in range(len(calib))])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    act = {"U8S8": QuantType.QUInt8, "S8S8": QuantType.QInt8}
     peers = {}
     for m in methods:
         cache = os.path.join(tmp, f"ort_{m}_calibration.json")
@@ -502,11 +494,7 @@ def ort_peers(float_path, calib, held, ref, blobs, tmp, methods, types, model, i
             q = os.path.join(tmp, f"ort_{m}_{tp}.onnx")
             t = time.time()
             try:
-                quantize_static(float_path, q, None if os.path.exists(cache) else Reader(),
-                                quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
-                                activation_type=act[tp.split("_")[0]], weight_type=QuantType.QInt8,
-                                calibrate_method=getattr(CalibrationMethod, m),
-                                calibration_cache_path=cache)
+                ort_quantize(float_path, q, calib, inp, m, tp.split("_")[0], cache)
                 if tp.endswith("_noout"):
                     unquantize_outputs(q, blobs)
                 t_q = time.time() - t
