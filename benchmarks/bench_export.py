@@ -125,7 +125,7 @@ VARIANTS = {  # name -> export_onnx keyword arguments
 }
 
 
-def _target_nets(tmp):
+def target_nets(tmp):
     """(name, prototxt, caffemodel, calibration images, input size, scale) of the --targets models."""
     from helpers.target_nets import depthwise_detector, onet_like
     d = nsfw_dir()
@@ -134,7 +134,7 @@ def _target_nets(tmp):
     yield ("prelu_facenet48", *onet_like(tmp), (48, 48), 1 / 128)
 
 
-def _images(size, scale, count, seed):
+def target_images(size, scale, count, seed):
     x = natural_images_bgr(size=max(size), count=count, seed=seed)[:, :, :size[0], :size[1]]
     return np.ascontiguousarray(x * scale, dtype=np.float32)
 
@@ -159,10 +159,10 @@ def bench_targets(args):
     """The --targets table (JSON lines)."""
     from helpers.runtimes import openvino_available, openvino_compile, openvino_counts, ort_counts
     with tempfile.TemporaryDirectory() as tmp:
-        for name, proto, weights, size, scale in _target_nets(tmp):
+        for name, proto, weights, size, scale in target_nets(tmp):
             if args.models and name not in args.models.split(","):
                 continue
-            calib = _images(size, scale, 8, 1)
+            calib = target_images(size, scale, 8, 1)
             records = {}
             for offset in (True, False):  # tensorrt needs symmetric activations
                 cal = amct_torch.quantize(proto, weights, calib, output=os.path.join(tmp, f"cal{offset}", name),
@@ -179,7 +179,7 @@ def bench_targets(args):
                 paths["ort_quantize_static_u8s8"] = os.path.join(tmp, f"{name}_ort_u8s8.onnx")
                 ort_static(paths["float"], paths["ort_quantize_static_u8s8"], calib, QuantType.QUInt8)
             for batch in [int(b) for b in args.batches.split(",")]:
-                x = _images(size, scale, batch, 2)
+                x = target_images(size, scale, batch, 2)
                 sessions = {k: session(p, args.threads) for k, p in paths.items()}
                 lat = _timed({k: (lambda v, s=s: s.run(None, {s.get_inputs()[0].name: v})) for k, s in sessions.items()},
                              x, args.rounds, args.per_round)

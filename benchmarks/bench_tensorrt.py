@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import amct_torch
 from amct_torch.export import export_onnx
-from conftest import natural_images_bgr, nsfw_dir
+from bench_export import target_images, target_nets
 
 
 def why_not() -> str | None:
@@ -108,19 +108,6 @@ def latency(engine, x: np.ndarray, runs: int) -> float:
     return float(np.median(times))
 
 
-def nets(tmp):
-    from helpers.target_nets import depthwise_detector, onet_like
-    d = nsfw_dir()
-    yield "nsfw_resnet50", os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel"), (224, 224), 1.0
-    yield ("depthwise_detector", *depthwise_detector(tmp), (120, 160), 1 / 128)
-    yield ("prelu_facenet48", *onet_like(tmp), (48, 48), 1 / 128)
-
-
-def images(size, scale, count, seed):
-    x = natural_images_bgr(size=max(size), count=count, seed=seed)[:, :, :size[0], :size[1]]
-    return np.ascontiguousarray(x * scale, dtype=np.float32)
-
-
 def main() -> int:
     import argparse
     ap = argparse.ArgumentParser()
@@ -133,13 +120,13 @@ def main() -> int:
         return 0
     import tensorrt as trt
     with tempfile.TemporaryDirectory() as tmp:
-        for name, proto, weights, size, scale in nets(tmp):
-            cal = amct_torch.quantize(proto, weights, images(size, scale, 8, 1), output=os.path.join(tmp, "cal", name),
+        for name, proto, weights, size, scale in target_nets(tmp):
+            cal = amct_torch.quantize(proto, weights, target_images(size, scale, 8, 1), output=os.path.join(tmp, "cal", name),
                                       batch_num=2, save_type=None, report=False, quiet=True,
                                       activation_offset=False)
             fp, qp = export_onnx(cal.float_model.cpu(), cal.records, os.path.join(tmp, name), target="tensorrt")
             for batch in (int(b) for b in args.batch.split(",")):
-                x = images(size, scale, batch, 2)
+                x = target_images(size, scale, batch, 2)
                 lat, counts = {}, {}
                 for tag, path, prec in (("int8", qp, "int8"), ("fp16", fp, "fp16"), ("fp32", fp, "fp32")):
                     try:
