@@ -62,7 +62,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from amct_torch.algorithms.quant import QMAX, QMIN, channel_view
+from amct_torch.algorithms.quant import QMAX, QMIN, channel_view, quantize
+from amct_torch.caffe.layers.base import canonical_axis
 
 #: the rectified sigmoid's stretch (AdaRound's ζ, γ)
 ZETA, GAMMA = 1.1, -0.1
@@ -100,11 +101,6 @@ def _groups(mod: Any) -> int:
     return 1 if mod.caffe_type == "InnerProduct" else int(getattr(mod, "groups", 1))
 
 
-def _ip_axis(mod: Any, x_dim: int) -> int:
-    ax = int(getattr(mod, "axis", 1))
-    return ax + x_dim if ax < 0 else ax
-
-
 @dataclass
 class Sites:
     """The sampled output positions of one layer (flat indices over rows × spatial positions,
@@ -129,7 +125,7 @@ def input_positions_per_row(mod: Any, x: torch.Tensor) -> int:
     """Output positions of one row, from the layer's input ``x`` (what ``positions_per_row``
     gives from its output)."""
     if mod.caffe_type == "InnerProduct":
-        return int(math.prod(x.shape[1:_ip_axis(mod, x.dim())]))
+        return int(math.prod(x.shape[1:canonical_axis(int(getattr(mod, "axis", 1)), x.dim(), mod)]))
     h, w = _out_hw(mod, x)
     return h * w
 
@@ -140,7 +136,7 @@ def choose_sites(name: str, mod: Any, n_all: int, per_row: int, n_fit: int, devi
     all of them when few, else a uniform sample without replacement, at most ``MAX_POSITIONS``
     fitting and ``HELD_POSITIONS`` held-out ones and ``MAX_ELEMENTS`` floats of patches or
     outputs."""
-    k = int(mod.weight[0].numel()) * (_groups(mod) if mod.caffe_type != "InnerProduct" else 1)
+    k = int(mod.weight[0].numel()) * _groups(mod)
     width = max(k, int(mod.weight.shape[0]))
     cap = max(64, MAX_ELEMENTS // max(1, width))
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
@@ -181,7 +177,7 @@ def patches(mod: Any, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The layer's input patches at flat output positions ``idx``: [P, groups, K] with K in
     the weight's own order (C_in/g, kh, kw), so that patch · weight row = the output."""
     if mod.caffe_type == "InnerProduct":
-        ax = _ip_axis(mod, x.dim())
+        ax = canonical_axis(int(getattr(mod, "axis", 1)), x.dim(), mod)
         return x.reshape(-1, int(math.prod(x.shape[ax:])))[idx].float().unsqueeze(1)
     kh, kw = mod.weight.shape[2], mod.weight.shape[3]
     (sh, sw), (ph, pw), (dh, dw) = mod.stride, mod.padding, mod.dilation
@@ -242,8 +238,7 @@ def _sse(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_fit: torch.Tensor,
-                   x_held: torch.Tensor, y_held: torch.Tensor, iters: int, centered: bool = False,
-                   lam: float = LAMBDA) -> Rounding:
+                   x_held: torch.Tensor, y_held: torch.Tensor, iters: int, centered: bool = False) -> Rounding:
     """Learn the rounding of ``w`` ([g, o, K], float) on the grid ``scale`` ([g, o, 1] or
     broadcastable) from the fitting patches ``x_fit`` [P, g, K] and float outputs ``y_fit``
     [P, g·o]; keep it only where the held-out error (``x_held``, ``y_held``) is lower than with
@@ -252,7 +247,7 @@ def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_
     if centered:
         x_fit, y_fit, x_held, y_held = _center(x_fit), _center(y_fit), _center(x_held), _center(y_held)
     ws = w / scale
-    nearest = torch.round(ws).clamp(QMIN, QMAX)       # ARQ's codes, as the exporters compute them
+    nearest = quantize(w, scale).float()              # ARQ's codes, as the exporters compute them
     base = torch.floor(ws)
     rest = ws - base
     alive = nearest.ne(0).any(dim=-1, keepdim=True)   # a channel of zero codes stays zero
@@ -278,7 +273,7 @@ def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_
     fixed = torch.where(free, base, nearest) * scale   # the weight with h = 0 where free
     free_s = free.float() * scale                       # dW/dh
     dq_ds = (ZETA - GAMMA) * free_s / norm              # dLoss_rec/dW · dW/dh · dh/dσ, less σ'
-    reg_w = (ZETA - GAMMA) * lam / free.sum().clamp_min(1) * free.float()
+    reg_w = (ZETA - GAMMA) * LAMBDA / free.sum().clamp_min(1) * free.float()
     for t in range(1, iters + 1):
         # the gradient by hand (no autograd graph: one product per iteration on the Gram path)
         sig = torch.sigmoid(v)
@@ -291,7 +286,7 @@ def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_
             u = 2 * h - 1  # d/dh (1 − |u|^β) = −2β·|u|^(β−1)·sign(u)
             dq = dq - (2 * beta) * reg_w * u.abs().pow(beta - 1) * torch.sign(u)
         # σ' = σ(1 − σ), zero where the rectified sigmoid is clamped
-        grad = torch.where((raw > 0) & (raw < 1), dq * sig * (1 - sig), torch.zeros_like(dq))
+        grad = torch.where((raw > 0) & (raw < 1), dq * sig * (1 - sig), 0.0)
         m1.mul_(0.9).add_(grad, alpha=0.1)
         m2.mul_(0.999).addcmul_(grad, grad, value=0.001)
         step = LR * math.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)

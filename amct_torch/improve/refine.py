@@ -130,13 +130,6 @@ def _mse(a: torch.Tensor, b: torch.Tensor, centered: bool) -> torch.Tensor:
     return d.pow(2).mean()
 
 
-def float_channel_means(fused: fx.GraphModule, names: list[str], data: tuple, n_fit: int
-                        ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per-channel output means of the float model's layers ``names`` on the fitting and the
-    held-out rows of ``data`` (one forward)."""
-    return float_pass(fused, names, [], data, n_fit)[0]
-
-
 def float_pass(fused: fx.GraphModule, mean_names: list[str], site_names: list[str], data: tuple,
                n_fit: int) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, Sites]]:
     """One forward of the float model over ``data``: the per-channel output means (fitting and
@@ -272,17 +265,17 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
         if float_mod is None:
             xq = fake_quant(x, scale, offset)
         else:
+            s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
             if supported(float_mod):
-                errs, e_base, e_k, k = _sampled_search(name, mod, float_mod, x, n_fit, scales, offset,
-                                                       base, centered)
+                e_base, e_k, k = _sampled_search(name, mod, float_mod, x, n_fit, scales, s_all, offset,
+                                                 base, centered)
             else:
-                errs, e_base, e_k, k = _row_search(mod, float_mod, x, rest, n_fit, scales, offset, base,
-                                                   centered)
+                e_base, e_k, k = _row_search(mod, float_mod, x, rest, n_fit, scales, s_all, offset, base,
+                                             centered)
             keep = e_k < e_base
             k = torch.where(keep, k, torch.full_like(k, base))
             st.chosen[name] = k
             st.rmse[name] = torch.stack([e_base, torch.minimum(e_k, e_base)])
-            s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
             xq = fake_quant(x, s_all[k], offset)
         if learner is not None:
             learned = learner(mod, xq)
@@ -293,7 +286,7 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
 
 
 def _row_search(mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, rest: tuple, n_fit: int,
-                scales: list, offset: int, base: int, centered: bool) -> tuple:
+                scales: list, s_all: torch.Tensor, offset: int, base: int, centered: bool) -> tuple:
     """The range candidates through the layer's own forward: on the first ``SEARCH_ROWS``
     fitting rows (all candidates), the held-out rows (AMCT's factor and the winner). For the
     layers without a patch gatherer (Deconvolution)."""
@@ -301,14 +294,13 @@ def _row_search(mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, rest: tup
     ref_fit, ref_held = float_mod(fit), float_mod(held)
     errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered) for s in scales])
     k = torch.argmin(errs)
-    s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
     e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
     e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
-    return errs, e_base, e_k, k
+    return e_base, e_k, k
 
 
 def _sampled_search(name: str, mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, n_fit: int,
-                    scales: list, offset: int, base: int, centered: bool) -> tuple:
+                    scales: list, s_all: torch.Tensor, offset: int, base: int, centered: bool) -> tuple:
     """The range candidates scored at sampled output positions (``adaround.choose_sites``: the
     same positions as the learned rounding) instead of whole rows: the layer's output there
     is patches · weights, and the activation fake-quant is elementwise (and maps the zero
@@ -321,8 +313,7 @@ def _sampled_search(name: str, mod: nn.Module, float_mod: nn.Module, x: torch.Te
     (pf, rf), (ph, rh) = [_patches_ref(float_mod, x, idx, wf) for idx in (fit, sites.held)]
     errs = torch.stack([_candidate_err(pf, rf, s, offset, wq, centered) for s in scales])
     k = torch.argmin(errs)
-    s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
-    return (errs, _candidate_err(ph, rh, scales[base], offset, wq, centered),
+    return (_candidate_err(ph, rh, scales[base], offset, wq, centered),
             _candidate_err(ph, rh, s_all[k], offset, wq, centered), k)
 
 
