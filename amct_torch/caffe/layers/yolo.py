@@ -129,27 +129,28 @@ class RegionLayer(CaffeLayer):
         return boxes, obj.reshape(n, -1), prob.reshape(n, -1, self.classes)
 
     def _nms(self, boxes: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Scores with the suppressed ones zeroed (one image, one class)."""
+        """Scores with the suppressed ones zeroed (one image, one class). Greedy, as Darknet:
+        the IoU of every ordered pair of candidates is computed on the device at once and read
+        back once; the greedy pass then runs over that matrix on the host (one read per image
+        and class instead of one per candidate)."""
         idx = torch.nonzero(scores > self.thresh).flatten()
         out = torch.zeros_like(scores)
         if idx.numel() == 0:
             return out
-        order = idx[torch.sort(scores[idx], descending=True, stable=True).indices].tolist()
-        x1, y1 = boxes[:, 0] - boxes[:, 2] / 2, boxes[:, 1] - boxes[:, 3] / 2
-        x2, y2 = x1 + boxes[:, 2], y1 + boxes[:, 3]
-        area = boxes[:, 2] * boxes[:, 3]
+        order = idx[torch.sort(scores[idx], descending=True, stable=True).indices]
+        b = boxes[order]
+        x1, y1 = b[:, 0] - b[:, 2] / 2, b[:, 1] - b[:, 3] / 2
+        x2, y2 = x1 + b[:, 2], y1 + b[:, 3]
+        area = b[:, 2] * b[:, 3]
+        iw = (torch.minimum(x2[:, None], x2[None, :]) - torch.maximum(x1[:, None], x1[None, :])).clamp(min=0)
+        ih = (torch.minimum(y2[:, None], y2[None, :]) - torch.maximum(y1[:, None], y1[None, :])).clamp(min=0)
+        inter = iw * ih
+        over = (inter / (area[:, None] + area[None, :] - inter) > self.nms_threshold).cpu().numpy()
         keep: list[int] = []
-        for i in order:
-            if keep:
-                k = torch.tensor(keep, device=boxes.device)
-                iw = (torch.minimum(x2[i], x2[k]) - torch.maximum(x1[i], x1[k])).clamp(min=0)
-                ih = (torch.minimum(y2[i], y2[k]) - torch.maximum(y1[i], y1[k])).clamp(min=0)
-                inter = iw * ih
-                iou = inter / (area[i] + area[k] - inter)
-                if bool((iou > self.nms_threshold).any()):
-                    continue
-            keep.append(i)
-        kk = torch.tensor(keep, device=boxes.device)
+        for i in range(len(over)):
+            if not over[i, keep].any():
+                keep.append(i)
+        kk = order[torch.tensor(keep, device=order.device)]
         out[kk] = scores[kk]
         return out
 
