@@ -12,7 +12,7 @@ import numpy as np
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
 
-_LEGACY_DIMS = ("num", "channels", "height", "width")
+LEGACY_DIMS = ("num", "channels", "height", "width")
 
 #: Caffe's kMaxBlobAxes: a blob has at most 32 axes.
 MAX_BLOB_AXES = 32
@@ -22,7 +22,7 @@ def blob_shape(blob: pb.BlobProto, file: Optional[str] = None, layer: Optional[s
                index: int = 0) -> list[int]:
     """The declared shape of a blob: legacy num/channels/height/width (4-D) if any is present,
     else ``shape.dim``; at most 32 axes (Caffe's limit), no negative dimension."""
-    legacy = any(blob.HasField(f) for f in _LEGACY_DIMS)
+    legacy = any(blob.HasField(f) for f in LEGACY_DIMS)
     dims = blob.shape.dim
     if not legacy and len(dims) > MAX_BLOB_AXES:
         raise ModelError(f"blob {index} has {len(dims)} axes; Caffe allows at most {MAX_BLOB_AXES}",

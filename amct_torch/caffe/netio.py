@@ -18,15 +18,13 @@ from google.protobuf import text_format
 
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
-from amct_torch.caffe.blob_shape import MAX_BLOB_AXES, blob_shape, check_value_count
+from amct_torch.caffe.blob_shape import LEGACY_DIMS, MAX_BLOB_AXES, blob_shape, check_value_count
 from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_counts
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.protowire import copy_fields, varint
-
-_LEGACY_DIMS = ("num", "channels", "height", "width")
 
 __all__ = ["ParsedNet", "parse_prototxt", "parse_caffemodel", "upgrade_v1", "read_net",
            "write_net", "net_to_prototxt_text", "save_caffe", "blob_to_array", "array_to_blob",
@@ -376,7 +374,7 @@ def _needs_cleaning(net: pb.NetParameter) -> bool:
     for layer in list(net.layer) + list(net.layers):
         if len(getattr(layer, _ptx.UNKNOWN_FIELD, ())):
             return True
-        if any(blob.HasField(f) for blob in layer.blobs for f in _LEGACY_DIMS):
+        if any(blob.HasField(f) for blob in layer.blobs for f in LEGACY_DIMS):
             return True
     return False
 
