@@ -10,9 +10,11 @@ import itertools
 import math
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from onnx import numpy_helper
 
 import amct_torch
 from amct_torch.caffe import load_caffe
@@ -84,9 +86,8 @@ def test_guard_keeps_nearest_when_held_out_rows_disagree():
     yh = torch.einsum("pgk,gok->pgo", xh, w).reshape(64, 4)
     near = torch.round(w / s)
     r = A.learn_rounding(w, s, xf, yf, xh, yh, iters=200)
-    if _sse(xh, near, s, yh) <= _sse(xh, torch.where(xf.abs().sum(0, keepdim=True).bool().squeeze(0), r.codes, near),
-                                     s, yh):
-        assert not bool(r.kept) and torch.equal(r.codes, near)
+    # the held-out rows are zero wherever the learned codes may differ: no held-out gain, so kept off
+    assert not bool(r.kept) and torch.equal(r.codes, near)
     r2 = A.learn_rounding(w, s, xf, yf, xf[:64] * 1.01, yf[:64] * 1.01, iters=200)
     assert bool(r2.kept) and not torch.equal(r2.codes, near)
 
@@ -224,8 +225,6 @@ def test_job_writes_the_learned_codes(tmp_path, monkeypatch):
             st.halves = [[v + 10 for v in h] for h in st.halves]
         return st
     monkeypatch.setattr(pipeline, "output_sqnr", favoured)
-    onnx = pytest.importorskip("onnx")
-    from onnx import numpy_helper
 
     from amct_torch.caffe.netio import read_net
     calib, _ = example_data("calib")
