@@ -99,8 +99,8 @@ def test_quantize_rows_is_the_whole_tensor_formula(kind, shape, groups, per_chan
 
 def test_streamed_onnx_models_equal_the_whole_serialisation(net, tmp_path):
     """``export_onnx`` writes each model from its arrays; the file is byte for byte the model
-    built with every initializer from ``from_array`` and serialised by protobuf, and ONNX
-    Runtime computes the same outputs from both."""
+    built with every initializer from ``from_array`` and serialised by protobuf (so the
+    outputs are those of the whole build), passes onnx's full check, and ONNX Runtime runs it."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
@@ -129,7 +129,7 @@ def test_streamed_onnx_models_equal_the_whole_serialisation(net, tmp_path):
 
 def test_fake_quant_graph_built_layer_by_layer_equals_the_whole_net_build(net):
     """The torch fake-quant model built from blobs made layer by layer has the weights of the
-    one built from the whole emitted net, and computes the same outputs."""
+    one built from the whole emitted net (equal weights: equal outputs), and runs."""
     from amct_torch.export import fake_quant_graph
     from amct_torch.export.caffe.fakequant import graph_from_net
 
