@@ -235,9 +235,3 @@ def onnx_preflight(gm: fx.GraphModule, model_file: str, outputs: Optional[Sequen
         log.warning("%s -- the ONNX models cannot be written", problem)
         return problem
     return None
-
-
-def raise_if(problem: Optional[ExportError]) -> None:
-    """Raise the preflight's problem, if any."""
-    if problem is not None:
-        raise problem
