@@ -46,8 +46,5 @@ def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
                         quantize_eltwise=quantize_eltwise,
                         calibration_data=calibration_data if quantize_eltwise else None,
                         file=record_file, outputs=outputs, target=target,
-                        model_file=getattr(graph, "model_file", None))
-    if float_model is not None and float_model is not graph.fused:
-        from amct_torch.export.onnx.qdq import export_float_onnx
-        export_float_onnx(float_model, paths[0], outputs=outputs, file=record_file)
+                        model_file=getattr(graph, "model_file", None), float_graph=float_model)
     return paths

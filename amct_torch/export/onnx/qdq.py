@@ -468,7 +468,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                 calibration_data=None, file: Optional[str] = None,
                 outputs: Optional[Sequence[str]] = None,
                 dynamic_spatial: Optional[bool] = None, integer_ops: bool = True,
-                model_file: Optional[str] = None, target: str = "onnxruntime") -> tuple[str, str]:
+                model_file: Optional[str] = None, target: str = "onnxruntime",
+                float_graph: Optional[fx.GraphModule] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
@@ -495,7 +496,9 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     ``model_file`` (default ``file``: the file errors about the graph name) and the layer, and
     neither file is written. ``target``: the runtime the QDQ model is laid out for
     ("onnxruntime", the default, is this form; "openvino" and "tensorrt" fix ``activations``
-    and ``integer_ops`` and rewrite the model, ``onnx_targets``)."""
+    and ``integer_ops`` and rewrite the model, ``onnx_targets``). ``float_graph``: the graph
+    to write as ``_float.onnx`` when it is not ``graph`` (e.g. the user's float model when
+    ``graph`` was changed by an improvement); None: ``graph``."""
     tg = get_target(target)
     activations = tg.activations or activations
     integer_ops = integer_ops if tg.integer_ops is None else tg.integer_ops
@@ -522,6 +525,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         elt_factors = {n: factors[n] for n in extra}
     float_path, quant_path = output_path(path_prefix, "onnx_float"), output_path(path_prefix, "onnx")
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
+    if float_graph is None:
+        float_graph = graph
     named = model_file if model_file is not None else file
     # the ONNX Runtime layout is written from the arrays, one model at a time (the targets'
     # rewrites read initializer values: built whole)
@@ -537,8 +542,12 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
             staged = [_stage_checked(quant, quant_path, named)]
             try:
                 del quant
-                float_model = _build(graph, {}, activations, named, "float", outputs=outputs,
-                                     dynamic_spatial=dynamic_spatial, probed=pr, stream=True)
+                # another float graph is probed by _build (graph's probe, a CPU copy of a GPU
+                # graph, released first)
+                float_pr = pr if float_graph is graph else None
+                del pr
+                float_model = _build(float_graph, {}, activations, named, "float", outputs=outputs,
+                                     dynamic_spatial=dynamic_spatial, probed=float_pr, stream=True)
                 staged.insert(0, _stage_checked(float_model, float_path, named))
                 del float_model
             except BaseException:
@@ -546,8 +555,9 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                 raise
             _commit_staged(staged)
         return float_path, quant_path
-    models = [(_build(graph, {}, activations, named, "float", outputs=outputs,
-                      dynamic_spatial=dynamic_spatial, probed=pr), float_path), (quant, quant_path)]
+    models = [(_build(float_graph, {}, activations, named, "float", outputs=outputs,
+                      dynamic_spatial=dynamic_spatial, probed=pr if float_graph is graph else None),
+               float_path), (quant, quant_path)]
     _write_checked(models, named)
     return float_path, quant_path
 
