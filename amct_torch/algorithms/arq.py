@@ -38,7 +38,12 @@ def output_channel_major(weight: torch.Tensor, layer_type: str, group: int = 1) 
 def arq_scales(rows: torch.Tensor) -> torch.Tensor:
     """Scale per row of ``rows`` [C, n]: the signed extreme with the larger magnitude v (tie →
     the negative one) gives v/127 if v > 0 else |v|/128; below FLT_EPS → 1.0 (dead channel)."""
-    mn, mx = torch.aminmax(rows.float(), dim=1)
+    rows = rows.float()
+    if rows.shape[0] == 1:  # per tensor: the whole-tensor reduction runs on every thread; the
+        # one-row reduction along dim 1 on one (VGG-16's fc6, 103 M weights: 0.03 vs 0.4 s)
+        mn, mx = (v.reshape(1) for v in torch.aminmax(rows))
+    else:
+        mn, mx = torch.aminmax(rows, dim=1)
     positive = mx > -mn
     scale = torch.where(positive, mx / QMAX, (-mn) / (-QMIN))
     return torch.where(scale < FLT_EPS, torch.ones_like(scale), scale)

@@ -56,10 +56,12 @@ CASES = [  # (kernel, stride, pad, H, W)
     (4, 3, 3, 9, 13),
     (5, 1, 2, 6, 6),
     (7, 1, 0, 7, 7),       # nsfw final pool
+    (2, 2, 0, 8, 10),      # VGG's pools: whole 2x2 tiles (MAX on CPU: maxima of strided views)
+    (3, 3, 0, 9, 12),      # whole 3x3 tiles
 ]
 
 
-@pytest.mark.parametrize("c", [3, 16])  # 16: MAX on CPU takes the channels-last path
+@pytest.mark.parametrize("c", [3, 16])  # 16: MAX on CPU takes the channels-last or the tiles path
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("k,s,p,h,w", CASES)
 def test_pooling_ceil_matches_caffe_and_opencv(tmp_path, method, k, s, p, h, w, c, device):
@@ -119,3 +121,23 @@ def test_stochastic_pooling_test_time_rule(tmp_path):
     ours = run_ours(proto, model, x)["pool"]
     assert_close(ours, caffe_pool_reference(x, "STOCHASTIC", (3, 3), (2, 2), (0, 0)), 1e-5)
     assert ours[0, 0, 0, 0] == 0
+
+
+@pytest.mark.parametrize("kernel", [(2, 2), (2, 3), (3, 1), (4, 4)])
+def test_tiled_max_pool_equals_torch_bit_for_bit_nan_included(kernel):
+    """The tiles path is exact: the same values as torch's own max-pool, NaN propagated."""
+    import torch
+    import torch.nn.functional as F
+
+    from amct_torch.caffe.layers.pooling import _max_pool2d, _tiles
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 8 * kernel[0], 5 * kernel[1], generator=g)
+    x[0, 1, 0, 0] = float("nan")
+    x[1, 4, -1, -1] = float("-inf")
+    assert _tiles(x, kernel, kernel, (0, 0))
+    ours = _max_pool2d(x, kernel, kernel)
+    ref = F.max_pool2d(x, kernel, kernel)
+    assert ours.is_contiguous()
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0, equal_nan=True)
+    assert torch.isnan(ours[0, 1, 0, 0])

