@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import textwrap
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES
@@ -119,6 +119,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
 
 
+def _model_command(sub: Any, name: str, examples: str, **texts: str) -> argparse.ArgumentParser:
+    """A command that reads a Caffe model: its parser (``texts``: help and description;
+    ``examples`` after the options, as written) with the deploy prototxt and the caffemodel as
+    its first arguments, the same for every such command."""
+    p = sub.add_parser(name, epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
+    p.add_argument("model", help="deploy prototxt")
+    p.add_argument("weights", help="caffemodel")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="amct-torch",
                      description="Post-training 8-bit quantization of Caffe models with PyTorch "
@@ -130,12 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"amct-torch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    c = sub.add_parser("calibrate", help="calibrate a Caffe model on data and write the quantized models",
+    c = _model_command(sub, "calibrate", CALIBRATE_EXAMPLES,
+                       help="calibrate a Caffe model on data and write the quantized models",
                        description="Fuse BN, quantize weights (ARQ) and calibrate activations "
-                                   "(IFMR/HFMG) on your data; write the record and the models.",
-                       epilog=CALIBRATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("model", help="deploy prototxt")
-    c.add_argument("weights", help="caffemodel")
+                                   "(IFMR/HFMG) on your data; write the record and the models.")
     c.add_argument("data", help="calibration data: a folder of images, a folder of .npy/.npz, or one .npy/.npz file")
     c.add_argument("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; "
                                           "default: quantize every quantizable layer with IFMR + ARQ")
@@ -194,21 +202,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows of the per-layer table printed (default: %(default)s)")
     _common(c)
 
-    v = sub.add_parser("convert", help="build fake-quant and deploy models from an existing record",
+    v = _model_command(sub, "convert", CONVERT_EXAMPLES,
+                       help="build fake-quant and deploy models from an existing record",
                        description="Build the fake-quant and deploy Caffe models from a record file "
-                                   "(no calibration); honours each entry's skip_fusion.",
-                       epilog=CONVERT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("model", help="deploy prototxt")
-    v.add_argument("weights", help="caffemodel")
+                                   "(no calibration); honours each entry's skip_fusion.")
     v.add_argument("record", help="scale/offset record file (protobuf text)")
     v.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
     _common(v)
 
-    g = sub.add_parser("config", help="write the JSON quant config (AMCT's create_quant_config)",
-                       description="Write the JSON quant config of a model (defaults, or from a quant.cfg).",
-                       epilog=CONFIG_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g.add_argument("model", help="deploy prototxt")
-    g.add_argument("weights", help="caffemodel")
+    g = _model_command(sub, "config", CONFIG_EXAMPLES,
+                       help="write the JSON quant config (AMCT's create_quant_config)",
+                       description="Write the JSON quant config of a model (defaults, or from a quant.cfg).")
     g.add_argument("-o", "--output", default="quant_config.json", help="JSON file to write (default: %(default)s)")
     g.add_argument("--quant-cfg", help="quant.cfg: when given it decides everything (as in AMCT)")
     g.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
@@ -305,6 +309,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from amct_torch.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
+    if not args.distributed:  # the model is read while torch is imported (caffe/read_ahead.py)
+        from amct_torch.caffe import read_ahead
+        read_ahead.start(args.model, args.weights)
     from amct_torch.inputs.data import Preprocess
     from amct_torch.workflow import quantize
 

@@ -1,7 +1,39 @@
-"""Caffe models in torch: read/write Caffe files, Caffe-exact layer modules, the graph builder."""
-from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules, load_caffe
-from amct_torch.caffe.layers import CaffeLayer, is_quantizable, supported_types
-from amct_torch.caffe.netio import ParsedNet, read_net, save_caffe, write_net
+"""Caffe models in torch: read/write Caffe files, Caffe-exact layer modules, the graph builder.
+
+Names are imported on first use (module ``__getattr__``), so that the file readers
+(``netio``, ``stream_reader``) import without torch: the command reads the caffemodel on a
+helper thread while the main thread is still importing torch (``read_ahead``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: name -> the module that defines it
+_LAZY = {
+    **{n: "amct_torch.caffe.graph" for n in ("CaffeGraphModule", "build_graph", "layer_modules", "load_caffe")},
+    **{n: "amct_torch.caffe.layers" for n in ("CaffeLayer", "is_quantizable", "supported_types")},
+    **{n: "amct_torch.caffe.netio" for n in ("ParsedNet", "read_net", "save_caffe", "write_net")},
+}
 
 __all__ = ["CaffeGraphModule", "CaffeLayer", "ParsedNet", "build_graph", "is_quantizable",
            "layer_modules", "load_caffe", "read_net", "save_caffe", "supported_types", "write_net"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amct_torch.caffe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules, load_caffe
+    from amct_torch.caffe.layers import CaffeLayer, is_quantizable, supported_types
+    from amct_torch.caffe.netio import ParsedNet, read_net, save_caffe, write_net

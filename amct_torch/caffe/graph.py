@@ -391,8 +391,13 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
     each output blob name (tops no later layer consumes) to its tensor. Without
     ``weights_file`` all parameters are zeros (BatchNorm variance 1, Scale 1). Every problem
     with the files raises ``ModelError`` naming the file and layer."""
+    from amct_torch.caffe import read_ahead
     from amct_torch.caffe.netio import read_net
-    parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
+    model_file = os.fspath(model_file)
+    weights_file = None if weights_file is None else os.fspath(weights_file)
+    parsed = read_ahead.take(model_file, weights_file)
+    if parsed is None:
+        parsed = read_net(model_file, weights_file)
     from amct_torch.caffe.layers.base import taking_blobs
     with taking_blobs():  # the arrays were read for this graph alone
         gm = build_graph(parsed)
