@@ -36,7 +36,7 @@ from torch import fx
 from amct_torch.errors import AmctError, ExportError
 from amct_torch.export.layer_quant import WEIGHTED, LayerQuant
 from amct_torch.export.onnx.targets import apply as apply_target
-from amct_torch.export.onnx.targets import get_target, symmetric_fix
+from amct_torch.export.onnx.targets import check_speed, get_target, symmetric_fix
 
 log = logging.getLogger("amct_torch")
 
@@ -181,9 +181,7 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
     # only the integer form depends on where a zero point sits; a symmetric target has zero 0
     offsets = OFFSETS if integer_ops else (0,)
     try:
-        if tg.symmetric and speed:
-            raise ExportError(f"--onnx-target {target} cannot take --onnx-quantize-eltwise (its extra factors "
-                              "are asymmetric); drop one of the two options", file=model_file)
+        check_speed(target, speed)
         graph = gm
         if fuse:
             from amct_torch.fusion import fuse_bn

@@ -55,7 +55,7 @@ from amct_torch.export.onnx.shapes import Probe, pick_outputs, probe
 from amct_torch.export.onnx.stream import skeleton, streamable, write_model
 from amct_torch.export.onnx.targets import apply as apply_target
 from amct_torch.export.onnx.targets import check_records as check_target_records
-from amct_torch.export.onnx.targets import get_target
+from amct_torch.export.onnx.targets import check_speed, get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.output_names import ONNX_ACTIVATIONS, output_path
 from amct_torch.record import LayerRecord
@@ -507,8 +507,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     if bias not in ("float", "int32"):
         raise ValueError(f"bias must be 'float' or 'int32', got {bias!r}")
     plan = plan_layers(graph, records, file, fake=False)  # the int8 weights are what it writes
-    if tg.symmetric and (quantize_residual_outputs or quantize_eltwise):
-        raise ValueError(f"the speed modes calibrate asymmetric factors, which target {target} cannot take")
+    check_speed(target, quantize_residual_outputs or quantize_eltwise,
+                "quantize_residual_outputs / quantize_eltwise", ValueError)
     check_target_records(target, ((n, lq.offset_d) for n, lq in plan.items()), file)
     out_factors, eplan, elt_factors = None, None, None
     if quantize_residual_outputs or quantize_eltwise:

@@ -33,7 +33,7 @@ models of docs/export.md ("Runtime targets"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import onnx
@@ -72,14 +72,22 @@ def symmetric_fix(source: str) -> str:
             "--no-activation-offset / activation_offset=False without a config")
 
 
+def check_speed(target: str, speed: bool, what: str = "--onnx-quantize-eltwise",
+                error: Callable[[str], Exception] = ConfigError) -> None:
+    """Refuse the speed mode for a target that takes zero point 0 only (tensorrt): its extra
+    Q/DQ pairs get asymmetric min/max factors. ``what``: the option as the caller's user
+    spells it; ``error``: the caller's error type (a ConfigError by default: the preflight turns
+    it into an ExportError naming the model file)."""
+    if speed and get_target(target).symmetric:
+        raise error(f"--onnx-target {target} cannot take {what} (its extra factors are asymmetric); "
+                    "drop one of the two options")
+
+
 def check_options(target: str, activation_offset: bool, config: Optional[str], speed: bool = False) -> None:
     """Refuse, before any file is read, a target that cannot express the settings: TensorRT
     with asymmetric activations and no config file (the config, when given, decides and is
-    checked by ``check_config`` once read), or with the speed mode (whose extra factors are
-    asymmetric min/max)."""
-    if get_target(target).symmetric and speed:
-        raise ConfigError("--onnx-target tensorrt cannot take --onnx-quantize-eltwise (its extra "
-                          "factors are asymmetric); drop one of the two options")
+    checked by ``check_config`` once read), or with the speed mode (``check_speed``)."""
+    check_speed(target, speed)
     if get_target(target).symmetric and config is None and activation_offset:
         raise ConfigError("--onnx-target tensorrt needs symmetric activations (TensorRT takes "
                           "only zero point 0): " + symmetric_fix("--config"))
