@@ -85,6 +85,18 @@ def _shifted(w: np.ndarray, light: bool) -> np.ndarray:
     return (w.astype(np.int16) + 128).astype(np.uint8)
 
 
+def _transposed(w: np.ndarray, rows: int = 64) -> np.ndarray:
+    """``w.T`` as a new C-ordered array, copied ``rows`` rows of ``w`` at a time: a whole-matrix
+    transposing copy walks the destination a byte per cache line (VGG-16's fc6, 4096 x 25088
+    int8: 0.35 s against 0.15 s in bands)."""
+    if w.ndim != 2:
+        return np.ascontiguousarray(w.T)
+    out = np.empty(w.shape[::-1], dtype=w.dtype)
+    for i in range(0, w.shape[0], rows):
+        out[:, i:i + rows] = w[i:i + rows].T
+    return out
+
+
 def _attr(node: onnx.NodeProto, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
@@ -219,7 +231,7 @@ def _integer(b, node, xdq, wdq, flat, arrays: dict, prod: dict) -> None:
             new.append(helper.make_node("Flatten", [q], [qf], name=b.uniq(f"{name}_q_Flatten"), axis=1))
             q = qf
         wt = b.init(f"{name}_weight_int8_t", np.broadcast_to(np.int8(0), w.T.shape) if b.light
-                    else np.ascontiguousarray(w.T))
+                    else _transposed(w))
         acc = b.uniq(f"{name}_acc")
         new.append(helper.make_node("MatMulInteger", [q, wt, x_zp, zero], [acc],
                                     name=b.uniq(f"{name}_MatMulInteger")))
