@@ -17,6 +17,7 @@ from amct_torch.fusion import fuse_bn
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.record import validate_record
 from helpers.data import natural_images_bgr
+from helpers.exports import sqnr_db
 
 CHECKED = ("conv_1", "conv_stage1_block0_branch2a", "conv_stage3_block2_branch2c", "pool", "fc_nsfw")
 
@@ -77,6 +78,5 @@ def test_fake_quant_logits_stay_close_to_float(calibrated):
             model(x)
         h.remove()
     assert "fc_nsfw" in fused
-    f, q = logits["f"].double(), logits["q"].double()
-    sqnr = 10 * torch.log10((f ** 2).sum() / ((q - f) ** 2).sum())
+    sqnr = sqnr_db(logits["f"], logits["q"])
     assert sqnr > 20.0

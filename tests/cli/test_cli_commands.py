@@ -13,6 +13,7 @@ import pytest
 
 from amct_torch.examples import example_data, example_model
 from amct_torch.record import read_record
+from helpers.runtimes import ort_optimized_ops, ort_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FILES = ("_record.txt", "_quant_config.json", "_fake_quant_model.prototxt",
@@ -176,22 +177,15 @@ def test_calibrate_onnx_speed_mode_runs_int8_adds_in_onnxruntime(tmp_path, examp
     """--onnx-quantize-eltwise: the QDQ model of the example (whose residual add feeds a ReLU and
     an AVE pooling) runs in ONNX Runtime with the add as an int8 kernel and agrees with the
     float model's predictions on the calibration samples."""
-    import onnxruntime as ort
     proto, weights = example_model()
     out = tmp_path / "speed" / "lenet"
     res = cli("calibrate", proto, weights, example_npz, "--batch-num", "2", "--output", str(out),
               "--onnx", "--onnx-activations", "uint8", "--onnx-quantize-eltwise",
               "--save-type", "Fakequant", "--quiet")
     assert res.returncode == 0, res.stderr
-    so = ort.SessionOptions()
-    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
-    sess = ort.InferenceSession(f"{out}_quant.onnx", so, providers=["CPUExecutionProvider"])
-    import onnx
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
-    assert "QLinearAdd" in ops and "Add" not in ops
-    x = np.load(example_npz)["inputs"][:64].astype(np.float32)
-    flt = ort.InferenceSession(f"{out}_float.onnx", providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    q = sess.run(None, {name: x})[0]
-    f = flt.run(None, {flt.get_inputs()[0].name: x})[0]
+    ops = ort_optimized_ops(f"{out}_quant.onnx")
+    assert ops["QLinearAdd"] > 0 and ops["Add"] == 0, ops
+    x = np.load(example_npz)["inputs"][:64]
+    q, = ort_run(f"{out}_quant.onnx", x).values()
+    f, = ort_run(f"{out}_float.onnx", x).values()
     assert (q.argmax(1) == f.argmax(1)).mean() >= 0.95

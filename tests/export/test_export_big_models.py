@@ -17,18 +17,12 @@ from amct_torch.export import deploy_net, fake_quant_net, save_quant_models
 from amct_torch.export import layer_quant as lqmod
 from amct_torch.export.caffe.text import prototxt_text
 from helpers.caffe_nets import make_net
-from helpers.exports import minmax_records
+from helpers.exports import minmax_records, small_body
+from helpers.runtimes import ort_run
 
-BODY = '''
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 64 kernel_size: 3 pad: 1 } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
-layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param { num_output: 128 kernel_size: 1 } }
-layer { name: "conv3" type: "Convolution" bottom: "pool1" top: "conv3" convolution_param { num_output: 128 kernel_size: 1 bias_term: false } }
-layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv3" top: "sum" }
-layer { name: "fc1" type: "InnerProduct" bottom: "sum" top: "fc1" inner_product_param { num_output: 300 } }
-layer { name: "prob" type: "Softmax" bottom: "fc1" top: "prob" }
-'''
+#: the export tests' small net with wider layers (fc1: 300×2048 weights), then a Softmax
+BODY = small_body(conv1=64, conv2=128, fc1=300) + \
+    'layer { name: "prob" type: "Softmax" bottom: "fc1" top: "prob" }\n'
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +96,6 @@ def test_streamed_onnx_models_equal_the_whole_serialisation(net, tmp_path):
     built with every initializer from ``from_array`` and serialised by protobuf (so the
     outputs are those of the whole build), passes onnx's full check, and ONNX Runtime runs it."""
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     from amct_torch.export.onnx import qdq
@@ -123,8 +116,7 @@ def test_streamed_onnx_models_equal_the_whole_serialisation(net, tmp_path):
         onnx.checker.check_model(onnx.load_from_string(got), full_check=True)
     x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
     for path in (fpath, qpath):
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        assert np.isfinite(sess.run(None, {"data": x})[0]).all()
+        assert np.isfinite(ort_run(path, x)["prob"]).all()
 
 
 def test_fake_quant_graph_built_layer_by_layer_equals_the_whole_net_build(net):

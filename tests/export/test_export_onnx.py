@@ -18,7 +18,6 @@ import collections
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
@@ -30,7 +29,8 @@ from amct_torch.export.layer_quant import plan_layers
 from amct_torch.fusion import fuse_bn
 from helpers.caffe_nets import make_net
 from helpers.data import natural_images_bgr
-from helpers.exports import SMALL_BODY, minmax_records, small_blobs
+from helpers.exports import SMALL_BODY, minmax_records, small_blobs, sqnr_db
+from helpers.runtimes import ort_optimized_ops, ort_run, ort_session
 
 INT8_KERNELS = {"QLinearConv", "ConvInteger", "QLinearMatMul", "MatMulInteger", "QGemm",
                 "MatMulIntegerToFloat", "QLinearAveragePool"}
@@ -39,11 +39,6 @@ LOGITS = "fc_nsfw"
 # a dot product of n ≤ 4608 terms accumulated in float32 in a different order errs by about
 # sqrt(n)·2^-24 ≈ 4e-6 of Σ|x·w|; 2e-5 leaves a factor ~5.
 FLOAT_RTOL = 2e-5
-
-
-def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
-    err = ((out.astype(np.float64) - ref) ** 2).sum()
-    return float(10 * np.log10((ref.astype(np.float64) ** 2).sum() / max(err, 1e-300)))
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +65,6 @@ def torch_logits(model, x: np.ndarray, dtype=torch.float32) -> np.ndarray:
         model(torch.from_numpy(x).to(dtype))
     h.remove()
     return got[0]
-
-
-def session(model_or_path, level: str, opt_path=None) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, f"ORT_{level}")
-    so.intra_op_num_threads = 2
-    if opt_path:
-        so.optimized_model_filepath = str(opt_path)
-    src = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
 
 
 def with_observers(qp: str) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -114,7 +99,7 @@ def test_structure_and_float_model(nsfw, exported):
     assert len(axes) == sum(r.scale_w is not None and len(r.scale_w) > 1 for r in recs.values())
     with torch.no_grad():
         flt = gm(torch.from_numpy(x))["prob"].numpy()
-    got_f = session(fp, "ENABLE_ALL").run(None, {"data": x})[0]
+    got_f = ort_session(fp, "ENABLE_ALL").run(None, {"data": x})[0]
     np.testing.assert_allclose(got_f, flt, atol=1e-5)
 
 
@@ -146,7 +131,7 @@ def test_layer_local_equality(tmp_path, nsfw, exported, activations, level):
     gm, recs, fq, x = nsfw
     _, qp = exported[activations]
     m, obs = with_observers(qp)
-    sess = session(m, level, tmp_path / "opt.onnx")
+    sess = ort_session(m, level, optimized_path=str(tmp_path / "opt.onnx"))
     names = [o.name for o in sess.get_outputs()]
     res = dict(zip(names, sess.run(None, {"data": x})))
     if level == "ENABLE_ALL":
@@ -202,7 +187,7 @@ def test_end_to_end_logits(tmp_path, nsfw, exported):
         lp = str(tmp_path / f"{act}_logits.onnx")
         onnx.utils.extract_model(exported[act][1], lp, ["data"], [LOGITS])
         for level in ("DISABLE_ALL", "ENABLE_ALL"):
-            out = session(lp, level).run(None, {"data": x})[0]
+            out = ort_session(lp, level).run(None, {"data": x})[0]
             assert sqnr_db(ref, out) >= chaos - 6.0, (act, level, sqnr_db(ref, out), chaos)
             assert (out.argmax(1) == ref.argmax(1)).all()
 
@@ -245,10 +230,10 @@ def test_quantize_residual_outputs(tmp_path, small):
         want = fq(torch.from_numpy(x))["fc1"].numpy()
     for h in hs:
         h.remove()
-    got = session(qp, "DISABLE_ALL").run(None, {"data": x})[0]
+    got = ort_session(qp, "DISABLE_ALL").run(None, {"data": x})[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=FLOAT_RTOL * np.abs(want).max())
     _, plain = export_onnx(gm, recs, str(tmp_path / "p"))
-    base = session(plain, "DISABLE_ALL").run(None, {"data": x})[0]
+    base = ort_session(plain, "DISABLE_ALL").run(None, {"data": x})[0]
     assert np.abs(base - got).max() > 0  # the option changes the model (no longer AMCT-exact)
 
 
@@ -324,10 +309,10 @@ def test_quantize_eltwise_speed_mode(tmp_path):
 
     _, qp = export_onnx(gm, recs, str(tmp_path / "e"), activations="uint8", quantize_eltwise=True,
                         calibration_data=x, integer_ops=False)
-    got = dict(zip(["fc1", "s3"], session(qp, "DISABLE_ALL").run(["fc1", "s3"], {"data": x})))
+    got = ort_run(qp, x, "DISABLE_ALL", outputs=["fc1", "s3"])
     for k in ("fc1", "s3"):
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=FLOAT_RTOL * np.abs(want[k]).max())
-    sess = session(qp, "ENABLE_ALL", tmp_path / "opt.onnx")
+    sess = ort_session(qp, "ENABLE_ALL", optimized_path=str(tmp_path / "opt.onnx"))
     ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node)
     assert ops["QLinearAdd"] == 3 and ops["Add"] == 0, ops
     # conv1 stays float: its (ReLU) output also feeds the float TanH, so no Q follows it alone
@@ -339,11 +324,10 @@ def test_quantize_eltwise_speed_mode(tmp_path):
     # with an int32 bias the FC's DQ → Gemm (Q/DQ repeated after its Flatten) becomes QGemm
     _, qb = export_onnx(gm, recs, str(tmp_path / "b"), activations="uint8", bias="int32",
                         quantize_eltwise=True, calibration_data=x, integer_ops=False)
-    session(qb, "ENABLE_ALL", tmp_path / "optb.onnx")
-    ops = collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optb.onnx")).graph.node)
+    ops = ort_optimized_ops(qb)
     assert ops["QGemm"] == 1 and ops["Gemm"] == 0 and ops["QLinearAdd"] == 3, ops
     _, plain = export_onnx(gm, recs, str(tmp_path / "p"), activations="uint8")
-    base = session(plain, "DISABLE_ALL").run(["s3"], {"data": x})[0]
+    base = ort_run(plain, x, "DISABLE_ALL", outputs=["s3"])["s3"]
     assert np.abs(base - got["s3"]).max() > 0  # the mode changes the model (not AMCT-exact)
 
 

@@ -14,7 +14,8 @@ from amct_torch.export import export_onnx, fake_quant_graph
 from amct_torch.fusion import fuse_bn
 from helpers.caffe_nets import make_net, rand, run_cv
 from helpers.exports import minmax_records
-from helpers.onnx_layers import export_and_run, ort_session, rel_err
+from helpers.onnx_layers import export_and_run, rel_err
+from helpers.runtimes import ort_run, ort_session
 
 
 def _conv(name, bottom, n, k, s=1):
@@ -96,9 +97,6 @@ def test_cascade_qdq_matches_fake_quant(tmp_path):
         x = rand(*shape, seed=12)
         with torch.no_grad():
             want = fake_quant_graph(gm, recs)(torch.from_numpy(x))["prob"].numpy()
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        got = ort.InferenceSession(qp, so, providers=["CPUExecutionProvider"]).run(["prob"], {"data": x})[0]
+        got = ort_run(qp, x, "DISABLE_ALL", outputs=["prob"])["prob"]
         off = np.abs(got - want) > 1e-4
         assert got.shape == want.shape and off.mean() <= 0.002, (proto, off.mean())

@@ -8,13 +8,10 @@ im_info) and a PSPNet-like net, with the fake-quant and deploy Caffe models keep
 layers as the user wrote them."""
 from __future__ import annotations
 
-import collections
 import os
 import re
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 
@@ -25,24 +22,8 @@ from amct_torch.proto import amct_caffe_pb2 as pb
 from helpers.caffe_nets import make_net, rand, run_cv, run_ours
 from helpers.data import natural_images_bgr
 from helpers.exports import minmax_records
-from helpers.onnx_layers import export_and_run, ort_session, rel_err
-
-INT8_CONV = ("QLinearConv", "ConvInteger")
-
-
-def optimized_ops(path: str, tmp) -> collections.Counter:
-    so = ort.SessionOptions()
-    so.optimized_model_filepath = str(tmp / "optimized.onnx")
-    so.log_severity_level = 3
-    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(str(tmp / "optimized.onnx")).graph.node)
-
-
-def run_onnx(path: str, feeds: dict) -> dict:
-    sess = ort_session(path)
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, {k: np.ascontiguousarray(v, np.float32) for k, v in feeds.items()})))
-
+from helpers.onnx_layers import export_and_run, rel_err
+from helpers.runtimes import ORT_INT8_CONV, ORT_INT8_FC, ort_optimized_ops, ort_run
 
 # -- one layer at a time: float ONNX vs torch (and OpenCV), batch 1 and 2 ---------------------
 SEG_CASES = [
@@ -230,22 +211,22 @@ def test_faster_rcnn_like_net_end_to_end(tmp_path):
         _assert_written_back(p, f"{out}_{kind}_model.prototxt")
     x = imgs[4:5].astype(np.float32)
     ref = run_ours(p, m, x, info)
-    flt = run_onnx(out + "_float.onnx", {"data": x, "im_info": info})
+    flt = ort_run(out + "_float.onnx", {"data": x, "im_info": info})
     assert ref["cls_prob"].shape[0] > 3
     for k in ("cls_prob", "ave_cls"):
         assert flt[k].shape == ref[k].shape and rel_err(flt[k], ref[k]) <= 1e-4, k
-    q = run_onnx(out + "_quant.onnx", {"data": x, "im_info": info})
+    q = ort_run(out + "_quant.onnx", {"data": x, "im_info": info})
     assert q["cls_prob"].shape[1] == 3 and np.isfinite(q["cls_prob"]).all()
     # two images with their own sizes: one NMS per image in ONNX, image after image in torch
     x2, info2 = imgs[4:6].astype(np.float32), np.array([[40, 48, 1], [30, 41, 1]], np.float32)
-    ref2, flt2 = run_ours(p, m, x2, info2), run_onnx(out + "_float.onnx", {"data": x2, "im_info": info2})
+    ref2, flt2 = run_ours(p, m, x2, info2), ort_run(out + "_float.onnx", {"data": x2, "im_info": info2})
     for k in ("cls_prob", "ave_cls"):
         assert flt2[k].shape == ref2[k].shape and rel_err(flt2[k], ref2[k]) <= 1e-4, k
-    ops = optimized_ops(out + "_quant.onnx", tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == 6 and ops["Conv"] + ops["FusedConv"] == 0, ops
+    ops = ort_optimized_ops(out + "_quant.onnx")
+    assert sum(ops[k] for k in ORT_INT8_CONV) == 6 and ops["Conv"] + ops["FusedConv"] == 0, ops
     # cls_score (nothing requantizes it) is MatMulInteger; fc6, requantized by cls_score, is left
     # by ORT as DequantizeLinear -> float Gemm (the exporter's float-bias form, as for any FC)
-    assert sum(ops[k] for k in ("MatMulInteger", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")) >= 1, ops
+    assert sum(ops[k] for k in ORT_INT8_FC) >= 1, ops
     assert ops["MaxRoiPool"] == 1 and ops["NonMaxSuppression"] == 1
 
 
@@ -280,15 +261,15 @@ def test_pspnet_like_net_end_to_end(tmp_path):
     x = imgs[4:6]
     ref = run_ours(p, m, x)["interp"]
     assert ref.shape == (2, 5, 65, 65)
-    assert rel_err(run_onnx(out + "_float.onnx", {"data": x})["interp"], ref) <= 1e-4
+    assert rel_err(ort_run(out + "_float.onnx", {"data": x})["interp"], ref) <= 1e-4
     # OpenCV runs this net (Interp with height/width and zoom_factor, MVN with the default eps)
     assert rel_err(ref[:1], run_cv(p, m, {"data": x[:1]}, ["interp"])["interp"]) <= 1e-4
-    q = run_onnx(out + "_quant.onnx", {"data": x})["interp"]
+    q = ort_run(out + "_quant.onnx", {"data": x})["interp"]
     assert q.shape == ref.shape and np.isfinite(q).all()
     cos = float((q * ref).sum() / np.sqrt((q * q).sum() * (ref * ref).sum()))
     assert cos > 0.99, cos
-    ops = optimized_ops(out + "_quant.onnx", tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == 4 and ops["Conv"] + ops["FusedConv"] == 0, ops
+    ops = ort_optimized_ops(out + "_quant.onnx")
+    assert sum(ops[k] for k in ORT_INT8_CONV) == 4 and ops["Conv"] + ops["FusedConv"] == 0, ops
 
 
 def test_qdq_export_of_each_layer_runs(tmp_path):
@@ -308,11 +289,11 @@ def test_qdq_export_of_each_layer_runs(tmp_path):
     recs = minmax_records(gm, x)
     fpath, qpath = export_onnx(gm, recs, str(tmp_path / "m"))
     ref = run_ours(p, m, x.numpy())["conv2"]
-    assert rel_err(run_onnx(fpath, {"data": x.numpy()})["conv2"], ref) <= 1e-5
-    q = run_onnx(qpath, {"data": x.numpy()})["conv2"]
+    assert rel_err(ort_run(fpath, {"data": x.numpy()})["conv2"], ref) <= 1e-5
+    q = ort_run(qpath, {"data": x.numpy()})["conv2"]
     assert q.shape == ref.shape and np.abs(q - ref).max() < 0.1 * np.abs(ref).max()
-    ops = optimized_ops(qpath, tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == 2 and ops["Conv"] + ops["FusedConv"] == 0, ops
+    ops = ort_optimized_ops(qpath)
+    assert sum(ops[k] for k in ORT_INT8_CONV) == 2 and ops["Conv"] + ops["FusedConv"] == 0, ops
     assert os.path.exists(fpath)
 
 
@@ -446,14 +427,14 @@ def test_yolov2_like_net_end_to_end(tmp_path):
             assert written[name].region_param == src[name].region_param
     x = imgs[4:5]
     ref = run_ours(p, m, x)["region"]
-    flt = run_onnx(out + "_float.onnx", {"data": x})["region"]
+    flt = ort_run(out + "_float.onnx", {"data": x})["region"]
     assert flt.shape == ref.shape == (13 * 13 * 5, 7) and rel_err(flt, ref) <= 1e-4
-    q = run_onnx(out + "_quant.onnx", {"data": x})["region"]
+    q = ort_run(out + "_quant.onnx", {"data": x})["region"]
     assert q.shape == ref.shape
     assert np.abs(q[:, [0, 1, 4]] - ref[:, [0, 1, 4]]).max() < 0.05          # centres, objectness
     assert np.abs(np.log(q[:, 2:4] / ref[:, 2:4])).max() < 0.2               # sizes (exp of the logits)
-    ops = optimized_ops(out + "_quant.onnx", tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == 3 and ops["Conv"] + ops["FusedConv"] == 0, ops
+    ops = ort_optimized_ops(out + "_quant.onnx")
+    assert sum(ops[k] for k in ORT_INT8_CONV) == 3 and ops["Conv"] + ops["FusedConv"] == 0, ops
 
 
 def test_interp_and_mvn_keep_a_symbolic_spatial_size(tmp_path):
@@ -468,7 +449,7 @@ def test_interp_and_mvn_keep_a_symbolic_spatial_size(tmp_path):
     for h, w in ((16, 16), (37, 29), (9, 24)):
         x = rand(2, 3, h, w, seed=h)
         ours = run_ours(p, m, x)["y"]
-        onx = run_onnx(path, {"data": x})["y"]
+        onx = ort_run(path, {"data": x})["y"]
         assert onx.shape == ours.shape and rel_err(onx, ours) <= 1e-5, (h, w)
 
 

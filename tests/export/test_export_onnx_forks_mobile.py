@@ -13,12 +13,10 @@ included) runs as an int8 kernel, and the model computes the torch fake-quant mo
 """
 from __future__ import annotations
 
-import collections
 import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -29,10 +27,11 @@ from amct_torch.export import fake_quant_graph
 from amct_torch.fusion import fuse_bn
 from amct_torch.record import read_record
 from helpers.caffe_nets import make_net, rand, run_cv, run_ours
+from helpers.exports import sqnr_db
 from helpers.onnx_layers import export_and_run, rel_err
+from helpers.runtimes import ORT_INT8_CONV, ort_optimized_ops, ort_run
 
 X = [1, 6, 9, 11]
-INT8_CONV = ("QLinearConv", "ConvInteger")
 
 DW_W = {"t": [rand(6, 1, 3, 3, seed=1) * 0.5, rand(6, seed=2)]}
 DW_W_NB = {"t": [rand(6, 1, 3, 5, seed=3) * 0.5]}
@@ -191,45 +190,28 @@ def segnet(folder):
     return make_net(folder, body, {"data": [1, 3, 17, 20]}, blobs, name="segnet")
 
 
-def _optimized_ops(path, tmp) -> collections.Counter:
-    so = ort.SessionOptions()
-    so.optimized_model_filepath = str(tmp / "optimized.onnx")
-    so.log_severity_level = 3
-    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(str(tmp / "optimized.onnx")).graph.node)
-
-
-def _run(path, x, level):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    so.log_severity_level = 3
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    return dict(zip(names, s.run(names, {"data": x})))
-
-
-def _check_quantized(tmp_path, proto, model, out, dw_layers, quantized_convs, output, min_sqnr=30.0):
+def _check_quantized(proto, model, out, dw_layers, quantized_convs, output, min_sqnr=30.0):
     recs = read_record(out + "_record.txt")
     mods = layer_modules(load_caffe(proto, model))
     for name in dw_layers:  # per-channel weight factors, as for a Convolution
         assert len(recs[name].scale_w) == mods[name].weight.shape[0] > 1, name
     model_q = onnx.load(out + "_quant.onnx")
     onnx.checker.check_model(model_q, full_check=True)
-    ops = _optimized_ops(out + "_quant.onnx", tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == quantized_convs, ops
+    ops = ort_optimized_ops(out + "_quant.onnx")
+    assert sum(ops[k] for k in ORT_INT8_CONV) == quantized_convs, ops
     assert ops["Conv"] + ops["FusedConv"] == 0, ops
     # the QDQ model computes the torch fake-quant model (unoptimised: float rounding apart)
     gm = fuse_bn(load_caffe(proto, model)).graph
     x = rand(2, *gm.caffe_inputs[0][1][1:], seed=21, scale=2.0)
     with torch.no_grad():
         want = fake_quant_graph(gm, recs)(torch.from_numpy(x))[output].numpy()
-    got = _run(out + "_quant.onnx", x, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)[output]
+    got = ort_run(out + "_quant.onnx", x, "DISABLE_ALL")[output]
     off = np.abs(got - want) > 1e-4 * np.abs(want).max()
     assert off.mean() <= 0.01, off.mean()
     # ORT's int8 kernels requantize with a float multiplier: codes move by one step near ties,
     # and behind a MAX pooling mask a moved code can move a value to another position
-    fast = _run(out + "_quant.onnx", x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)[output]
-    sqnr = 10 * np.log10((want ** 2).sum() / ((fast - want) ** 2).sum())
+    fast = ort_run(out + "_quant.onnx", x)[output]
+    sqnr = sqnr_db(want, fast)
     assert sqnr >= min_sqnr, sqnr
     # the Caffe outputs keep the user's types and parameters (BatchNorm/Scale are folded; a
     # folded convolution gains bias_term)
@@ -265,7 +247,7 @@ def test_mobilenet_yolo_calibrate_onnx_cli(tmp_path, capsys):
     assert main(["calibrate", "-q", proto, model, str(data), "-o", out, "--onnx", "--batch-num", "2",
                  "--device", "cpu", "--report-batches", "1"]) == 0
     capsys.readouterr()
-    recs = _check_quantized(tmp_path, proto, model, out, ["dw1", "dw2"], 8, "head")
+    recs = _check_quantized(proto, model, out, ["dw1", "dw2"], 8, "head")
     assert set(recs) == {"c0", "dw1", "pw1", "dw2", "pw2", "se_fc1", "se_fc2", "head"}
     report = open(out + "_layer_report.json").read()
     assert '"dw1"' in report and '"dw2"' in report
@@ -277,7 +259,7 @@ def test_shufflenet_unit_quantize_onnx(tmp_path):
     out = str(tmp_path / "out" / "shufflenet")
     amct_torch.quantize(proto, model, rand(8, 3, 29, 33, seed=4, scale=2.0), output=out, batch_num=2,
                         onnx=True, quiet=True, device="cpu", report=False)
-    recs = _check_quantized(tmp_path, proto, model, out, ["dw"], 5, "fc")
+    recs = _check_quantized(proto, model, out, ["dw"], 5, "fc")
     assert "short" in recs  # the AVE shortcut pooling is quantized too
 
 
@@ -287,7 +269,7 @@ def test_segnet_quantize_onnx(tmp_path):
     out = str(tmp_path / "out" / "segnet")
     amct_torch.quantize(proto, model, rand(8, 3, 17, 20, seed=5, scale=2.0), output=out, batch_num=2,
                         onnx=True, quiet=True, device="cpu", report=False)
-    _check_quantized(tmp_path, proto, model, out, [], 3, "d1", min_sqnr=20.0)
+    _check_quantized(proto, model, out, [], 3, "d1", min_sqnr=20.0)
     assert os.path.exists(out + "_float.onnx")
 
 

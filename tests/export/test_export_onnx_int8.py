@@ -6,12 +6,9 @@ except where a value sits on a rounding tie; end to end through ``amct-torch cal
 the int8 detections match the float ones (IoU ≥ 0.5) on natural images."""
 from __future__ import annotations
 
-import collections
 import os
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import torch
 
 from amct_torch.caffe.graph import layer_modules, load_caffe
@@ -19,28 +16,9 @@ from amct_torch.cli import main
 from amct_torch.export import export_onnx, fake_quant_graph
 from amct_torch.fusion import fuse_bn
 from helpers.data import natural_images_bgr, nsfw_dir
-from helpers.exports import minmax_records
+from helpers.exports import minmax_records, sqnr_db
+from helpers.runtimes import ORT_FLOAT_CONV, ORT_FLOAT_FC, ORT_INT8_CONV, ORT_INT8_FC, ort_optimized_ops, ort_run
 from helpers.ssd import ssd_net
-
-INT8_CONV = ("QLinearConv", "ConvInteger")
-INT8_FC = ("MatMulInteger", "QGemm", "MatMulIntegerToFloat", "QLinearMatMul")
-
-
-def optimized_ops(path: str, tmp) -> collections.Counter:
-    so = ort.SessionOptions()
-    so.optimized_model_filepath = str(tmp / "optimized.onnx")
-    so.log_severity_level = 3
-    ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(str(tmp / "optimized.onnx")).graph.node)
-
-
-def run(path: str, feeds: dict, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> dict:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    so.log_severity_level = 3
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in s.get_outputs()]
-    return dict(zip(names, s.run(names, feeds)))
 
 
 def test_nsfw_every_quantized_layer_is_int8(tmp_path):
@@ -52,15 +30,15 @@ def test_nsfw_every_quantized_layer_is_int8(tmp_path):
     n_conv = sum(mods[n].caffe_type == "Convolution" for n in recs)
     n_fc = sum(mods[n].caffe_type == "InnerProduct" for n in recs)
     _, qp = export_onnx(gm, recs, str(tmp_path / "m"))
-    ops = optimized_ops(qp, tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == n_conv == 53, ops
-    assert sum(ops[k] for k in INT8_FC) == n_fc == 1, ops
-    assert ops["Conv"] + ops["FusedConv"] + ops["Gemm"] + ops["MatMul"] == 0, ops
+    ops = ort_optimized_ops(qp)
+    assert sum(ops[k] for k in ORT_INT8_CONV) == n_conv == 53, ops
+    assert sum(ops[k] for k in ORT_INT8_FC) == n_fc == 1, ops
+    assert sum(ops[k] for k in ORT_FLOAT_CONV + ORT_FLOAT_FC) == 0, ops
     # the same model as the plain QDQ form: top-1 equal to the torch fake-quant model's
     x = natural_images_bgr(count=4, seed=3)
     with torch.no_grad():
         want = fake_quant_graph(gm, recs)(torch.from_numpy(x))["prob"].numpy()
-    got = run(qp, {"data": x})["prob"]
+    got = ort_run(qp, x)["prob"]
     assert np.array_equal(got.argmax(1), want.argmax(1))
 
 
@@ -78,8 +56,8 @@ def test_ssd_int8_kernels_and_fake_quant_numbers(tmp_path):
     n_conv = sum(mods[n].caffe_type == "Convolution" for n in recs)
     heads = ["mbox_loc", "mbox_conf_flatten"]
     _, qp = export_onnx(gm, recs, str(tmp_path / "s"), outputs=heads)
-    ops = optimized_ops(qp, tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == n_conv == 9, ops
+    ops = ort_optimized_ops(qp)
+    assert sum(ops[k] for k in ORT_INT8_CONV) == n_conv == 9, ops
     assert ops["Conv"] + ops["FusedConv"] == 0, ops
     x = natural_images_bgr(size=64, count=3, seed=7) / 64.0
     fq = fake_quant_graph(gm, recs)
@@ -90,11 +68,11 @@ def test_ssd_int8_kernels_and_fake_quant_numbers(tmp_path):
         fq(torch.from_numpy(x))
     for h in hooks:
         h.remove()
-    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
-        got = run(qp, {"data": x}, level)
+    for level in ("DISABLE_ALL", "ENABLE_ALL"):
+        got = ort_run(qp, x, level)
         for k in heads:
             err = np.abs(got[k] - want[k])
-            if level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
+            if level == "DISABLE_ALL":
                 # equal up to float rounding except behind a value that sat on a rounding tie
                 off = err > 1e-4 * np.abs(want[k]).max()
                 assert off.mean() <= 0.001, (k, off.mean())
@@ -102,7 +80,7 @@ def test_ssd_int8_kernels_and_fake_quant_numbers(tmp_path):
                 # ORT's int8 kernels requantize the exact int32 sum with a float multiplier and
                 # quantize the bias themselves: codes move by one step near ties, and that
                 # travels through the 4-5 quantized layers in front of each head
-                sqnr = 10 * np.log10((want[k] ** 2).sum() / (err ** 2).sum())
+                sqnr = sqnr_db(want[k], got[k])
                 assert sqnr >= 30, (k, sqnr)
 
 
@@ -122,11 +100,11 @@ def test_ssd_calibrate_onnx_end_to_end(tmp_path, capsys):
     assert main(["calibrate", "-q", proto, model, str(data), "-o", out, "--onnx",
                  "--report-batches", "0"]) == 0
     capsys.readouterr()
-    ops = optimized_ops(out + "_quant.onnx", tmp_path)
-    assert sum(ops[k] for k in INT8_CONV) == 9 and ops["Conv"] + ops["FusedConv"] == 0, ops
+    ops = ort_optimized_ops(out + "_quant.onnx")
+    assert sum(ops[k] for k in ORT_INT8_CONV) == 9 and ops["Conv"] + ops["FusedConv"] == 0, ops
     x = natural_images_bgr(size=64, count=4, seed=9) / 64.0
-    flt = run(out + "_float.onnx", {"data": x})["detection_out"].reshape(-1, 7)
-    q = run(out + "_quant.onnx", {"data": x})["detection_out"].reshape(-1, 7)
+    flt = ort_run(out + "_float.onnx", x)["detection_out"].reshape(-1, 7)
+    q = ort_run(out + "_quant.onnx", x)["detection_out"].reshape(-1, 7)
     flt = flt[flt[:, 1] >= 0]
     assert len(flt) >= 4
     matched = sum(any(r[0] == s[0] and r[1] == s[1] and _iou(r[3:], s[3:]) >= 0.5 for s in q) for r in flt)

@@ -11,6 +11,7 @@ import pytest
 
 from helpers.caffe_nets import make_net, rand, run_cv
 from helpers.onnx_layers import export_and_run, rel_err
+from helpers.runtimes import ort_run
 
 X_SHAPE = [1, 4, 8, 10]
 W = {"conv": [rand(6, 4, 3, 3, seed=1) * 0.3, rand(6, seed=2)]}
@@ -163,12 +164,9 @@ def test_fake_quant_model_file_exports(tmp_path):
     save_quant_models(gm, minmax_records(gm, torch.from_numpy(x)), save_path=str(tmp_path / "q"))
     fq_p, fq_m = str(tmp_path / "q_fake_quant_model.prototxt"), str(tmp_path / "q_fake_quant_weights.caffemodel")
     _, path = export_and_run(fq_p, fq_m, {"data": x})
-    import onnxruntime as ort
-    so = ort.SessionOptions()
     # with optimizations ORT fuses DQ → Conv(float weights) → Q into QLinearConv and quantizes
     # the float weights itself (per tensor): other numbers (docs/export.md)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ours = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(["fc1"], {"data": x})[0]
+    ours = ort_run(path, x, "DISABLE_ALL", outputs=["fc1"])["fc1"]
     with torch.no_grad():
         want = load_caffe(fq_p, fq_m)(torch.from_numpy(x))["fc1"].numpy()
     assert (np.abs(ours - want) <= 1e-4 * np.abs(want).max()).mean() >= 0.95

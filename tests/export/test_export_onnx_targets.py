@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
@@ -27,8 +26,8 @@ from amct_torch.errors import ExportError
 from amct_torch.export import export_onnx
 from amct_torch.fusion import fuse_bn
 from helpers.data import natural_images_bgr, nsfw_dir
-from helpers.exports import minmax_records
-from helpers.runtimes import openvino_available, openvino_compile, openvino_counts, openvino_layers, ort_counts
+from helpers.exports import minmax_records, sqnr_db
+from helpers.runtimes import openvino_available, openvino_compile, openvino_counts, openvino_layers, ort_counts, ort_run
 from helpers.target_nets import depthwise_detector, onet_like
 
 needs_openvino = pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
@@ -63,18 +62,6 @@ def _symmetric(recs):
     return out
 
 
-def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
-    ref, got = ref.astype(np.float64), got.astype(np.float64)
-    return float(10 * np.log10((ref ** 2).sum() / max(((got - ref) ** 2).sum(), 1e-300)))
-
-
-def _ort_run(path: str, x: np.ndarray) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    return s.run(None, {s.get_inputs()[0].name: x})
-
-
 def _ov_run(compiled, x: np.ndarray) -> list[np.ndarray]:
     res = compiled.create_infer_request().infer({0: x})
     return [res[o] for o in compiled.outputs]
@@ -97,10 +84,10 @@ def test_openvino_runs_every_ort_int8_layer_in_int8(tmp_path, kind):
                                                               if l[1] not in ("u8", "i8")]
     # the numbers: as close to the float model as ORT's int8 model is (within 3 dB), top-1
     # (nsfw) as the float model
-    ref = _ort_run(fp, held)
-    ort_out, ov_out = _ort_run(ort_q, held), _ov_run(compiled, held)
+    ref = list(ort_run(fp, held).values())
+    ort_out, ov_out = list(ort_run(ort_q, held).values()), _ov_run(compiled, held)
     for r, a, b in zip(ref, ort_out, ov_out):
-        assert _sqnr(r, b) >= min(_sqnr(r, a) - 3.0, 30.0), (_sqnr(r, a), _sqnr(r, b))
+        assert sqnr_db(r, b) >= min(sqnr_db(r, a) - 3.0, 30.0), (sqnr_db(r, a), sqnr_db(r, b))
     if kind == "nsfw":
         assert np.array_equal(ov_out[0].argmax(1), ref[0].argmax(1))
 
@@ -117,11 +104,10 @@ def test_openvino_target_strided_pointwise_is_exact(tmp_path):
                and any(a.name == "strides" and list(a.ints) != [1, 1] for a in n.attribute)
                and any(a.name == "kernel_shape" and list(a.ints) == [1, 1] for a in n.attribute)]
     assert strided == []
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    a = ort.InferenceSession(plain, so, providers=["CPUExecutionProvider"]).run(None, {"data": held})[0]
-    b = ort.InferenceSession(ov_q, so, providers=["CPUExecutionProvider"]).run(None, {"data": held})[0]
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    a, b = ort_run(plain, held, "DISABLE_ALL"), ort_run(ov_q, held, "DISABLE_ALL")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-6)
 
 
 def test_default_target_is_the_output_without_the_option(tmp_path):
@@ -194,9 +180,10 @@ def test_tensorrt_target_follows_tensorrts_rules(tmp_path, kind):
         adds = [n for n in onnx.load(trt).graph.node if n.op_type == "Add"]
         assert len(adds) == 16
     # the numbers (ORT, no GPU): as close to the float model as the default model's
-    ref, a, b = _ort_run(fp, held), _ort_run(default, held), _ort_run(trt, held)
-    for r, x, y in zip(ref, a, b):
-        assert _sqnr(r, y) >= min(_sqnr(r, x) - 3.0, 25.0), (_sqnr(r, x), _sqnr(r, y))
+    ref, a, b = ort_run(fp, held), ort_run(default, held), ort_run(trt, held)
+    assert ref.keys() == a.keys() == b.keys()
+    for r, x, y in zip(ref.values(), a.values(), b.values()):
+        assert sqnr_db(r, y) >= min(sqnr_db(r, x) - 3.0, 25.0), (sqnr_db(r, x), sqnr_db(r, y))
 
 
 def test_tensorrt_target_refuses_an_asymmetric_record(tmp_path):

@@ -13,7 +13,6 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
@@ -26,6 +25,7 @@ from amct_torch.export.onnx.validate import check_runtime
 from helpers.caffe_nets import make_net, rand
 from helpers.data import natural_images_bgr
 from helpers.exports import minmax_records
+from helpers.runtimes import ort_run, ort_session
 from helpers.ssd import ssd_net
 
 HEAD = '''
@@ -36,15 +36,6 @@ layer { name: "conv6_norm_mbox_conf" type: "Convolution" bottom: "conv6_norm" to
 layer { name: "perm" type: "Permute" bottom: "conv6_norm_mbox_conf" top: "perm" permute_param { order: 0 order: 2 order: 3 order: 1 } }
 layer { name: "flat" type: "Flatten" bottom: "perm" top: "flat" flatten_param { axis: 1 } }
 '''
-
-
-def _session(path_or_bytes, optimize: bool = True) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(path_or_bytes, so, providers=["CPUExecutionProvider"])
 
 
 def _head_net(tmp_path, bias: bool):
@@ -69,11 +60,11 @@ def test_ssd_head_integer_form_loads_and_computes_the_qdq_model(tmp_path, bias, 
         n.op_type == "DequantizeLinear" and any(i.endswith("_acc") or "_acc_" in i for i in n.input)
         for n in model.graph.node)
     x = rand(3, 3, 8, 8, seed=6)
-    got = _session(qp).run(None, {"data": x})[0]
+    got, = ort_run(qp, x).values()
     assert got.shape == (3, 8 * 8 * 6) and np.isfinite(got).all()
     _, plain = export_onnx(gm, recs, str(tmp_path / "p"), bias=form, file=proto, integer_ops=False)
-    ref = _session(plain, optimize=False).run(None, {"data": x})[0]
-    mine = _session(qp, optimize=False).run(None, {"data": x})[0]
+    ref, = ort_run(plain, x, "DISABLE_ALL").values()
+    mine, = ort_run(qp, x, "DISABLE_ALL").values()
     np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-5 * float(np.abs(ref).max()))
 
 
@@ -90,8 +81,7 @@ def test_ssd_face_detector_without_head_bias_calibrates_to_a_loadable_qdq_model(
     rc = main(["calibrate", "-q", proto, model, str(data), "-o", out, "--onnx", "--report-batches", "0"])
     assert rc == 0, capsys.readouterr().err
     for suffix in ("_float.onnx", "_quant.onnx"):
-        sess = _session(out + suffix)
-        det = sess.run(None, {"data": imgs[:2].astype(np.float32)})[0]
+        det = ort_run(out + suffix, imgs[:2])["detection_out"]
         assert det.shape[-1] == 7 and np.isfinite(det).all()
     ops = {n.op_type for n in onnx.load(out + "_quant.onnx").graph.node}
     assert "ConvInteger" in ops
@@ -143,7 +133,7 @@ def test_check_runtime_maps_an_ort_refusal_to_the_layer():
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)  # valid ONNX ...
     with pytest.raises(Exception, match="int32"):  # ... that ORT refuses
-        _session(model.SerializeToString())
+        ort_session(model.SerializeToString())
     owners = {"head_acc_zero": "head", "head_scale": "head"}
     with pytest.raises(ExportError) as ei:
         check_runtime(model.SerializeToString(), "net.prototxt",

@@ -13,7 +13,6 @@ float whatever the weights' layout; ONNX Runtime runs a float ConvTranspose).
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -23,8 +22,15 @@ from amct_torch.export import export_onnx
 from amct_torch.fusion import fuse_bn
 from helpers.caffe_nets import make_net, rand
 from helpers.data import natural_images_bgr
-from helpers.exports import minmax_records
-from helpers.runtimes import openvino_available, openvino_compile, openvino_layers, ort_counts, ort_optimized_ops
+from helpers.exports import minmax_records, sqnr_db
+from helpers.runtimes import (
+    openvino_available,
+    openvino_compile,
+    openvino_layers,
+    ort_counts,
+    ort_optimized_ops,
+    ort_run,
+)
 
 pytestmark = pytest.mark.skipif(openvino_available() is not None, reason=str(openvino_available()))
 
@@ -61,11 +67,6 @@ def _bilinear(folder) -> tuple[str, str]:
     return make_net(folder, body, {"data": [1, 3, 64, 64]}, blobs, name="bilinear")
 
 
-def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
-    ref, got = ref.astype(np.float64), got.astype(np.float64)
-    return float(10 * np.log10((ref ** 2).sum() / max(((got - ref) ** 2).sum(), 1e-300)))
-
-
 @pytest.mark.parametrize("kind", ["decoder", "bilinear"])
 def test_openvino_runs_deconvolution_in_int8_where_ort_runs_int8(tmp_path, kind):
     proto, model = (_decoder if kind == "decoder" else _bilinear)(tmp_path)
@@ -95,8 +96,8 @@ def test_openvino_runs_deconvolution_in_int8_where_ort_runs_int8(tmp_path, kind)
         assert len(int8) == 2, layers
     # the numbers: as close to the float model as ORT's int8 model (within 1 dB), and close
     held = x[2:]
-    ref = ort.InferenceSession(fp, providers=["CPUExecutionProvider"]).run(None, {"data": held})[0]
-    a_ = ort.InferenceSession(ort_q, providers=["CPUExecutionProvider"]).run(None, {"data": held})[0]
+    ref, = ort_run(fp, held).values()
+    a_, = ort_run(ort_q, held).values()
     b_ = compiled.create_infer_request().infer({0: held})[compiled.outputs[0]]
     assert b_.shape == ref.shape
-    assert _sqnr(ref, b_) >= _sqnr(ref, a_) - 1.0 and _sqnr(ref, b_) > 25.0, (_sqnr(ref, a_), _sqnr(ref, b_))
+    assert sqnr_db(ref, b_) >= sqnr_db(ref, a_) - 1.0 and sqnr_db(ref, b_) > 25.0, (sqnr_db(ref, a_), sqnr_db(ref, b_))

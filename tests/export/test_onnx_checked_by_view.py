@@ -12,12 +12,12 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from amct_torch.errors import ExportError
 from amct_torch.export.onnx.validate import VIEW_BYTES, check_runtime, check_structure, file_view
+from helpers.runtimes import ort_run, ort_session
 
 
 def _conv_model(weight: np.ndarray, bias: np.ndarray, op: str = "Conv") -> onnx.ModelProto:
@@ -98,7 +98,7 @@ def test_checks_pass_a_valid_file_and_leave_nothing(tmp_path):
     assert check_runtime(path, "net.prototxt", lambda _t: None, "the model m.onnx")
     assert os.listdir(tmp_path) == ["m.onnx"]
     x = np.random.default_rng(1).standard_normal((1, 32, 8, 8)).astype(np.float32)
-    assert ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0].shape == (1, 64, 8, 8)
+    assert ort_run(path, {"x": x})["y"].shape == (1, 64, 8, 8)
 
 
 def test_checker_refusal_through_the_view_names_file_and_layer(tmp_path):
@@ -150,7 +150,7 @@ def test_runtime_refusal_through_the_view_names_file_and_layer(tmp_path):
     onnx.checker.check_model(path, full_check=True)
     assert file_view(path) is not None
     with pytest.raises(Exception, match="int32"):
-        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ort_session(path)
     owners = {"head_acc_zero": "head", "head_scale": "head"}
     with pytest.raises(ExportError) as ei:
         check_runtime(path, "net.prototxt", lambda t: next((v for k, v in owners.items() if k in t), None),
@@ -169,7 +169,7 @@ def test_raw_data_of_the_wrong_size_stays_in_the_view(tmp_path):
     path = _write(model, tmp_path / "m.onnx")
     assert file_view(path) is None
     with pytest.raises(Exception):
-        ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ort_session(path)
     with pytest.raises(ExportError, match="ONNX Runtime refuses"):
         check_runtime(path, "net.prototxt", lambda _t: None, "the model m.onnx")
 

@@ -1,6 +1,10 @@
 """Helpers for the export tests: a small net built by code, records made with the real ARQ
-and an independent min/max for activations, and OpenCV custom Quant/DeQuant layers."""
+and an independent min/max for activations, OpenCV custom Quant/DeQuant layers, and the SQNR
+by which the tests compare a quantized model's outputs with a reference."""
 from __future__ import annotations
+
+import math
+from typing import Union
 
 import numpy as np
 import torch
@@ -10,15 +14,23 @@ from amct_torch.caffe.graph import layer_modules
 from amct_torch.caffe.layers import is_quantizable
 from amct_torch.record import LayerRecord
 
-SMALL_BODY = '''
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 3 kernel_size: 3 pad: 1 } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
-layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param { num_output: 4 kernel_size: 1 } }
-layer { name: "conv3" type: "Convolution" bottom: "pool1" top: "conv3" convolution_param { num_output: 4 kernel_size: 1 bias_term: false } }
-layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv3" top: "sum" }
-layer { name: "fc1" type: "InnerProduct" bottom: "sum" top: "fc1" inner_product_param { num_output: 5 } }
+
+def small_body(conv1: int = 3, conv2: int = 4, fc1: int = 5) -> str:
+    """The layers of the small net (conv → ReLU → AVE pool → two 1×1 convs, one without bias →
+    Eltwise sum → InnerProduct) with the given output counts (conv2 is also conv3's)."""
+    return f'''
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param {{ num_output: {conv1} kernel_size: 3 pad: 1 }} }}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
+layer {{ name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param {{ pool: AVE kernel_size: 2 stride: 2 }} }}
+layer {{ name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2" convolution_param {{ num_output: {conv2} kernel_size: 1 }} }}
+layer {{ name: "conv3" type: "Convolution" bottom: "pool1" top: "conv3" convolution_param {{ num_output: {conv2} kernel_size: 1 bias_term: false }} }}
+layer {{ name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv3" top: "sum" }}
+layer {{ name: "fc1" type: "InnerProduct" bottom: "sum" top: "fc1" inner_product_param {{ num_output: {fc1} }} }}
 '''
+
+
+#: the small net of the export tests (small_blobs gives its weights for an 8×8 input)
+SMALL_BODY = small_body()
 
 
 def small_blobs(rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
@@ -50,6 +62,25 @@ def minmax_records(gm, x: torch.Tensor) -> dict[str, LayerRecord]:
             r.scale_w, r.offset_w = a.scale_w.tolist(), [0] * a.scale_w.numel()
         recs[n] = r
     return recs
+
+
+def _float64(a: Union[np.ndarray, torch.Tensor]) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        return a.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(a, np.float64)
+
+
+def sqnr_db(ref: Union[np.ndarray, torch.Tensor], got: Union[np.ndarray, torch.Tensor]) -> float:
+    """Signal-to-quantization-noise ratio of ``got`` against ``ref`` in dB,
+    10·log10(Σref² / Σ(got − ref)²), summed in float64 over every element (numpy arrays or
+    torch tensors on any device); +inf when ``got`` equals ``ref``, -inf when ``ref`` is all
+    zeros and ``got`` is not."""
+    r, g = _float64(ref), _float64(got)
+    assert r.shape == g.shape, (r.shape, g.shape)
+    err, signal = float(((g - r) ** 2).sum()), float((r ** 2).sum())
+    if err == 0:
+        return math.inf
+    return -math.inf if signal == 0 else 10 * math.log10(signal / err)
 
 
 class CvQuant:

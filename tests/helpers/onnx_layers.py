@@ -5,17 +5,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnxruntime as ort
 
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.export.onnx.qdq import export_float_onnx
-
-
-def ort_session(path: str) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+from helpers.runtimes import ort_run
 
 
 def export_and_run(proto: str, model: str, inputs: dict[str, np.ndarray], outputs=None,
@@ -25,10 +18,7 @@ def export_and_run(proto: str, model: str, inputs: dict[str, np.ndarray], output
     gm = load_caffe(proto, model)
     path = os.path.join(os.path.dirname(proto), "float.onnx")
     export_float_onnx(gm, path, outputs=outputs, dynamic_spatial=dynamic_spatial)
-    sess = ort_session(path)
-    names = [o.name for o in sess.get_outputs()]
-    res = sess.run(names, {k: np.ascontiguousarray(v, np.float32) for k, v in inputs.items()})
-    return dict(zip(names, res)), path
+    return ort_run(path, inputs), path
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:

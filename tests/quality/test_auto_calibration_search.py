@@ -10,7 +10,6 @@ the search, must meet the metric.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import pytest
@@ -20,14 +19,10 @@ from amct_torch.caffe.graph import load_caffe
 from amct_torch.config import create_quant_config
 from amct_torch.examples import example_data, example_model
 from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
+from helpers.exports import sqnr_db
 
 BAD = ("conv2", "fc1")
 THRESHOLD_DB = 40.0
-
-
-def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
-    e = float(((out.double() - ref.double()) ** 2).sum())
-    return math.inf if e == 0 else 10 * math.log10(float((ref.double() ** 2).sum()) / e)
 
 
 class OutputSqnr(AutoCalibrationEvaluatorBase):
@@ -49,7 +44,7 @@ class OutputSqnr(AutoCalibrationEvaluatorBase):
 
     def evaluate(self, model):
         self.calls += 1
-        return sqnr_db(next(iter(model(self.test).values())), self.ref)
+        return sqnr_db(self.ref, next(iter(model(self.test).values())))
 
     def metric_eval(self, original_metric, new_metric):
         return new_metric >= THRESHOLD_DB, original_metric - new_metric
@@ -112,7 +107,7 @@ def test_written_fake_quant_model_meets_metric(auto):
     gm = load_caffe(proto, weights)
     with torch.no_grad():
         out = next(iter(gm(ev.test).values()))
-    assert sqnr_db(out, ev.ref) >= THRESHOLD_DB
+    assert sqnr_db(ev.ref, out) >= THRESHOLD_DB
 
 
 def test_fewer_float_layers_fail(tmp_path):
@@ -129,7 +124,7 @@ def test_fewer_float_layers_fail(tmp_path):
                      output=str(tmp_path / f"o{len(disabled)}" / "m"), save_type=None, report=False,
                      quiet=True, device="cpu")
         with torch.no_grad():
-            m = sqnr_db(next(iter(r.quant_model(ev.test).values())), ev.ref)
+            m = sqnr_db(ev.ref, next(iter(r.quant_model(ev.test).values())))
         assert m < THRESHOLD_DB, (disabled, m)
 
 

@@ -3,8 +3,6 @@ and are compared with the float model; SQNR and cosine are checked against numpy
 written here on the models' outputs."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
@@ -13,7 +11,7 @@ from amct_torch.cli import main
 from amct_torch.export import save_quant_models
 from amct_torch.fusion import fuse_bn
 from helpers.caffe_nets import make_net
-from helpers.exports import SMALL_BODY, minmax_records, small_blobs
+from helpers.exports import SMALL_BODY, minmax_records, small_blobs, sqnr_db
 
 
 def _row(text: str, name: str) -> list[str]:
@@ -35,7 +33,7 @@ def test_evaluate_float_fakequant_deploy(tmp_path, capsys):
         row = _row(capsys.readouterr().out, "fc1")
         with torch.no_grad():
             out = load_caffe(mp, wp)(torch.from_numpy(x))["fc1"].double().numpy()
-        sqnr = 10 * math.log10((ref ** 2).sum() / ((out - ref) ** 2).sum())
+        sqnr = sqnr_db(ref, out)
         cos = (out * ref).sum() / np.sqrt((out ** 2).sum() * (ref ** 2).sum())
         assert abs(float(row[-3]) - sqnr) < 0.01 and abs(float(row[-2]) - cos) < 1e-6, (kind, row, sqnr, cos)
         assert 10 < sqnr < 60
