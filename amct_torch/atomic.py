@@ -6,13 +6,34 @@ which is atomic on POSIX and Windows. The final file gets the permissions an ord
 ``open(path, "w")`` would give (0666 minus the umask), not ``mkstemp``'s private 0600, so
 that a shared group or another container uid can read the results. A SIGTERM during the
 write removes the temporary file (``amct_torch.termination``) before the process ends.
+
+The pieces: ``atomic_write_bytes`` / ``atomic_write_text`` for content in memory,
+``atomic_file`` for content written piece by piece (the streaming caffemodel writer, through
+``direct_io.DirectFile``), ``staged_files`` for several files published together once all are
+written and checked (the ONNX models), and ``temp_beside`` / ``remove_quietly`` for the
+temporary file itself (also the ONNX checks' scratch view of a model).
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterator, Protocol, TypeVar
 
 from amct_torch.termination import clean_exit_on_signals
+
+
+class _Writable(Protocol):
+    def write(self, data: Any) -> Any: ...
+
+    def flush(self) -> None: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+F = TypeVar("F", bound=_Writable)
 
 
 def current_umask() -> int:
@@ -48,6 +69,69 @@ def fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def temp_beside(path: str, suffix: str = ".tmp") -> tuple[int, str]:
+    """A new private file in ``path``'s own folder, named ``.<name>.<random><suffix>`` (hidden,
+    and recognisably ``path``'s): (its open descriptor, its path). Beside, so that renaming it
+    over ``path`` stays on one filesystem."""
+    path = os.fspath(path)
+    return tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=suffix,
+                            dir=os.path.dirname(os.path.abspath(path)))
+
+
+def remove_quietly(path: str) -> None:
+    """Remove ``path`` if it is there (cleaning up after an error: a second error would hide
+    the first)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _plain(fd: int) -> IO[bytes]:
+    return os.fdopen(fd, "wb")
+
+
+def _close(f: Any) -> None:
+    f.close()
+
+
+@contextmanager
+def atomic_file(path: str, opener: Callable[[int], F] = _plain,  # type: ignore[assignment]
+                discard: Callable[[F], None] = _close) -> Iterator[F]:
+    """A binary file for ``path``, written piece by piece and put in place atomically: the
+    pieces go to ``temp_beside(path)`` (opened by ``opener(fd)``, e.g. ``direct_io.DirectFile``;
+    default an ordinary file), which on a clean exit is flushed, synced, closed and renamed
+    over ``path``; on any error, a SIGTERM included, it is closed with ``discard`` (a file that
+    can drop its unwritten buffers does so) and removed, and ``path`` is left as it was."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    with clean_exit_on_signals():  # a SIGTERM mid-write removes the temporary file too
+        fd, tmp = temp_beside(path)
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, file_mode())
+            f = opener(fd)
+        except BaseException:
+            try:
+                os.close(fd)
+            finally:
+                remove_quietly(tmp)
+            raise
+        try:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                discard(f)
+            finally:
+                remove_quietly(tmp)
+            raise
+    fsync_dir(folder)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` (UTF-8, ``\n`` line ends) to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))
@@ -55,23 +139,30 @@ def atomic_write_text(path: str, text: str) -> None:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically; the old file stays intact on failure."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    with clean_exit_on_signals():  # a SIGTERM mid-write removes the temporary file too
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=folder)
+    with atomic_file(path, _plain) as f:
+        f.write(data)
+
+
+@contextmanager
+def staged_files() -> Iterator[list[tuple[str, str]]]:
+    """Several files put in place together, none unless all are complete: the block appends a
+    (temporary, final) pair for each temporary file it writes beside its final path (e.g. a
+    model written and then checked); on a clean exit each is synced, given the mode of a new
+    file and renamed to its final path, the folders then synced; on any error, a SIGTERM
+    included, every temporary file is removed and no final path changes."""
+    staged: list[tuple[str, str]] = []
+    with clean_exit_on_signals():
         try:
-            if hasattr(os, "fchmod"):
-                os.fchmod(fd, file_mode())
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            yield staged
+            for tmp, _ in staged:
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.chmod(tmp, file_mode())
+            for tmp, path in staged:
+                os.replace(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            for tmp, _ in staged:
+                remove_quietly(tmp)
             raise
-    fsync_dir(folder)
+        for folder in {os.path.dirname(os.path.abspath(p)) for _, p in staged}:
+            fsync_dir(folder)

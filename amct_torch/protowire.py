@@ -4,12 +4,16 @@ Why by hand: a caffemodel or an ONNX model is one protobuf message, and protobuf
 serialises or parses it whole, holding every weight twice. Written field by field (a key, a
 length, the bytes) the same message can go to a file layer by layer, and the bytes are the
 ones ``SerializeToString`` gives (tested); ``copy_fields`` gives such a writer the message
-without the fields it streams itself. Used by ``caffe/stream_writer.py``,
-``caffe/netio.py``, ``caffe/limits.py`` and ``export/onnx/stream.py``.
+without the fields it streams itself, ``split_before`` where its own field goes and ``parts_size``
+the length to announce. Reading works the same way backwards: ``walk`` and ``fields`` give
+each field's bounds without parsing it. Used by ``caffe/stream_writer.py``,
+``caffe/stream_reader.py``, ``caffe/netio.py``, ``caffe/limits.py``,
+``export/onnx/stream.py`` and ``export/onnx/validate.py``.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 #: wire type of a length-delimited field (a message, bytes, a packed repeated field)
 LENGTH_DELIMITED = 2
@@ -49,36 +53,65 @@ def read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def fields(buf: bytes, pos: int = 0, end: int = -1) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, field start, payload start, payload end) of each top-level field of the
-    message in ``buf[pos:end]`` (``end`` -1: the whole buffer); the payload bounds are -1 for a
-    field that is not length-delimited. Groups and unknown wire types are MalformedWire (our
-    schemas have none)."""
-    if end < 0:
-        end = len(buf)
+#: one field of a message: (field number, wire type, field start, body start, field end).
+#: The body of a length-delimited field is its payload ``[body start, field end)``; for the
+#: other wire types it is the value after the key.
+Field = tuple[int, int, int, int, int]
+
+
+def walk(varint_at: Callable[[int, int], tuple[int, int]], pos: int, end: int) -> Iterator[Field]:
+    """Each top-level field (``Field``) of the message in ``[pos, end)``, its varints read by
+    ``varint_at(position, end)`` -> (value, position after it). Why a reader and not a buffer:
+    the same walk serves bytes in memory (``fields``) and a file read a few bytes at a time
+    (``caffe/stream_reader``). A field number 0, a group, an unknown wire type or a field
+    running past ``end`` is MalformedWire (protobuf's parser refuses them; our schemas have no
+    groups)."""
     while pos < end:
-        start = pos
-        key, pos = read_varint(buf, pos, end)
+        key, body = varint_at(pos, end)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, pos = read_varint(buf, pos, end)
-            yield number, start, -1, -1
+            _, stop = varint_at(body, end)
         elif wire == 1:
-            pos += 8
-            yield number, start, -1, -1
+            stop = body + 8
         elif wire == 5:
-            pos += 4
-            yield number, start, -1, -1
+            stop = body + 4
         elif wire == LENGTH_DELIMITED:
-            size, pos = read_varint(buf, pos, end)
-            if pos + size > end:
-                raise MalformedWire(pos)
-            yield number, start, pos, pos + size
-            pos += size
+            size, body = varint_at(body, end)
+            stop = body + size
         else:
             raise MalformedWire(pos)
-        if pos > end:
+        if number == 0 or stop > end:
             raise MalformedWire(pos)
+        yield number, wire, pos, body, stop
+        pos = stop
+
+
+def fields(buf: Any, pos: int = 0, end: int = -1) -> Iterator[Field]:
+    """Each top-level field (``Field``) of the message in ``buf[pos:end]`` (``buf``: bytes, a
+    memory map; ``end`` -1: the whole buffer); see ``walk``."""
+    return walk(partial(read_varint, buf), pos, len(buf) if end < 0 else end)
+
+
+def split_before(data: bytes, number: int, known: Sequence[int]) -> int:
+    """The offset in a serialised message ``data`` where a field ``number`` would go: before
+    the first top-level field with a larger number or unknown to the schema (``known``:
+    the message's field numbers; protobuf writes unknown fields after the known ones). Why:
+    a streaming writer puts the field it writes itself between these two halves."""
+    known_set = set(known)
+    for field, _, start, _, _ in fields(data):
+        if field > number or field not in known_set:
+            return start
+    return len(data)
+
+
+def parts_size(parts: Iterable[Any]) -> int:
+    """The bytes of a field's encoding held as ``parts`` (bytes-like objects, or sources written
+    piece by piece that announce their length as ``nbytes``): the length written before it."""
+    total = 0
+    for p in parts:
+        n = getattr(p, "nbytes", None)
+        total += len(p) if n is None else n
+    return total
 
 
 def copy_fields(src: Any, dst: Any, skip: Iterable[str] = ()) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from amct_torch.errors import ModelError
-from amct_torch.protowire import MalformedWire, fields
+from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, fields
 
 MAX_LAYERS = 100_000
 MAX_BLOBS = 200_000
@@ -44,15 +44,15 @@ def check_caffemodel_counts(raw: bytes, path: str) -> None:
     """Refuse a caffemodel with more than ``MAX_LAYERS`` layers or ``MAX_BLOBS`` blobs."""
     layers = blobs = 0
     try:
-        for number, _, start, end in fields(raw, 0, len(raw)):
-            if number not in _BLOBS_FIELD or start < 0:
+        for number, wire, _, start, end in fields(raw, 0, len(raw)):
+            if number not in _BLOBS_FIELD or wire != LENGTH_DELIMITED:
                 continue
             layers += 1
             if layers > MAX_LAYERS:
                 raise ModelError(f"the caffemodel holds more than {MAX_LAYERS:,} layers, far more "
                                  "than any real net; refused before parsing", file=path)
             blob_field = _BLOBS_FIELD[number]
-            for inner, _, _, _ in fields(raw, start, end):
+            for inner, *_ in fields(raw, start, end):
                 if inner == blob_field:
                     blobs += 1
                     if blobs > MAX_BLOBS:

@@ -3,7 +3,8 @@
 Why: parsing a whole caffemodel holds the file's bytes, the parsed message (a second copy of
 every weight inside protobuf) and the arrays made from it at once: three copies of a 553 MB
 VGG-16. Protobuf's wire format lets a reader walk a message field by field, so this walks the
-``NetParameter`` in the file itself: each ``layer`` (field 100) is parsed without its blobs,
+``NetParameter`` in the file itself (``protowire.walk`` over reads of the file, a few bytes
+at a time): each ``layer`` (field 100) is parsed without its blobs,
 and a blob whose values are one packed ``data`` field (what Caffe writes) is read from the
 file into a fresh float32 array, the only copy. Anything else — V1 ``layers``, ``double_data``,
 ``raw_data``, unpacked or split values, a malformed or truncated file, a net past the size
@@ -30,6 +31,7 @@ from amct_torch.caffe.blob_shape import blob_shape, check_value_count
 from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.protowire import LENGTH_DELIMITED, Field, MalformedWire, read_varint, walk
 
 __all__ = ["read_weights"]
 
@@ -71,38 +73,14 @@ class _Source:
             done += got
 
     def varint(self, pos: int, end: int) -> tuple[int, int]:
-        chunk = self.read(pos, min(10, end - pos))
-        value = shift = 0
-        for i, byte in enumerate(chunk):
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value, pos + i + 1
-            shift += 7
-        raise _Fallback()
+        """The varint at ``pos`` (before ``end``): (value, position after it); MalformedWire."""
+        chunk = self.read(pos, min(10, end - pos))  # a varint is at most 10 bytes
+        value, after = read_varint(chunk, 0, len(chunk))
+        return value, pos + after
 
-
-def _fields(src: _Source, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, wire type, key position, payload start, field end) of each field of the
-    message in ``[start, end)``; a length-delimited payload is ``[payload start, field end)``."""
-    pos = start
-    while pos < end:
-        key, body = src.varint(pos, end)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, stop = src.varint(body, end)
-        elif wire == 1:
-            stop = body + 8
-        elif wire == 5:
-            stop = body + 4
-        elif wire == 2:
-            size, body = src.varint(body, end)
-            stop = body + size
-        else:  # groups, invalid wire types
-            raise _Fallback()
-        if number == 0 or stop > end:
-            raise _Fallback()
-        yield number, wire, pos, body, stop
-        pos = stop
+    def fields(self, start: int, end: int) -> Iterator[Field]:
+        """The fields of the message in ``[start, end)`` (``protowire.walk``)."""
+        return walk(self.varint, start, end)
 
 
 def _parse(cls: Callable[[], _message.Message], data: bytes) -> _message.Message:
@@ -119,9 +97,9 @@ def _blob(src: _Source, start: int, end: int, path: str, layer: str, index: int)
     its declared shape, its values read from the file into the array."""
     meta = bytearray()
     data: Optional[tuple[int, int]] = None
-    for number, wire, key, body, stop in _fields(src, start, end):
+    for number, wire, key, body, stop in src.fields(start, end):
         if number == _BLOB_DATA:
-            if wire != 2 or data is not None:
+            if wire != LENGTH_DELIMITED or data is not None:
                 raise _Fallback()  # unpacked or split values: the parser's job
             data = (body, stop)
         elif number in _BLOB_META:
@@ -144,9 +122,9 @@ def _layer(src: _Source, start: int, end: int, path: str, wanted: set[str],
         src = _Source(src.f, src.size, src.read(start, end - start), start)
     rest = bytearray()
     blobs: list[tuple[int, int]] = []
-    for number, wire, key, body, stop in _fields(src, start, end):
+    for number, wire, key, body, stop in src.fields(start, end):
         if number == _LAYER_BLOBS:
-            if wire != 2:
+            if wire != LENGTH_DELIMITED:
                 raise _Fallback()
             blobs.append((body, stop))
         else:
@@ -194,7 +172,7 @@ def _read_weights(path: str, wanted: set[str]) -> Optional[dict[str, list[np.nda
             out: dict[str, list[np.ndarray]] = {}
             header = bytearray()
             layers, blob_count = 0, [0]
-            for number, _, key, body, stop in _fields(src, 0, size):
+            for number, _, key, body, stop in src.fields(0, size):
                 if number == _NET_V1_LAYERS:
                     return None
                 if number != _NET_LAYER:
@@ -210,5 +188,5 @@ def _read_weights(path: str, wanted: set[str]) -> Optional[dict[str, list[np.nda
                 return None
             _parse(pb.NetParameter, bytes(header))
             return out
-    except (_Fallback, ModelError, OSError):  # the parser reports it, in its own order
+    except (_Fallback, MalformedWire, ModelError, OSError):  # the parser reports it, in its own order
         return None

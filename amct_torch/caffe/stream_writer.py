@@ -11,25 +11,23 @@ fields. A layer is itself its fields before ``blobs`` (7), each blob, then its l
 large blob's data goes to the file straight from the array's memory. The bytes are exactly
 those of ``caffemodel_bytes(net)`` on the same net with the blobs attached
 (``tests/caffe/test_caffe_stream_write.py`` checks it byte for byte). The file is written
-around the page cache (``amct_torch.direct_io``).
+around the page cache (``amct_torch.direct_io``) and put in place atomically
+(``atomic.atomic_file``); the wire-format pieces are ``amct_torch.protowire``'s.
 """
 from __future__ import annotations
 
-import os
-import tempfile
-from typing import BinaryIO, Iterable, Optional, Sequence, Union
+from typing import BinaryIO, Iterable, Sequence, Union
 
 import numpy as np
 
-from amct_torch.atomic import file_mode, fsync_dir
+from amct_torch.atomic import atomic_file
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.direct_io import DirectFile
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import copy_fields, field_key, fields, varint
-from amct_torch.termination import clean_exit_on_signals
+from amct_torch.protowire import copy_fields, field_key, parts_size, split_before, varint
 
-__all__ = ["write_caffemodel", "blob_parts", "layer_parts", "split_before"]
+__all__ = ["write_caffemodel", "blob_parts", "layer_parts"]
 
 _LAYER_FIELD = 100  # NetParameter.layer
 _BLOBS_FIELD = 7  # LayerParameter.blobs
@@ -40,17 +38,6 @@ _INT8_FIELD = 100  # BlobProto.int8_data (bytes)
 #: rules kept in one place: ``array_to_blob``); larger float32/int8 ones are written from
 #: their own memory
 DIRECT_BYTES = 1 << 16
-
-def split_before(data: bytes, number: int, known: Sequence[int]) -> int:
-    """The offset in a serialised message ``data`` where a field ``number`` would go: before
-    the first top-level field with a larger number or unknown to the schema (``known``:
-    the message's field numbers; protobuf writes unknown fields after the known ones)."""
-    known_set = set(known)
-    for field, start, _, _ in fields(data):
-        if field > number or field not in known_set:
-            return start
-    return len(data)
-
 
 _BLOB_FIELDS = [f.number for f in pb.BlobProto.DESCRIPTOR.fields]
 _LAYER_FIELDS = [f.number for f in pb.LayerParameter.DESCRIPTOR.fields]
@@ -96,10 +83,6 @@ def blob_parts(arr) -> list:
     return [rest[:cut], field_key(number) + varint(data.nbytes), data, rest[cut:]]
 
 
-def _size(parts: Iterable) -> int:
-    return sum(p.nbytes if isinstance(p, _Blocks) else memoryview(p).nbytes for p in parts)
-
-
 def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
     """The encoding of ``layer`` (whose own ``blobs`` are ignored) with ``arrays`` as its blobs,
     internal fields dropped as ``caffemodel_bytes`` drops them, as a list of buffers."""
@@ -109,7 +92,7 @@ def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
     parts: list = [data[:cut]]
     for arr in arrays:
         blob = blob_parts(arr)
-        parts.append(field_key(_BLOBS_FIELD) + varint(_size(blob)))
+        parts.append(field_key(_BLOBS_FIELD) + varint(parts_size(blob)))
         parts += blob
     parts.append(data[cut:])
     return parts
@@ -138,6 +121,10 @@ def _write_all(f: Union[BinaryIO, DirectFile], parts: Iterable) -> None:
             f.write(p)
 
 
+def _discard(f: DirectFile) -> None:
+    f.close(discard=True)  # the buffers not yet written are dropped, not written
+
+
 def write_caffemodel(path: str, net: pb.NetParameter,
                      layers: Iterable[tuple[pb.LayerParameter, Sequence[np.ndarray]]]) -> None:
     """Write ``path`` atomically: ``net``'s own fields with ``layers`` — (layer, its blob
@@ -145,58 +132,12 @@ def write_caffemodel(path: str, net: pb.NetParameter,
     ``caffemodel_bytes`` gives for ``net`` with those layers and blobs (``net``'s own layers
     are ignored)."""
     head, tail = _net_parts(net)
-    with _atomic_file(path) as f:
+    with atomic_file(path, DirectFile, discard=_discard) as f:
         f.write(head)
         for layer, arrays in layers:
             parts = layer_parts(layer, arrays)
-            f.write(field_key(_LAYER_FIELD) + varint(_size(parts)))
+            f.write(field_key(_LAYER_FIELD) + varint(parts_size(parts)))
             _write_all(f, parts)
             del parts
         f.write(tail)
 
-
-class _atomic_file:
-    """A file written beside ``path`` and renamed over it once complete and synced (the rules
-    of ``atomic.atomic_write_bytes``, for content written piece by piece)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = os.fspath(path)
-        self.folder = os.path.dirname(os.path.abspath(self.path))
-        self.tmp: Optional[str] = None
-        self.file: Optional[DirectFile] = None
-        self.guard = clean_exit_on_signals()
-
-    def __enter__(self) -> DirectFile:
-        self.guard.__enter__()
-        try:
-            fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
-                                            suffix=".tmp", dir=self.folder)
-            if hasattr(os, "fchmod"):
-                os.fchmod(fd, file_mode())
-            self.file = DirectFile(fd)
-        except BaseException:
-            self.guard.__exit__(None, None, None)
-            raise
-        return self.file
-
-    def __exit__(self, kind, value, tb) -> None:
-        assert self.file is not None and self.tmp is not None
-        try:
-            if kind is None:
-                self.file.flush()
-                os.fsync(self.file.fileno())
-                self.file.close()
-                os.replace(self.tmp, self.path)
-            else:
-                self.file.close(discard=True)
-                os.unlink(self.tmp)
-        except BaseException:
-            self.file.close(discard=True)
-            try:
-                os.unlink(self.tmp)
-            except OSError:
-                pass
-            raise
-        finally:
-            self.guard.__exit__(kind, value, tb)
-        fsync_dir(self.folder)

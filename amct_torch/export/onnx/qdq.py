@@ -42,7 +42,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import fx
 
-from amct_torch.atomic import atomic_write_bytes
+from amct_torch.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.direct_io import DirectFile
 from amct_torch.errors import ExportError
@@ -59,7 +59,6 @@ from amct_torch.export.onnx.targets import check_speed, get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.output_names import ONNX_ACTIVATIONS, output_path
 from amct_torch.record import LayerRecord
-from amct_torch.termination import clean_exit_on_signals
 
 OPSET = 17
 LIGHT_ELEMENTS = 1024  # the preflight writes arrays larger than this as shape-only inputs
@@ -538,22 +537,17 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
         check_structure(apply_target(target, quant[0]), named, quant[1].layer_of, "the quant ONNX model")
     if stream:
         del plan
-        with clean_exit_on_signals():  # a SIGTERM removes the staged files too
-            staged = [_stage_checked(quant, quant_path, named)]
-            try:
-                del quant
-                # another float graph is probed by _build (graph's probe, a CPU copy of a GPU
-                # graph, released first)
-                float_pr = pr if float_graph is graph else None
-                del pr
-                float_model = _build(float_graph, {}, activations, named, "float", outputs=outputs,
-                                     dynamic_spatial=dynamic_spatial, probed=float_pr, stream=True)
-                staged.insert(0, _stage_checked(float_model, float_path, named))
-                del float_model
-            except BaseException:
-                _unstage(staged)
-                raise
-            _commit_staged(staged)
+        with staged_files() as staged:  # both checked before either is renamed; a SIGTERM removes them
+            staged.append(_stage_checked(quant, quant_path, named))
+            del quant
+            # another float graph is probed by _build (graph's probe, a CPU copy of a GPU
+            # graph, released first)
+            float_pr = pr if float_graph is graph else None
+            del pr
+            float_model = _build(float_graph, {}, activations, named, "float", outputs=outputs,
+                                 dynamic_spatial=dynamic_spatial, probed=float_pr, stream=True)
+            staged.insert(0, _stage_checked(float_model, float_path, named))
+            del float_model
         return float_path, quant_path
     models = [(_build(float_graph, {}, activations, named, "float", outputs=outputs,
                       dynamic_spatial=dynamic_spatial, probed=pr if float_graph is graph else None),
@@ -565,13 +559,11 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
 def _stage_checked(built: tuple, path: str, file: Optional[str]) -> tuple[str, str]:
     """Write a streamed model (``_build(stream=True)``) to a temporary file beside ``path``,
     run the checks of ``_build`` and ``_write_checked`` on that file (``onnx.checker``'s full
-    check, ONNX Runtime's load), and return (temporary, final) path; the temporary file is
-    removed on a refusal. The model's proto and arrays are released by the caller."""
-    import tempfile
-
+    check, ONNX Runtime's load), and return (temporary, final) path for ``atomic.staged_files``; the
+    temporary file is removed on a refusal. The model's proto and arrays are released by the
+    caller."""
     model, b = built
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    fd, tmp = temp_beside(path)
     try:
         with DirectFile(fd) as f:  # around the page cache (amct_torch.direct_io)
             write_model(f, model, b.streamed)
@@ -579,36 +571,9 @@ def _stage_checked(built: tuple, path: str, file: Optional[str]) -> tuple[str, s
         check_structure(tmp, file, b.layer_of, f"the model {what}")
         check_runtime(tmp, file, b.layer_of, f"the model {what}")
     except BaseException:
-        _unstage([(tmp, path)])
+        remove_quietly(tmp)
         raise
     return tmp, path
-
-
-def _unstage(staged: list) -> None:
-    for tmp, _ in staged:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def _commit_staged(staged: list) -> None:
-    """Each checked temporary file synced, given the mode of a new file and renamed to its
-    final path (``atomic``'s rules)."""
-    from amct_torch.atomic import file_mode, fsync_dir
-
-    try:
-        for tmp, _ in staged:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.chmod(tmp, file_mode())
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    except BaseException:
-        _unstage(staged)
-        raise
-    for folder in {os.path.dirname(os.path.abspath(p)) for _, p in staged}:
-        fsync_dir(folder)
 
 
 def _write_checked(models: list, file: Optional[str]) -> None:

@@ -18,9 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from amct_torch.caffe.stream_writer import split_before
 from amct_torch.direct_io import DirectFile
-from amct_torch.protowire import copy_fields, field_key, varint
+from amct_torch.protowire import copy_fields, field_key, parts_size, split_before, varint
 
 __all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
 
@@ -48,10 +47,6 @@ def skeleton(arr: np.ndarray, name: str) -> onnx.TensorProto:
     return t
 
 
-def _size(parts: list) -> int:
-    return sum(memoryview(p).nbytes for p in parts)
-
-
 def _tensor_parts(t: onnx.TensorProto, arr) -> list:
     data = t.SerializeToString()
     if arr is None:
@@ -71,12 +66,12 @@ def write_model(f: Union[BinaryIO, DirectFile], model: onnx.ModelProto,
     inits: list = []
     for t in graph.initializer:
         parts = _tensor_parts(t, external.get(t.name))
-        inits += [field_key(_GRAPH_INIT) + varint(_size(parts))] + parts
+        inits += [field_key(_GRAPH_INIT) + varint(parts_size(parts))] + parts
     gparts = [gdata[:gcut]] + inits + [gdata[gcut:]]
     mdata = copy_fields(model, type(model)(), skip=("graph",)).SerializeToString()
     mcut = split_before(mdata, _MODEL_GRAPH, _MODEL_FIELDS)
     f.write(mdata[:mcut])
-    f.write(field_key(_MODEL_GRAPH) + varint(_size(gparts)))
+    f.write(field_key(_MODEL_GRAPH) + varint(parts_size(gparts)))
     for p in gparts:
         f.write(p)
     f.write(mdata[mcut:])

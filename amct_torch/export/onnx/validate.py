@@ -28,7 +28,6 @@ import logging
 import mmap
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Union
 
@@ -36,8 +35,9 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
+from amct_torch.atomic import remove_quietly, temp_beside
 from amct_torch.errors import ExportError
-from amct_torch.protowire import MalformedWire, field_key, read_varint, varint
+from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, field_key, fields, read_varint, varint
 
 log = logging.getLogger("amct_torch")
 
@@ -84,32 +84,6 @@ _ITEMSIZE: dict[int, int] = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 
              onnx.TensorProto.BFLOAT16: 2}
 
 
-def _spans(buf, pos: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, field start, field end, payload start, payload end) of each field of the
-    message in ``buf[pos:end]``; the payload bounds are -1 unless the field is
-    length-delimited. MalformedWire when the bytes are not a well-formed message."""
-    while pos < end:
-        start = pos
-        key, pos = read_varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        p0 = p1 = -1
-        if wire == 0:
-            _, pos = read_varint(buf, pos, end)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            size, pos = read_varint(buf, pos, end)
-            p0, p1 = pos, pos + size
-            pos = p1
-        else:
-            raise MalformedWire(pos)
-        if pos > end or number == 0:
-            raise MalformedWire(pos)
-        yield number, start, pos, p0, p1
-
-
 def _referenced(buf, start: int, end: int, location: str) -> Optional[bytes]:
     """The TensorProto ``buf[start:end]`` with its ``raw_data`` as an external-data reference
     (``location``, the payload's offset and length), or None to keep it as it is: a small
@@ -119,24 +93,23 @@ def _referenced(buf, start: int, end: int, location: str) -> Optional[bytes]:
     raw: Optional[tuple[int, int]] = None
     dims: list[int] = []
     dtype = 0
-    for number, s, e, p0, p1 in _spans(buf, start, end):
-        wire = buf[s] & 7  # fields 1..15 have one-byte keys
-        if number in _T_OTHER_DATA or (number == _T_RAW and (raw is not None or wire != 2)) \
-                or (number == _T_TYPE and wire != 0) or (number == _T_DIMS and wire not in (0, 2)):
+    for number, wire, s, body, e in fields(buf, start, end):
+        if number in _T_OTHER_DATA or (number == _T_RAW and (raw is not None or wire != LENGTH_DELIMITED)) \
+                or (number == _T_TYPE and wire != 0) or (number == _T_DIMS and wire not in (0, LENGTH_DELIMITED)):
             return None
         if number == _T_RAW:
-            raw = (p0, p1 - p0)
+            raw = (body, e - body)
             continue
         if number == _T_DIMS:
-            if p0 >= 0:  # packed
-                pos = p0
-                while pos < p1:
-                    d, pos = read_varint(buf, pos, p1)
+            if wire == LENGTH_DELIMITED:  # packed
+                pos = body
+                while pos < e:
+                    d, pos = read_varint(buf, pos, e)
                     dims.append(d)
             else:
-                dims.append(read_varint(buf, s + 1, e)[0])
+                dims.append(read_varint(buf, body, e)[0])
         elif number == _T_TYPE:
-            dtype = read_varint(buf, s + 1, e)[0]
+            dtype = read_varint(buf, body, e)[0]
         kept += buf[s:e]
     if raw is None or raw[1] < VIEW_BYTES or dtype not in _ITEMSIZE \
             or raw[1] != int(np.prod(dims, dtype=np.int64)) * _ITEMSIZE[dtype]:
@@ -166,13 +139,14 @@ def file_view(path: str) -> Optional[bytes]:
             return None
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             try:
-                for number, s, e, p0, p1 in _spans(buf, 0, len(buf)):
-                    if number != _MODEL_GRAPH or p0 < 0:
+                for number, wire, s, p0, e in fields(buf, 0, len(buf)):
+                    if number != _MODEL_GRAPH or wire != LENGTH_DELIMITED:
                         out += buf[s:e]
                         continue
                     graph = bytearray()
-                    for gnum, gs, ge, g0, g1 in _spans(buf, p0, p1):
-                        ref = _referenced(buf, g0, g1, location) if gnum == _GRAPH_INIT and g0 >= 0 else None
+                    for gnum, gwire, gs, g0, ge in fields(buf, p0, e):
+                        init = gnum == _GRAPH_INIT and gwire == LENGTH_DELIMITED
+                        ref = _referenced(buf, g0, ge, location) if init else None
                         if ref is None:
                             graph += buf[gs:ge]
                         else:
@@ -192,17 +166,13 @@ def _viewed(path: str) -> Iterator[str]:
     if data is None:
         yield path
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, view = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".view", dir=folder)
+    fd, view = temp_beside(path, ".view")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         yield view
     finally:
-        try:
-            os.unlink(view)
-        except OSError:
-            pass
+        remove_quietly(view)
 
 
 def check_structure(model: Union[onnx.ModelProto, str], file: Optional[str], layer_of: LayerOf,
