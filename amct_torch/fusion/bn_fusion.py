@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from functools import partial
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import fx, nn
@@ -108,19 +109,30 @@ class _Fuser:
                 or rules.batchnorm_reason(bn)
                 or rules.scale_reason(scale, channels))
 
-    def _affine(self, bn: CaffeLayer, scale: CaffeLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        return bn_scale_affine(bn.mean, bn.var, bn.eps, scale.weight, scale.bias)
-
-    def _install(self, layer: CaffeLayer, w: torch.Tensor, b: torch.Tensor, bn: CaffeLayer,
-                 scale: CaffeLayer) -> bool:
-        """Set the folded weights on ``layer``, or refuse (with a warning) when folding gave
-        non-finite values; True when installed."""
+    def _fold(self, layer: CaffeLayer, bn: CaffeLayer, scale: CaffeLayer, reason: Optional[str],
+              fold: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Fold ``bn`` and ``scale`` into ``layer``'s weights with ``fold(weight, bias, a, c)``
+        (the side's formula), or refuse: the pattern's ``reason`` (logged), or non-finite
+        folded values (a warning). True when the new weights are set (the caller then rewires
+        the graph; the same steps on both sides, so one place)."""
+        if reason:
+            self._refuse(layer.caffe_name, reason)
+            return False
+        a, c = bn_scale_affine(bn.mean, bn.var, bn.eps, scale.weight, scale.bias)
+        w, b = fold(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), a, c)
         if not all_finite(w, b):
             self._refuse(layer.caffe_name, f"folding '{bn.caffe_name}'/'{scale.caffe_name}' gives "
                          "non-finite values", warn=True)
             return False
         _set_weights(layer, w, b)
         return True
+
+    def _absorbed(self, layer: CaffeLayer, bn_node: fx.Node, sc_node: fx.Node) -> None:
+        """The BN and Scale nodes (folded into ``layer``, already rewired) leave the graph and
+        are remembered as ``layer``'s."""
+        names = [self.gm.get_submodule(n.target).caffe_name for n in (bn_node, sc_node)]
+        _remove(self.gm, (sc_node, bn_node), self.removed)
+        _remember(layer, names, self.fused)
 
     def output_side(self) -> None:
         gm = self.gm
@@ -141,20 +153,14 @@ class _Fuser:
                       or rules.single_consumer_reason(node, layer.caffe_name)
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
                       or rules.output_layer_reason(layer, bn.mean.numel()))
-            if reason:
-                self._refuse(layer.caffe_name, reason)
-                continue
-            a, c = self._affine(bn, scale)
-            w, b = fold_output_side(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(),
-                                    a, c, transposed=layer.caffe_type == "Deconvolution",
-                                    groups=getattr(layer, "groups", 1))
-            if not self._install(layer, w, b, bn, scale):
+            fold = partial(fold_output_side, transposed=layer.caffe_type == "Deconvolution",
+                           groups=getattr(layer, "groups", 1))
+            if not self._fold(layer, bn, scale, reason, fold):
                 continue
             del layer.layer_param.top[:]
             layer.layer_param.top.extend(scale.layer_param.top)
             sc_node.replace_all_uses_with(node)
-            _remove(gm, (sc_node, bn_node), self.removed)
-            _remember(layer, [bn.caffe_name, scale.caffe_name], self.fused)
+            self._absorbed(layer, bn_node, sc_node)
 
     def input_side(self) -> None:
         gm = self.gm
@@ -170,18 +176,12 @@ class _Fuser:
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
                       or rules.single_consumer_reason(sc_node, scale.caffe_name)
                       or rules.input_side_reason(conv, bn.mean.numel()))
-            if reason:
-                self._refuse(conv.caffe_name, reason)
-                continue
-            a, c = self._affine(bn, scale)
-            w, b = fold_input_side(conv.weight.detach(), None if conv.bias is None else conv.bias.detach(), a, c)
-            if not self._install(conv, w, b, bn, scale):
+            if not self._fold(conv, bn, scale, reason, fold_input_side):
                 continue
             del conv.layer_param.bottom[:]
             conv.layer_param.bottom.extend(bn.layer_param.bottom)
             node.replace_input_with(sc_node, bn_node.args[0])
-            _remove(gm, (sc_node, bn_node), self.removed)
-            _remember(conv, [bn.caffe_name, scale.caffe_name], self.fused)
+            self._absorbed(conv, bn_node, sc_node)
 
 
 def _shared_weights(gm: fx.GraphModule) -> dict:
