@@ -42,6 +42,7 @@ from amct_torch.transaction import OutputTransaction, check_outputs
 from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, report_use
 from amct_torch.workflow.options import QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
+from amct_torch.workflow.side_by_side import side_by_side
 
 log = logging.getLogger("amct_torch")
 
@@ -128,8 +129,8 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
     from amct_torch.progress import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
-    prog = JobProgress(4 + bool(opts.improve) + bool(opts.onnx) + 2 * bool(opts.report) + (opts.save_type is not None),
-                       progress_enabled(opts.quiet))
+    writes = bool(opts.onnx) or opts.save_type is not None  # one phase: side by side
+    prog = JobProgress(4 + bool(opts.improve) + writes + 2 * bool(opts.report), progress_enabled(opts.quiet))
     try:
         graph, config_file = _load_and_check(opts, plan, prog)
         cal = _calibrate(opts, plan, graph, config_file, prog)
@@ -254,17 +255,29 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         improved = improve_graph(graph, records, cal.keeper.cache, plan.device, opts.improve, opts.ifmr_mode)
         records = check_records(graph, improved.records, None)
     write_records(records, staged["record"])
-    if opts.save_type is not None:
-        prog.start("writing the Caffe models")
-        export_models(graph, records, opts.save_type, plan.prefix)
-        files.update((k, output_path(plan.prefix, k)) for k in model_kinds(opts.save_type))
+    save_type = opts.save_type
+    caffe_models = onnx_models = None
+    if save_type is not None:
+        def caffe_models() -> None:
+            export_models(graph, records, save_type, plan.prefix)
     if opts.onnx:
-        prog.start("writing the ONNX models")
         calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
-        files["onnx_float"], files["onnx"] = export_onnx_model(
-            graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
-            calibration_data=[b.cpu().numpy() for b in calib], outputs=opts.onnx_outputs,
-            float_model=model if improved is not None else None, target=opts.onnx_target)
+        calibration_data = [b.cpu().numpy() for b in calib]
+
+        def onnx_models() -> tuple[str, str]:
+            return export_onnx_model(
+                graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
+                calibration_data=calibration_data, outputs=opts.onnx_outputs,
+                float_model=model if improved is not None else None, target=opts.onnx_target)
+    if caffe_models is not None or onnx_models is not None:
+        kinds = [k for k, f in (("Caffe", caffe_models), ("ONNX", onnx_models)) if f is not None]
+        prog.start(f"writing the {' and '.join(kinds)} models")
+    # side by side: each one's waits (framing, the disk, ONNX Runtime's check) overlap
+    _, onnx_paths = side_by_side(caffe_models, onnx_models)
+    if save_type is not None:
+        files.update((k, output_path(plan.prefix, k)) for k in model_kinds(save_type))
+    if onnx_paths is not None:
+        files["onnx_float"], files["onnx"] = onnx_paths
     # the fake-quant twin (a second copy of every weight) only when something reads it: the
     # report now, a caller of the result on first access; after the ONNX models either way, so
     # that the export never holds its weights beside its own

@@ -28,3 +28,17 @@ def test_bar_names_the_running_phase_and_counts_them(capsys):
     err = capsys.readouterr().err
     assert "first phase: 0/2 phases" in err and "second phase: 1/2 phases" in err
     assert set(prog.times) == {"first phase", "second phase"} and all(v >= 0 for v in prog.times.values())
+
+
+def test_caffe_and_onnx_models_are_written_in_one_phase(tmp_path, caplog):
+    """With ONNX the two exports run side by side: one phase, and every file written."""
+    proto, weights = example_model()
+    x, _ = example_data("calib")
+    with caplog.at_level(logging.INFO, logger="amct_torch"):
+        res = amct_torch.quantize(proto, weights, x[:40], output=str(tmp_path / "m"), batch_num=2,
+                                  onnx=True, report=False, quiet=True)
+    timed = [m.split(":")[0] for m in caplog.messages if re.fullmatch(r"[a-zA-Z +-]+: \d+\.\d\d s", m)]
+    assert timed == ["reading the model", "BN fusion + ARQ", "calibrating",
+                     "writing the Caffe and ONNX models", "committing the outputs"]
+    assert {"fake_quant_weights", "deploy_weights", "onnx_float", "onnx"} <= set(res.files)
+    assert list(res.files).index("deploy_weights") < list(res.files).index("onnx_float")

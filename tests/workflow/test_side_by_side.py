@@ -1,0 +1,79 @@
+"""Two exports at once: the outcome of running them in order, and nobody left writing."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from amct_torch.workflow.side_by_side import side_by_side
+
+
+def test_both_run_at_the_same_time_and_both_results_come_back():
+    seen = threading.Event()
+
+    def first():
+        # only returns True if the second is running meanwhile (in order it would time out)
+        return seen.wait(timeout=10)
+
+    def second():
+        seen.set()
+        return "b"
+
+    assert side_by_side(first, second) == (True, "b")
+
+
+def test_one_alone_runs_on_the_callers_thread():
+    me = threading.get_ident()
+    assert side_by_side(None, lambda: threading.get_ident() == me) == (None, True)
+    assert side_by_side(lambda: threading.get_ident() == me, None) == (True, None)
+    assert side_by_side(None, None) == (None, None)
+
+
+def test_the_first_ones_error_wins_as_in_order():
+    def first():
+        time.sleep(0.2)
+        raise ValueError("first")
+
+    def second():
+        raise KeyError("second")
+
+    with pytest.raises(ValueError, match="first"):
+        side_by_side(first, second)
+
+
+@pytest.mark.parametrize("second_fails", [False, True])
+def test_the_caller_leaves_only_after_the_helper_stopped(second_fails):
+    done = []
+
+    def first():
+        time.sleep(0.3)
+        done.append("first")
+
+    def second():
+        if second_fails:
+            raise OSError("disk full")
+        return 1
+
+    if second_fails:
+        with pytest.raises(OSError, match="disk full"):
+            side_by_side(first, second)
+    else:
+        side_by_side(first, second)
+    assert done == ["first"]
+
+
+def test_an_interrupt_in_the_callers_work_wins_once_the_helper_stopped():
+    done = []
+
+    def first():
+        time.sleep(0.2)
+        done.append(1)
+        raise ValueError("would have come later")
+
+    def second():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        side_by_side(first, second)
+    assert done == [1]
