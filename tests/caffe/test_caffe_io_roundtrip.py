@@ -12,6 +12,7 @@ from google.protobuf import text_format
 
 from amct_torch.caffe import netio
 from amct_torch.proto import amct_caffe_pb2 as pb
+from helpers.caffe_nets import run_cv
 from helpers.data import natural_images_bgr
 
 
@@ -148,12 +149,6 @@ def test_nsfw_prototxt_semantic_round_trip(tmp_path, nsfw_model):
     assert netio.parse_prototxt(str(tmp_path / "d.prototxt")) == reference
 
 
-def _opencv_forward(proto: str, weights: str, x: np.ndarray) -> np.ndarray:
-    net = cv2.dnn.readNetFromCaffe(proto, weights)
-    net.setInput(x)
-    return net.forward()
-
-
 def test_rewritten_nsfw_runs_identically_in_opencv(tmp_path, nsfw_model):
     proto, weights = nsfw_model
     parsed = netio.read_net(proto, weights)
@@ -168,8 +163,8 @@ def test_rewritten_nsfw_runs_identically_in_opencv(tmp_path, nsfw_model):
     written.ParseFromString(open(out_weights, "rb").read())
     assert all(not b.HasField("num") and len(b.shape.dim) for l in written.layer for b in l.blobs)
     x = natural_images_bgr(count=2)
-    ref = _opencv_forward(proto, weights, x)
-    got = _opencv_forward(out_proto, out_weights, x)
+    ref = run_cv(proto, weights, {"data": x}, ["prob"])["prob"]
+    got = run_cv(out_proto, out_weights, {"data": x}, ["prob"])["prob"]
     assert ref.shape == (2, 2)
     np.testing.assert_array_equal(got, ref)
 
@@ -220,7 +215,7 @@ def test_opencv_ignores_amct_blob_extensions_in_caffemodel(tmp_path):
     layer.quant_param.offset = b"\xfd"
     (tmp_path / "c.caffemodel").write_bytes(net.SerializeToString())
     x = rng.standard_normal((1, 1, 2, 2)).astype(np.float32)
-    got = _opencv_forward(str(tmp_path / "c.prototxt"), str(tmp_path / "c.caffemodel"), x)
+    got = run_cv(str(tmp_path / "c.prototxt"), str(tmp_path / "c.caffemodel"), {"data": x}, ["conv"])["conv"]
     np.testing.assert_allclose(got, w.reshape(1, 2, 1, 1) * x, rtol=1e-6)
 
 

@@ -2,17 +2,11 @@
 original (and our loader reads it back to the same net)."""
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 from amct_torch.caffe import netio
+from helpers.caffe_nets import run_cv
 from helpers.data import natural_images_bgr
-
-
-def _opencv(proto: str, weights: str, x: np.ndarray) -> np.ndarray:
-    net = cv2.dnn.readNetFromCaffe(proto, weights)
-    net.setInput(x)
-    return net.forward()
 
 
 def test_save_caffe_nsfw_matches_original_in_opencv(tmp_path, nsfw_model):
@@ -24,8 +18,8 @@ def test_save_caffe_nsfw_matches_original_in_opencv(tmp_path, nsfw_model):
     x = natural_images_bgr(count=2)
     # BatchNorm blobs may come back normalised (scale factor 1), which changes float rounding
     # in OpenCV by a few ulps; every other blob must be bit-identical (checked below).
-    np.testing.assert_allclose(_opencv(out_proto, out_weights, x), _opencv(proto, weights, x),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(run_cv(out_proto, out_weights, {"data": x}, ["prob"])["prob"],
+                               run_cv(proto, weights, {"data": x}, ["prob"])["prob"], rtol=1e-5, atol=1e-7)
     original, written = netio.read_net(proto, weights), netio.read_net(out_proto, out_weights)
     assert written.net == original.net
     assert written.blobs.keys() == original.blobs.keys()

@@ -12,6 +12,7 @@ from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt
 from amct_torch.errors import ModelError
 from amct_torch.examples import EXAMPLE_DIR
+from amct_torch.proto import amct_caffe_pb2 as pb
 
 EMPTY_LAYER = bytes([0xA2, 0x06, 0x00])  # NetParameter field 100 (layer), length 0
 EMPTY_V1_LAYER = bytes([0x12, 0x00])  # NetParameter field 2 (V1 layers), length 0
@@ -39,9 +40,11 @@ def test_caffemodel_at_the_limit_still_parses(tmp_path):
 
 
 def test_caffemodel_over_the_blob_limit_is_refused(tmp_path):
-    blobs = bytes([0x3A, 0x00]) * (MAX_BLOBS + 1)  # LayerParameter field 7 (blobs), length 0
-    layer = bytes([0xA2, 0x06]) + _varint(len(blobs)) + blobs
-    p = _write(tmp_path / "blobs.caffemodel", layer)
+    net = pb.NetParameter()  # encoded by protobuf itself: one layer of empty blobs
+    layer = net.layer.add()
+    for _ in range(MAX_BLOBS + 1):
+        layer.blobs.add()
+    p = _write(tmp_path / "blobs.caffemodel", net.SerializeToString())
     with pytest.raises(ModelError) as info:
         parse_caffemodel(p)
     assert info.value.file == p and "200,000 blobs" in str(info.value)
@@ -96,12 +99,3 @@ def test_prototxt_parsing_is_linear_in_the_layer_count(tmp_path):
 def test_real_models_are_not_affected():
     gm = load_caffe(f"{EXAMPLE_DIR}/lenet_digits.prototxt", f"{EXAMPLE_DIR}/lenet_digits.caffemodel")
     assert len(list(gm.children())) == 19
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -16,7 +15,7 @@ from amct_torch.errors import ExportError
 from amct_torch.export import fake_quant_graph, save_quant_models, unpack_deq_scale
 from amct_torch.fusion import fuse_bn
 from amct_torch.record import LayerRecord
-from helpers.caffe_nets import make_net
+from helpers.caffe_nets import make_net, run_cv
 from helpers.data import natural_images_bgr
 from helpers.exports import SMALL_BODY, minmax_records, register_cv_layers, small_blobs
 
@@ -33,10 +32,8 @@ def small(tmp_path_factory):
 
 def _cv_run(prefix, x, out):
     register_cv_layers()
-    net = cv2.dnn.readNetFromCaffe(f"{prefix}_fake_quant_model.prototxt", f"{prefix}_fake_quant_weights.caffemodel")
-    net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
-    net.setInput(np.ascontiguousarray(x, np.float32))
-    return np.asarray(net.forward(out))
+    return run_cv(f"{prefix}_fake_quant_model.prototxt", f"{prefix}_fake_quant_weights.caffemodel",
+                  {"data": x}, [out])[out]
 
 
 def test_small_fake_quant_in_opencv_matches_torch(small):
