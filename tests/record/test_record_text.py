@@ -4,6 +4,8 @@ message built here field by field, and the reader gives exactly what protobuf re
 records."""
 from __future__ import annotations
 
+import dataclasses
+
 from google.protobuf import text_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,22 +21,19 @@ SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 
 
 def to_message(records: dict) -> pb.ScaleOffsetRecord:
+    """The reference message, built here from the schema rather than by the library's writer:
+    every ``LayerRecord`` field goes to the ``SingleLayerRecord`` field of the same name (lists
+    extended, scalars set unless None, the flag set only when true; a field the schema lacks
+    raises)."""
     msg = pb.ScaleOffsetRecord()
     for name, r in records.items():
-        e = msg.record.add(key=name)
-        v = e.value
-        if r.scale_d is not None:
-            v.scale_d = r.scale_d
-        if r.offset_d is not None:
-            v.offset_d = r.offset_d
-        v.scale_w.extend(r.scale_w)
-        v.offset_w.extend(r.offset_w)
-        v.shift_bit.extend(r.shift_bit)
-        for k in ("channels", "height", "width"):
-            if getattr(r, k) is not None:
-                setattr(v, k, getattr(r, k))
-        if r.skip_fusion:
-            v.skip_fusion = True
+        v = msg.record.add(key=name).value
+        for f in dataclasses.fields(r):
+            x = getattr(r, f.name)
+            if isinstance(x, list):
+                getattr(v, f.name).extend(x)
+            elif x is not None and x is not False:
+                setattr(v, f.name, x)
     return msg
 
 
