@@ -51,6 +51,10 @@ class Stage:
     sqnr_db: list[float]
     seconds: float = 0.0
     halves: list[list[float]] = field(default_factory=list)
+    #: cross-fitted with one model per fold (``folds.py``): ``halves`` are the folds, each
+    #: scored on its own model; ``_better`` sets ``fold`` to the fold whose model may be kept
+    per_fold: bool = False
+    fold: int = 0
 
     @property
     def worst_db(self) -> float:
@@ -73,13 +77,16 @@ class Improvement:
     kept: str = "default"
     layers: dict[str, dict] = field(default_factory=dict)
     pairs: int = 0
+    #: the stages were judged on two folds with swapped roles (``folds.py``)
+    cross_fitted: bool = False
 
     def summary(self) -> dict:
         """JSON-able: per stage the worst-output SQNR and seconds, the one kept, per layer changes."""
         base = self.stages[0].worst_db if self.stages else math.nan
-        return {"kept": self.kept, "equalized_pairs": self.pairs,
+        return {"kept": self.kept, "equalized_pairs": self.pairs, "cross_fitted": self.cross_fitted,
                 "stages": [{"name": s.name, "worst_output_sqnr_db": round(s.worst_db, 3),
-                            "gain_db": round(s.worst_db - base, 3), "seconds": round(s.seconds, 3)}
+                            "gain_db": round(s.worst_db - base, 3), "seconds": round(s.seconds, 3),
+                            **({"fold": s.fold} if s.per_fold else {})}
                            for s in self.stages],
                 "layers": self.layers}
 
@@ -146,25 +153,43 @@ def _db(p: float, e: float) -> float:
     return 10 * math.log10(max(p, 1e-30) / max(e, 1e-30))
 
 
-def output_sqnr(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple,
-                name: str = "", seconds: float = 0.0) -> Stage:
-    """The stage of ``model``: SQNR (dB) of each output (``net_outputs``) on ``data`` against
-    ``ref``, on all rows and on each half of them (one host read)."""
+def _row_powers(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple) -> list[torch.Tensor]:
+    """Per scored output, [2, rows] float64: each row's signal power (``ref``) and the power of
+    ``model``'s error against it (``net_outputs`` on ``data``); device tensors, no host read."""
     out = net_outputs(model, data)
-    vals = []
+    res = []
     for q, r in zip(out, ref):
         if q.shape != r.shape or q.shape[0] < 1:  # a data-dependent output (DetectionOutput)
             continue
         r64, q64 = r.double().reshape(r.shape[0], -1), q.double().reshape(q.shape[0], -1)
-        p_rows, e_rows = r64.pow(2).sum(dim=1), (q64 - r64).pow(2).sum(dim=1)
-        h = max(1, r.shape[0] // 2)
-        vals.append(torch.stack([p_rows.sum(), e_rows.sum(), p_rows[:h].sum(), e_rows[:h].sum(),
-                                 p_rows[h:].sum(), e_rows[h:].sum()]))
-    sums = torch.stack(vals).cpu().tolist() if vals else []
-    st = Stage(name, [_db(v[0], v[1]) for v in sums], seconds)
-    if data[0].shape[0] >= 2:
-        st.halves = [[_db(v[2], v[3]) for v in sums], [_db(v[4], v[5]) for v in sums]]
+        res.append(torch.stack([r64.pow(2).sum(dim=1), (q64 - r64).pow(2).sum(dim=1)]))
+    return res
+
+
+def scored(parts: list[list[torch.Tensor]], name: str = "", seconds: float = 0.0) -> Stage:
+    """The stage of per-part row powers (``_row_powers``, the same outputs in each part): SQNR
+    (dB) of each output over all parts, and on each part alone (``halves``; one host read)."""
+    n_out = min(len(p) for p in parts) if parts else 0
+    if n_out == 0:
+        return Stage(name, [], seconds)
+    sums = torch.stack([torch.stack([p[o].sum(dim=1) for p in parts]) for o in range(n_out)]).cpu().tolist()
+    st = Stage(name, [_db(sum(v[0] for v in out), sum(v[1] for v in out)) for out in sums], seconds)
+    st.halves = [[_db(out[k][0], out[k][1]) for out in sums] for k in range(len(parts))]
     return st
+
+
+def output_sqnr(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple,
+                name: str = "", seconds: float = 0.0) -> Stage:
+    """The stage of ``model``: SQNR (dB) of each output (``net_outputs``) on ``data`` against
+    ``ref``, on all rows and on each half of them (one host read)."""
+    rows = _row_powers(model, ref, data)
+    n = int(data[0].shape[0])
+    if n < 2:
+        st = scored([rows], name, seconds)
+        st.halves = []
+        return st
+    h = max(1, n // 2)
+    return scored([[t[:, :h] for t in rows], [t[:, h:] for t in rows]], name, seconds)
 
 
 def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], batches: Sequence[Any],
@@ -175,6 +200,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     full record (weight + activation factors) of an equalized copy, calibrated as AMCT does."""
     from amct_torch.export import fake_quant_graph
     from amct_torch.improve.cle import equalize, find_pairs
+    from amct_torch.improve.folds import other_fold
     from amct_torch.improve.refine import refine
 
     data, n_fit = split(batches, max_fit, max_held)
@@ -182,8 +208,21 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     held = tuple(t[n_fit:] for t in data)
     float_model = fused
     ref = net_outputs(float_model, held)
-    default = output_sqnr(fake_quant_graph(fused, records).to(device), ref, held, "default")
-    imp = Improvement(fused=fused, records=dict(records), float_model=float_model, stages=[default])
+    fold2 = other_fold(data, n_fit, ref, max_fit, max_held)
+    held2 = tuple(t[fold2[1]:] for t in fold2[0]) if fold2 else ()
+    ref2 = net_outputs(float_model, held2) if fold2 else []
+
+    def judge(models: list[fx.GraphModule], name: str, seconds: float = 0.0) -> Stage:
+        """The stage of ``models`` (one per fold: fold 1's, then fold 2's where cross-fitted)."""
+        if not fold2:
+            return output_sqnr(models[0], ref, held, name, seconds)
+        st = scored([_row_powers(models[0], ref, held), _row_powers(models[-1], ref2, held2)], name, seconds)
+        st.per_fold = len(models) > 1
+        return st
+
+    default = judge([fake_quant_graph(fused, records).to(device)], "default")
+    imp = Improvement(fused=fused, records=dict(records), float_model=float_model, stages=[default],
+                      cross_fitted=fold2 is not None)
     candidates = {"default": (fused, dict(records), fused)}
     cur_gm, cur_rec = fused, dict(records)
     if "cle" in names:
@@ -191,9 +230,9 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
         gm = copy.deepcopy(fused)
         pairs = equalize(gm, find_pairs(gm, quant_layers))
         imp.pairs = len(pairs)
-        if pairs:
+        if pairs:  # nothing fitted on rows (the recalibration is AMCT's on every batch): one model
             rec = recalibrate(gm)
-            st = output_sqnr(fake_quant_graph(gm, rec).to(device), ref, held, "cle", time.perf_counter() - t0)
+            st = judge([fake_quant_graph(gm, rec).to(device)], "cle", time.perf_counter() - t0)
             imp.stages.append(st)
             candidates["cle"] = (gm, rec, gm)
             if _better(st, default):
@@ -201,19 +240,18 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     ranges, rounding, bias = "output_ranges" in names, "adaround" in names, "bias_correction" in names
     if ranges or rounding or bias:
         t0 = time.perf_counter()
-        res = refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding)
-        gm = copy.deepcopy(cur_gm) if res.bias_delta or res.weights else cur_gm
-        mods: dict[Any, Any] = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
-        for n, d in res.bias_delta.items():
-            mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
-        for n, w in res.weights.items():  # codes · scale_w: the exporters' ARQ grid gives the codes back
-            mods[n].weight.data = w.to(device=mods[n].weight.device, dtype=mods[n].weight.dtype).clone()
+        runs = [refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding)]
+        if fold2:
+            runs.append(refine(cur_gm, cur_rec, fold2[0], fold2[1], ranges=ranges, bias=bias, rounding=rounding))
+        gms = [_refined_model(cur_gm, r, device) for r in runs]
         label = "+".join(n for n in ("output_ranges", "adaround", "bias_correction") if n in names)
         label = ("cle+" + label) if cur_gm is not fused else label
-        st = output_sqnr(fake_quant_graph(gm, res.records).to(device), ref, held, label,
-                         time.perf_counter() - t0)
+        st = judge([fake_quant_graph(g, r.records).to(device) for g, r in zip(gms, runs)], label,
+                   time.perf_counter() - t0)
         imp.stages.append(st)
-        candidates[label] = (gm, res.records, cur_gm)
+        k = st.fold if _better(st, default) else 0  # the model of the fold that passed
+        res = runs[k]
+        candidates[label] = (gms[k], res.records, cur_gm)
         imp.layers = {n: {"range_multiplier": c.multiplier, "range_db": round(c.range_db, 3),
                           "rounding_kept": c.rounding_kept, "rounding_db": round(c.rounding_db, 3),
                           "bias_kept": c.bias_kept, "bias_mean_error_db": round(c.bias_db, 3)}
@@ -226,15 +264,38 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     return imp
 
 
+def _refined_model(base: fx.GraphModule, res: Any, device: torch.device) -> fx.GraphModule:
+    """``base`` with the refining pass's bias deltas and learned weights (a copy when any)."""
+    gm = copy.deepcopy(base) if res.bias_delta or res.weights else base
+    mods: dict[Any, Any] = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
+    for n, d in res.bias_delta.items():
+        mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
+    for n, w in res.weights.items():  # codes · scale_w: the exporters' ARQ grid gives the codes back
+        mods[n].weight.data = w.to(device=mods[n].weight.device, dtype=mods[n].weight.dtype).clone()
+    return gm
+
+
 def _better(stage: Stage, default: Stage) -> bool:
     """``stage`` may replace the default: no output below the default's SQNR on the held-out
-    rows nor on either half of them (a gain carried by a few rows is not kept), and the worst
-    output at least ``MARGIN_DB`` higher."""
+    rows, and the worst output at least ``MARGIN_DB`` higher; and a gain carried by a few rows
+    is not kept: with one model, no output below the default on either half of the held-out
+    rows (either fold where cross-fitted); with one model per fold (``folds.py``), no output
+    below the default on the held-out rows of the model kept (the first fold whose model
+    passes; ``stage.fold`` is set to it), the other fold having judged the same procedure on
+    other rows through the totals."""
     if len(stage.sqnr_db) != len(default.sqnr_db):
         return False
-    parts = [(stage.sqnr_db, default.sqnr_db)] + list(zip(stage.halves, default.halves))
-    return all(s >= d for a, b in parts for s, d in zip(a, b)) and \
-        stage.worst_db >= default.worst_db + MARGIN_DB
+    if not (all(s >= d for s, d in zip(stage.sqnr_db, default.sqnr_db))
+            and stage.worst_db >= default.worst_db + MARGIN_DB):
+        return False
+    halves = list(zip(stage.halves, default.halves))
+    ok = [all(s >= d for s, d in zip(a, b)) for a, b in halves]
+    if not stage.per_fold:
+        return all(ok)
+    if not any(ok):
+        return False
+    stage.fold = ok.index(True)
+    return True
 
 
 def improve_graph(graph: Any, records: Mapping[str, LayerRecord], batches: Sequence[Any],
