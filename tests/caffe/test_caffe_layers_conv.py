@@ -17,28 +17,30 @@ CONV_CASES = [  # (conv params, C_in, num_output, group, kernel (h, w))
 ]
 
 
+def _matches_opencv(tmp_path, kind: str, param: str, blobs: list, shape: tuple, device: str = "cpu",
+                    **net) -> None:
+    """One ``kind`` layer (``param`` its convolution_param) on a random input of ``shape``:
+    ours on ``device`` equals OpenCV's output. ``net``: further arguments of ``make_net``."""
+    body = f'layer {{ name: "y" type: "{kind}" bottom: "data" top: "y" convolution_param {{ {param} }} }}'
+    proto, model = make_net(tmp_path, body, {"data": shape}, {"y": blobs}, **net)
+    x = rand(*shape, seed=3)
+    assert_close(run_ours(proto, model, x, device=device)["y"], run_cv(proto, model, {"data": x}, ["y"])["y"])
+
+
+def _with_bias(weight, cout: int, params: str) -> list:
+    return [weight] + ([] if "bias_term: false" in params else [rand(cout, seed=2)])
+
+
 @pytest.mark.parametrize("params,cin,cout,group,k", CONV_CASES)
 def test_convolution_matches_opencv(tmp_path, params, cin, cout, group, k, device):
-    body = (f'layer {{ name: "conv" type: "Convolution" bottom: "data" top: "conv" '
-            f'convolution_param {{ num_output: {cout} {params} }} }}')
-    blobs = [rand(cout, cin // group, *k, seed=1)]
-    if "bias_term: false" not in params:
-        blobs.append(rand(cout, seed=2))
-    proto, model = make_net(tmp_path, body, {"data": (2, cin, 11, 14)}, {"conv": blobs})
-    x = rand(2, cin, 11, 14, seed=3)
-    assert_close(run_ours(proto, model, x, device=device)["conv"],
-                 run_cv(proto, model, {"data": x}, ["conv"])["conv"])
+    _matches_opencv(tmp_path, "Convolution", f"num_output: {cout} {params}",
+                    _with_bias(rand(cout, cin // group, *k, seed=1), cout, params), (2, cin, 11, 14), device)
 
 
 def test_convolution_legacy_4d_blobs(tmp_path):
     """A legacy blob (num, channels, height, width) for the bias (1, 1, 1, C) is right-aligned."""
-    body = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
-            'convolution_param { num_output: 4 kernel_size: 3 } }')
-    w, b = rand(4, 3, 3, 3, seed=1), rand(1, 1, 1, 4, seed=2)
-    proto, model = make_net(tmp_path, body, {"data": (1, 3, 8, 8)}, {"conv": [w, b]},
-                            legacy=True)
-    x = rand(1, 3, 8, 8, seed=3)
-    assert_close(run_ours(proto, model, x)["conv"], run_cv(proto, model, {"data": x}, ["conv"])["conv"])
+    _matches_opencv(tmp_path, "Convolution", "num_output: 4 kernel_size: 3",
+                    [rand(4, 3, 3, 3, seed=1), rand(1, 1, 1, 4, seed=2)], (1, 3, 8, 8), legacy=True)
 
 
 DECONV_CASES = [
@@ -52,15 +54,8 @@ DECONV_CASES = [
 @pytest.mark.parametrize("params,cin,cout,group", DECONV_CASES)
 def test_deconvolution_matches_opencv(tmp_path, params, cin, cout, group, device):
     k = int(params.split("kernel_size: ")[1].split()[0])
-    body = (f'layer {{ name: "deconv" type: "Deconvolution" bottom: "data" top: "deconv" '
-            f'convolution_param {{ num_output: {cout} {params} }} }}')
-    blobs = [rand(cin, cout // group, k, k, seed=1)]
-    if "bias_term: false" not in params:
-        blobs.append(rand(cout, seed=2))
-    proto, model = make_net(tmp_path, body, {"data": (2, cin, 7, 9)}, {"deconv": blobs})
-    x = rand(2, cin, 7, 9, seed=3)
-    assert_close(run_ours(proto, model, x, device=device)["deconv"],
-                 run_cv(proto, model, {"data": x}, ["deconv"])["deconv"])
+    _matches_opencv(tmp_path, "Deconvolution", f"num_output: {cout} {params}",
+                    _with_bias(rand(cin, cout // group, k, k, seed=1), cout, params), (2, cin, 7, 9), device)
 
 
 @pytest.mark.parametrize("params,in_shape,k", [

@@ -50,31 +50,24 @@ DW_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kind,group,seed,cv", [
+    ("ConvolutionDepthwise", "", 1, True),
+    # OpenCV has no DepthwiseConvolution; the fork's CPU forward is Caffe's grouped conv
+    ("DepthwiseConvolution", "group: 6 ", 4, False),
+], ids=["ConvolutionDepthwise", "DepthwiseConvolution"])
 @pytest.mark.parametrize("case", DW_CASES, ids=[c[0] for c in DW_CASES])
-def test_convolution_depthwise_matches_opencv_and_numpy(tmp_path, case):
+def test_depthwise_types_match_numpy_and_opencv(tmp_path, kind, group, seed, cv, case):
     _, param, k, s, p, d, bias = case
-    w = rand(6, 1, *k, seed=1) * 0.5
-    b = rand(6, seed=2) if bias else None
-    body = (f'layer {{ name: "t" type: "ConvolutionDepthwise" bottom: "data" top: "t" '
-            f'convolution_param {{ num_output: 6 {param} }} }}')
+    w = rand(6, 1, *k, seed=seed) * 0.5
+    b = rand(6, seed=seed + 1) if bias else None
+    body = (f'layer {{ name: "t" type: "{kind}" bottom: "data" top: "t" '
+            f'convolution_param {{ num_output: 6 {group}{param} }} }}')
     proto, model = make_net(tmp_path, body, {"data": SHAPE}, {"t": [w] + ([b] if bias else [])})
-    x = rand(*SHAPE, seed=3)
+    x = rand(*SHAPE, seed=seed + 2)
     ours = run_ours(proto, model, x)["t"]
     assert_close(ours, _np_depthwise(x, w, b, s, p, d))
-    assert_close(ours, run_cv(proto, model, {"data": x}, ["t"])["t"])
-
-
-@pytest.mark.parametrize("case", DW_CASES, ids=[c[0] for c in DW_CASES])
-def test_depthwise_convolution_matches_numpy(tmp_path, case):
-    """OpenCV has no DepthwiseConvolution; the fork's CPU forward is Caffe's grouped conv."""
-    _, param, k, s, p, d, bias = case
-    w = rand(6, 1, *k, seed=4) * 0.5
-    b = rand(6, seed=5) if bias else None
-    body = (f'layer {{ name: "t" type: "DepthwiseConvolution" bottom: "data" top: "t" '
-            f'convolution_param {{ num_output: 6 group: 6 {param} }} }}')
-    proto, model = make_net(tmp_path, body, {"data": SHAPE}, {"t": [w] + ([b] if bias else [])})
-    x = rand(*SHAPE, seed=6)
-    assert_close(run_ours(proto, model, x)["t"], _np_depthwise(x, w, b, s, p, d))
+    if cv:
+        assert_close(ours, run_cv(proto, model, {"data": x}, ["t"])["t"])
 
 
 def test_depthwise_convolution_with_group_2_is_a_grouped_convolution(tmp_path):

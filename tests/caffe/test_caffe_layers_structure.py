@@ -71,35 +71,28 @@ def test_split_feeds_every_consumer(tmp_path):
     assert_close(ours["e"], run_cv(proto, model, {"data": x}, ["e"])["e"], 1e-6)
 
 
-@pytest.mark.parametrize("params,shape", [("", (2, 60)), ("axis: 2", (2, 3, 20)), ("axis: 1 end_axis: 2", (2, 12, 5))])
-def test_flatten(tmp_path, params, shape, device):
-    body = f'layer {{ name: "f" type: "Flatten" bottom: "data" top: "f" flatten_param {{ {params} }} }}'
-    proto, model = make_net(tmp_path, body, {"data": S})
-    x = rand(*S, seed=1)
-    ours = run_ours(proto, model, x, device=device)["f"]
-    assert ours.shape == shape
-    assert_close(ours, x.reshape(shape), 0)
-    assert_close(ours, run_cv(proto, model, {"data": x}, ["f"])["f"], 0)
-
-
-@pytest.mark.parametrize("params,shape,cv", [
-    ("shape { dim: 0 dim: -1 }", (2, 60), True),
-    ("shape { dim: 0 dim: 0 dim: 20 }", (2, 3, 20), True),
-    ("shape { dim: -1 dim: 5 dim: 4 }", (6, 5, 4), True),
-    ("shape { dim: 2 dim: 2 } axis: 2 num_axes: 1", (2, 3, 2, 2, 5), True),
-    ("shape { dim: -1 } axis: 1", (2, 60), True),
-    ("shape { dim: 1 } axis: -1 num_axes: 0", (2, 3, 4, 5, 1), False),
-    ("shape { dim: 0 dim: 0 dim: 0 dim: 0 } axis: 0", (2, 3, 4, 5), True),
+@pytest.mark.parametrize("kind,params,shape,cv", [
+    ("Flatten", "", (2, 60), True),
+    ("Flatten", "axis: 2", (2, 3, 20), True),
+    ("Flatten", "axis: 1 end_axis: 2", (2, 12, 5), True),
+    ("Reshape", "shape { dim: 0 dim: -1 }", (2, 60), True),
+    ("Reshape", "shape { dim: 0 dim: 0 dim: 20 }", (2, 3, 20), True),
+    ("Reshape", "shape { dim: -1 dim: 5 dim: 4 }", (6, 5, 4), True),
+    ("Reshape", "shape { dim: 2 dim: 2 } axis: 2 num_axes: 1", (2, 3, 2, 2, 5), True),
+    ("Reshape", "shape { dim: -1 } axis: 1", (2, 60), True),
+    ("Reshape", "shape { dim: 1 } axis: -1 num_axes: 0", (2, 3, 4, 5, 1), False),
+    ("Reshape", "shape { dim: 0 dim: 0 dim: 0 dim: 0 } axis: 0", (2, 3, 4, 5), True),
 ])
-def test_reshape(tmp_path, params, shape, cv, device):
-    body = f'layer {{ name: "r" type: "Reshape" bottom: "data" top: "r" reshape_param {{ {params} }} }}'
+def test_flatten_and_reshape(tmp_path, kind, params, shape, cv, device):
+    """The output is the input reshaped to ``shape`` (and OpenCV's, where it takes the params)."""
+    body = f'layer {{ name: "y" type: "{kind}" bottom: "data" top: "y" {kind.lower()}_param {{ {params} }} }}'
     proto, model = make_net(tmp_path, body, {"data": S})
     x = rand(*S, seed=1)
-    ours = run_ours(proto, model, x, device=device)["r"]
+    ours = run_ours(proto, model, x, device=device)["y"]
     assert ours.shape == shape
     assert_close(ours, x.reshape(shape), 0)
     if cv:
-        assert_close(ours, run_cv(proto, model, {"data": x}, ["r"])["r"], 0)
+        assert_close(ours, run_cv(proto, model, {"data": x}, ["y"])["y"], 0)
 
 
 @pytest.mark.parametrize("order", [[0, 2, 3, 1], [0, 3, 1, 2], [0, 1, 3], [1, 0]])

@@ -18,12 +18,19 @@ def _data(seed, device):
     return a.to(device), b.to(device)
 
 
+def _sequential_and_merged(make, a, b):
+    """(one observer updated with ``a`` then ``b``; one updated with ``a`` into which one updated
+    with ``b`` was merged); ``make()`` gives a fresh observer."""
+    seq = make(); seq.update(a); seq.update(b)
+    A, B = make(), make()
+    A.update(a); B.update(b)
+    A.merge(B)
+    return seq, A
+
+
 def test_exact_merge_is_bitwise(device):
     a, b = _data(0, device)
-    seq = IfmrExactObserver("l"); seq.update(a); seq.update(b)
-    A = IfmrExactObserver("l"); A.update(a)
-    B = IfmrExactObserver("l"); B.update(b)
-    A.merge(B)
+    seq, A = _sequential_and_merged(lambda: IfmrExactObserver("l"), a, b)
     assert torch.equal(seq.state_dict()["data"], A.state_dict()["data"])
     assert seq.compute() == A.compute()
     ref = ifmr_exact(torch.cat([a.reshape(-1), b.reshape(-1)]))
@@ -32,10 +39,7 @@ def test_exact_merge_is_bitwise(device):
 
 def test_streaming_merge_equals_sequential(device):
     a, b = _data(1, device)
-    seq = IfmrStreamingObserver("l"); seq.update(a); seq.update(b)
-    A = IfmrStreamingObserver("l"); A.update(a)
-    B = IfmrStreamingObserver("l"); B.update(b)
-    A.merge(B)
+    seq, A = _sequential_and_merged(lambda: IfmrStreamingObserver("l"), a, b)
     s1, s2 = seq.state_dict(), A.state_dict()
     for key in ("count", "top", "bottom", "counts", "frame", "range"):
         assert torch.equal(s1[key], s2[key]), key
@@ -50,10 +54,7 @@ def test_streaming_merge_equals_sequential(device):
 def test_hfmg_merge_same_range_is_exact(device):
     a, b = _data(2, device)
     b = b.clamp(float(a.min()), float(a.max()))
-    seq = HfmgObserver("l", 1024); seq.update(a); seq.update(b)
-    A = HfmgObserver("l", 1024); A.update(a)
-    B = HfmgObserver("l", 1024); B.update(b)
-    A.merge(B)
+    seq, A = _sequential_and_merged(lambda: HfmgObserver("l", 1024), a, b)
     assert int(A.counts.sum()) == int(seq.counts.sum())
     # B's own range is narrower, so its bins are redistributed: only the totals are exact;
     # a merge into an observer on the same range is exact

@@ -64,6 +64,15 @@ def _only(error, path, call):
         assert path in str(err), str(err)[:300]
 
 
+LENET = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")
+
+
+def _lenet_layers():
+    """The example LeNet's layer infos, which the config and record readers check against."""
+    from amct_torch.config.create import model_layer_infos
+    return model_layer_infos(LENET)
+
+
 @FUZZ
 @given(st.one_of(_soup(), _mutations(MODEL_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
 def test_prototxt_reader(tmp_path, text):
@@ -76,7 +85,7 @@ def test_prototxt_reader(tmp_path, text):
 @given(st.one_of(st.binary(max_size=300), _mutations(WEIGHTS)))
 def test_caffemodel_reader(tmp_path, blob):
     from amct_torch.caffe.netio import read_net
-    model = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")
+    model = LENET
     p = _write(tmp_path, "w.caffemodel", blob)
     try:
         read_net(model, p)
@@ -88,8 +97,7 @@ def test_caffemodel_reader(tmp_path, blob):
 @given(st.one_of(_soup(), _mutations(CFG_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
 def test_quant_cfg_reader(tmp_path, text):
     from amct_torch.config import parse_quant_cfg, resolve_quant_cfg
-    from amct_torch.config.create import model_layer_infos
-    layers = model_layer_infos(os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt"))
+    layers = _lenet_layers()
     p = _write(tmp_path, "q.cfg", text)
     _only(ConfigError, p, lambda: resolve_quant_cfg(parse_quant_cfg(p), layers, p))
 
@@ -102,8 +110,7 @@ def test_quant_cfg_reader(tmp_path, text):
                      lambda b: b.decode("latin-1"))))
 def test_json_config_reader(tmp_path, text):
     from amct_torch.config import read_quant_config_json
-    from amct_torch.config.create import model_layer_infos
-    layers = model_layer_infos(os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt"))
+    layers = _lenet_layers()
     p = _write(tmp_path, "c.json", text)
     _only(ConfigError, p, lambda: read_quant_config_json(p, layers))
 
@@ -111,9 +118,8 @@ def test_json_config_reader(tmp_path, text):
 @FUZZ
 @given(st.one_of(_soup(), _mutations(RECORD_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
 def test_record_reader(tmp_path, text):
-    from amct_torch.config.create import model_layer_infos
     from amct_torch.record import read_record, validate_record
-    layers = model_layer_infos(os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt"))
+    layers = _lenet_layers()
     p = _write(tmp_path, "r.txt", text)
     _only(RecordError, p, lambda: validate_record(read_record(p), layers, p))
 
