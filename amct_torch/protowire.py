@@ -5,14 +5,13 @@ serialises or parses it whole, holding every weight twice. Written field by fiel
 length, the bytes) the same message can go to a file layer by layer, and the bytes are the
 ones ``SerializeToString`` gives (tested); ``copy_fields`` gives such a writer the message
 without the fields it streams itself, ``split_before`` where its own field goes and ``parts_size``
-the length to announce. Reading works the same way backwards: ``walk`` and ``fields`` give
-each field's bounds without parsing it. Used by ``caffe/stream_writer.py``,
+the length to announce. Reading works the same way backwards: ``fields`` gives each
+field's bounds without parsing it. Used by ``caffe/stream_writer.py``,
 ``caffe/stream_reader.py``, ``caffe/netio.py``, ``caffe/limits.py``,
 ``export/onnx/stream.py`` and ``export/onnx/validate.py``.
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 #: wire type of a length-delimited field (a message, bytes, a packed repeated field)
@@ -59,24 +58,28 @@ def read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
 Field = tuple[int, int, int, int, int]
 
 
-def walk(varint_at: Callable[[int, int], tuple[int, int]], pos: int, end: int) -> Iterator[Field]:
-    """Each top-level field (``Field``) of the message in ``[pos, end)``, its varints read by
-    ``varint_at(position, end)`` -> (value, position after it). Why a reader and not a buffer:
-    the same walk serves bytes in memory (``fields``) and a file read a few bytes at a time
-    (``caffe/stream_reader``). A field number 0, a group, an unknown wire type or a field
-    running past ``end`` is MalformedWire (protobuf's parser refuses them; our schemas have no
-    groups)."""
+def fields(buf: Any, pos: int = 0, end: int = -1,
+           varint_at: Callable[[Any, int, int], tuple[int, int]] = read_varint) -> Iterator[Field]:
+    """Each top-level field (``Field``) of the message in ``buf[pos:end]`` (``end`` -1: up to
+    ``len(buf)``), its varints read by ``varint_at(buf, position, end)`` -> (value, position
+    after it). ``buf`` is bytes or a memory map with the default ``read_varint``; with another
+    reader it is whatever that reader reads, e.g. a file read a few bytes at a time
+    (``caffe/stream_reader``): one walk for both. A field number 0, a group, an unknown wire
+    type or a field running past ``end`` is MalformedWire (protobuf's parser refuses them; our
+    schemas have no groups)."""
+    if end < 0:
+        end = len(buf)
     while pos < end:
-        key, body = varint_at(pos, end)
+        key, body = varint_at(buf, pos, end)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, stop = varint_at(body, end)
+            _, stop = varint_at(buf, body, end)
         elif wire == 1:
             stop = body + 8
         elif wire == 5:
             stop = body + 4
         elif wire == LENGTH_DELIMITED:
-            size, body = varint_at(body, end)
+            size, body = varint_at(buf, body, end)
             stop = body + size
         else:
             raise MalformedWire(pos)
@@ -84,12 +87,6 @@ def walk(varint_at: Callable[[int, int], tuple[int, int]], pos: int, end: int) -
             raise MalformedWire(pos)
         yield number, wire, pos, body, stop
         pos = stop
-
-
-def fields(buf: Any, pos: int = 0, end: int = -1) -> Iterator[Field]:
-    """Each top-level field (``Field``) of the message in ``buf[pos:end]`` (``buf``: bytes, a
-    memory map; ``end`` -1: the whole buffer); see ``walk``."""
-    return walk(partial(read_varint, buf), pos, len(buf) if end < 0 else end)
 
 
 def split_before(data: bytes, number: int, known: Sequence[int]) -> int:

@@ -52,7 +52,7 @@ def check_caffemodel_counts(raw: bytes, path: str) -> None:
                 raise ModelError(f"the caffemodel holds more than {MAX_LAYERS:,} layers, far more "
                                  "than any real net; refused before parsing", file=path)
             blob_field = _BLOBS_FIELD[number]
-            for inner, *_ in fields(raw, start, end):
+            for inner, _, _, _, _ in fields(raw, start, end):
                 if inner == blob_field:
                     blobs += 1
                     if blobs > MAX_BLOBS:

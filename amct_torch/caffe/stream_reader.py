@@ -3,7 +3,7 @@
 Why: parsing a whole caffemodel holds the file's bytes, the parsed message (a second copy of
 every weight inside protobuf) and the arrays made from it at once: three copies of a 553 MB
 VGG-16. Protobuf's wire format lets a reader walk a message field by field, so this walks the
-``NetParameter`` in the file itself (``protowire.walk`` over reads of the file, a few bytes
+``NetParameter`` in the file itself (``protowire.fields`` over reads of the file, a few bytes
 at a time): each ``layer`` (field 100) is parsed without its blobs,
 and a blob whose values are one packed ``data`` field (what Caffe writes) is read from the
 file into a fresh float32 array, the only copy. Anything else — V1 ``layers``, ``double_data``,
@@ -31,7 +31,7 @@ from amct_torch.caffe.blob_shape import blob_shape, check_value_count
 from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import LENGTH_DELIMITED, Field, MalformedWire, read_varint, walk
+from amct_torch.protowire import LENGTH_DELIMITED, Field, MalformedWire, fields, read_varint
 
 __all__ = ["read_weights"]
 
@@ -79,8 +79,8 @@ class _Source:
         return value, pos + after
 
     def fields(self, start: int, end: int) -> Iterator[Field]:
-        """The fields of the message in ``[start, end)`` (``protowire.walk``)."""
-        return walk(self.varint, start, end)
+        """The fields of the message in ``[start, end)`` (``protowire.fields`` over this file)."""
+        return fields(self, start, end, _Source.varint)
 
 
 def _parse(cls: Callable[[], _message.Message], data: bytes) -> _message.Message:

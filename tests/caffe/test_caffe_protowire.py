@@ -1,4 +1,4 @@
-"""The one wire-format walker (``protowire.walk`` / ``fields``) that the streaming caffemodel
+"""The one wire-format walker (``protowire.fields``) that the streaming caffemodel
 reader, the caffemodel limits and the ONNX view share, checked against protobuf's own parser:
 the spans it gives are the fields protobuf reads, in memory and read from a file alike, and
 what it refuses protobuf refuses too."""
@@ -11,7 +11,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, fields, parts_size, read_varint, walk
+from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, fields, parts_size, read_varint
 
 
 def _net() -> pb.NetParameter:
@@ -56,12 +56,12 @@ def test_a_file_read_piece_by_piece_walks_alike():
     data = _net().SerializeToString()
     f = io.BytesIO(data)
 
-    def from_file(pos: int, end: int) -> tuple[int, int]:
+    def from_file(f: io.BytesIO, pos: int, end: int) -> tuple[int, int]:
         f.seek(pos)
         chunk = f.read(min(10, end - pos))
         value, after = read_varint(chunk, 0, len(chunk))
         return value, pos + after
-    assert list(walk(from_file, 0, len(data))) == list(fields(data))
+    assert list(fields(f, 0, len(data), from_file)) == list(fields(data))
 
 
 @pytest.mark.parametrize("bad", [
