@@ -50,6 +50,16 @@ def _soup():
     return st.lists(st.sampled_from(TOKENS), max_size=80).map("".join)
 
 
+def _text_mutations(base: str):
+    """Mutated copies of ``base`` as text (its bytes mutated, read back as latin-1)."""
+    return _mutations(base.encode()).map(lambda b: b.decode("latin-1"))
+
+
+def _texts(base: str):
+    """Token soup, or mutated copies of ``base``."""
+    return st.one_of(_soup(), _text_mutations(base))
+
+
 def _write(tmp_path, name: str, data) -> str:
     p = os.path.join(str(tmp_path), name)
     with open(p, "wb") as f:
@@ -74,7 +84,7 @@ def _lenet_layers():
 
 
 @FUZZ
-@given(st.one_of(_soup(), _mutations(MODEL_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
+@given(_texts(MODEL_TEXT))
 def test_prototxt_reader(tmp_path, text):
     from amct_torch.caffe.netio import read_net
     p = _write(tmp_path, "m.prototxt", text)
@@ -85,16 +95,15 @@ def test_prototxt_reader(tmp_path, text):
 @given(st.one_of(st.binary(max_size=300), _mutations(WEIGHTS)))
 def test_caffemodel_reader(tmp_path, blob):
     from amct_torch.caffe.netio import read_net
-    model = LENET
     p = _write(tmp_path, "w.caffemodel", blob)
     try:
-        read_net(model, p)
+        read_net(LENET, p)
     except ModelError as err:
-        assert p in str(err) or model in str(err), str(err)[:300]
+        assert p in str(err) or LENET in str(err), str(err)[:300]
 
 
 @FUZZ
-@given(st.one_of(_soup(), _mutations(CFG_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
+@given(_texts(CFG_TEXT))
 def test_quant_cfg_reader(tmp_path, text):
     from amct_torch.config import parse_quant_cfg, resolve_quant_cfg
     layers = _lenet_layers()
@@ -106,8 +115,7 @@ def test_quant_cfg_reader(tmp_path, text):
 @given(st.one_of(st.lists(st.sampled_from(['{', '}', '[', ']', '"', ':', ',', '1e999', '-0', 'NaN',
                                             '"batch_num"', '"conv1"', 'true', 'null', '9' * 50]),
                           max_size=60).map("".join),
-                 _mutations(hc.json_texts()["wrong_type"].replace('"one"', "1").encode()).map(
-                     lambda b: b.decode("latin-1"))))
+                 _text_mutations(hc.json_texts()["wrong_type"].replace('"one"', "1"))))
 def test_json_config_reader(tmp_path, text):
     from amct_torch.config import read_quant_config_json
     layers = _lenet_layers()
@@ -116,7 +124,7 @@ def test_json_config_reader(tmp_path, text):
 
 
 @FUZZ
-@given(st.one_of(_soup(), _mutations(RECORD_TEXT.encode()).map(lambda b: b.decode("latin-1"))))
+@given(_texts(RECORD_TEXT))
 def test_record_reader(tmp_path, text):
     from amct_torch.record import read_record, validate_record
     layers = _lenet_layers()
