@@ -21,6 +21,7 @@ import sys
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 
 
 def keep_freed_memory() -> bool:
@@ -35,5 +36,8 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    # 2**31 - 1: the largest value mallopt takes; freed memory at the heap top is kept
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    # 2**31 - 1: the largest value mallopt takes; freed memory at the heap top is kept. One
+    # arena: a helper thread (the read-ahead, the side-by-side exports) reuses what the main
+    # thread freed instead of growing an arena of its own
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1)) \
+        and bool(mallopt(M_ARENA_MAX, 1))

@@ -45,3 +45,46 @@ def test_turned_off_by_the_environment(monkeypatch):
     from amct_torch.malloc_tuning import keep_freed_memory
     monkeypatch.setenv("AMCT_TORCH_KEEP_MEMORY", "0")
     assert keep_freed_memory() is False
+
+
+THREAD_CODE = """
+import ctypes, resource, sys, threading
+from amct_torch.malloc_tuning import keep_freed_memory
+if sys.argv[1] == "1":
+    assert keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 16 << 20
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+blocks = [libc.malloc(size) for _ in range(8)]  # 8 x 16 MiB, touched and freed by the main thread
+for b in blocks:
+    ctypes.memset(b, 1, size)
+for b in blocks:
+    libc.free(b)
+out = {}
+def helper():
+    f0 = faults()
+    got = [libc.malloc(size) for _ in range(8)]
+    for b in got:
+        ctypes.memset(b, 1, size)
+    out["faults"] = faults() - f0
+t = threading.Thread(target=helper)
+t.start(); t.join()
+print(out["faults"])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt (Linux only)")
+def test_a_helper_thread_reuses_what_the_main_thread_freed():
+    """The side-by-side exports and the read-ahead run on helper threads: with one arena their
+    blocks come from the memory the main thread freed, not from a new arena's fresh pages."""
+    def faults(keep: bool) -> int:
+        out = subprocess.run([sys.executable, "-c", THREAD_CODE, "1" if keep else "0"],
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    pages = 8 * (16 << 20) // 4096
+    default, kept = faults(False), faults(True)
+    assert default >= pages // 2  # an arena of its own (or fresh mappings): faulted in afresh
+    assert kept < pages // 100  # the main thread's freed blocks, already in memory
