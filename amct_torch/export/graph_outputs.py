@@ -35,16 +35,17 @@ def export_onnx_model(graph: Any, records: Mapping[str, Any], prefix: str,
                       activations: str = "int8", quantize_eltwise: bool = False,
                       calibration_data: Any = None, outputs: Any = None,
                       record_file: Optional[str] = None, float_model: Any = None,
-                      target: str = "onnxruntime") -> tuple[str, str]:
+                      target: str = "onnxruntime", float_staged: Optional[tuple[str, str]] = None) -> tuple[str, str]:
     """``{prefix}_float.onnx`` and ``{prefix}_quant.onnx`` (QDQ; activations int8 with zero
     point offset_d, or uint8 with offset_d + 128, the form ONNX Runtime's x86 kernels favour).
     ``quantize_eltwise``: the opt-in speed mode (not AMCT-exact, docs/export.md), whose extra
     factors come from ``calibration_data``. ``float_model``: when ``graph.fused`` was changed by
     an improvement, the float model to write as ``_float.onnx`` instead (always the user's
-    float model)."""
+    float model). ``float_staged``: the float model already written (``export_onnx``)."""
     paths = export_onnx(graph.fused, records, prefix, activations=activations,
                         quantize_eltwise=quantize_eltwise,
                         calibration_data=calibration_data if quantize_eltwise else None,
                         file=record_file, outputs=outputs, target=target,
-                        model_file=getattr(graph, "model_file", None), float_graph=float_model)
+                        model_file=getattr(graph, "model_file", None), float_graph=float_model,
+                        float_staged=float_staged)
     return paths

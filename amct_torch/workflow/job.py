@@ -107,6 +107,7 @@ class _Plan:
     tx: Optional[OutputTransaction]
     tmp: str
     prefix: str
+    float_onnx: Any = None  # the float ONNX model being written during calibration (FloatAhead)
 
 
 @dataclass
@@ -158,6 +159,8 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
                         file=where or os.path.dirname(os.path.abspath(opts.output))) from None
     finally:
         prog.close()
+        if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
+            plan.float_onnx.discard()
         if plan.tx is not None:
             plan.tx.abort()
         else:
@@ -218,6 +221,11 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     n = graph.config.batch_num
     prog.start("BN fusion + ARQ")
     quantize_weights(graph)
+    if opts.onnx and plan.tx is not None and opts.onnx_target == "onnxruntime":
+        # the float model needs no calibration: written beside it (export/onnx/float_ahead.py)
+        from amct_torch.export.onnx.float_ahead import FloatAhead
+        plan.float_onnx = FloatAhead(graph.fused, plan.prefix, activations=opts.onnx_activations,
+                                     outputs=opts.onnx_outputs, model_file=graph.model_file)
     session = start_calibration(graph, ifmr_mode=opts.ifmr_mode)
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
@@ -265,10 +273,12 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         calibration_data = [b.cpu().numpy() for b in calib]
 
         def onnx_models() -> tuple[str, str]:
+            float_staged = plan.float_onnx.wait() if plan.float_onnx is not None else None
             return export_onnx_model(
                 graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
                 calibration_data=calibration_data, outputs=opts.onnx_outputs,
-                float_model=model if improved is not None else None, target=opts.onnx_target)
+                float_model=model if improved is not None else None, target=opts.onnx_target,
+                float_staged=float_staged)
     if caffe_models is not None or onnx_models is not None:
         kinds = [k for k, f in (("Caffe", caffe_models), ("ONNX", onnx_models)) if f is not None]
         prog.start(f"writing the {' and '.join(kinds)} models")

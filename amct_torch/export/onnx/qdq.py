@@ -468,7 +468,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                 outputs: Optional[Sequence[str]] = None,
                 dynamic_spatial: Optional[bool] = None, integer_ops: bool = True,
                 model_file: Optional[str] = None, target: str = "onnxruntime",
-                float_graph: Optional[fx.GraphModule] = None) -> tuple[str, str]:
+                float_graph: Optional[fx.GraphModule] = None,
+                float_staged: Optional[tuple[str, str]] = None) -> tuple[str, str]:
     """Write ``{path_prefix}_float.onnx`` (the float graph as given, e.g. BN-fused) and
     ``{path_prefix}_quant.onnx`` (QDQ fake-quant of ``records``). Returns both paths.
 
@@ -497,7 +498,9 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     ("onnxruntime", the default, is this form; "openvino" and "tensorrt" fix ``activations``
     and ``integer_ops`` and rewrite the model, ``onnx_targets``). ``float_graph``: the graph
     to write as ``_float.onnx`` when it is not ``graph`` (e.g. the user's float model when
-    ``graph`` was changed by an improvement); None: ``graph``."""
+    ``graph`` was changed by an improvement); None: ``graph``. ``float_staged``: the float
+    model already written and checked (``float_ahead.FloatAhead``): its (temporary, final)
+    pair, put in place with the quant model (target "onnxruntime" only)."""
     tg = get_target(target)
     activations = tg.activations or activations
     integer_ops = integer_ops if tg.integer_ops is None else tg.integer_ops
@@ -530,6 +533,8 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     # the ONNX Runtime layout is written from the arrays, one model at a time (the targets'
     # rewrites read initializer values: built whole)
     stream = target == "onnxruntime"
+    if float_staged is not None and (not stream or float_staged[1] != float_path):
+        raise ValueError(f"float_staged: a model staged for {float_path} and target onnxruntime only")
     quant = _build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
                    outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
                    integer_ops=integer_ops and not quantize_eltwise, stream=stream)
@@ -538,8 +543,12 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     if stream:
         del plan
         with staged_files() as staged:  # both checked before either is renamed; a SIGTERM removes them
+            if float_staged is not None:
+                staged.append(float_staged)
             staged.append(_stage_checked(quant, quant_path, named))
             del quant
+            if float_staged is not None:
+                return float_path, quant_path
             # another float graph is probed by _build (graph's probe, a CPU copy of a GPU
             # graph, released first)
             float_pr = pr if float_graph is graph else None
