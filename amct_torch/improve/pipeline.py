@@ -201,7 +201,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     from amct_torch.export import fake_quant_graph
     from amct_torch.improve.cle import equalize, find_pairs
     from amct_torch.improve.folds import other_fold
-    from amct_torch.improve.refine import refine
+    from amct_torch.improve.refine import MULTIPLIERS, WIDER, refine
 
     data, n_fit = split(batches, max_fit, max_held)
     data = tuple(t.to(device) for t in data)
@@ -240,9 +240,12 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     ranges, rounding, bias = "output_ranges" in names, "adaround" in names, "bias_correction" in names
     if ranges or rounding or bias:
         t0 = time.perf_counter()
-        runs = [refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding)]
+        mults = WIDER if fold2 else MULTIPLIERS   # few held-out values: the clip only widens
+        runs = [refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding,
+                       multipliers=mults)]
         if fold2:
-            runs.append(refine(cur_gm, cur_rec, fold2[0], fold2[1], ranges=ranges, bias=bias, rounding=rounding))
+            runs.append(refine(cur_gm, cur_rec, fold2[0], fold2[1], ranges=ranges, bias=bias,
+                               rounding=rounding, multipliers=mults))
         gms = [_refined_model(cur_gm, r, device) for r in runs]
         label = "+".join(n for n in ("output_ranges", "adaround", "bias_correction") if n in names)
         label = ("cle+" + label) if cur_gm is not fused else label

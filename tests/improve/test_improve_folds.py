@@ -76,7 +76,15 @@ def sqnr(ref: np.ndarray, q: np.ndarray) -> float:
     return 10 * math.log10((ref ** 2).sum() / ((q - ref) ** 2).sum())
 
 
-def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_own(tmp_path):
+def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_own(tmp_path, monkeypatch):
+    from amct_torch.improve import refine as refine_mod
+    calls = []
+    real = refine_mod.refine
+
+    def spy(*a, **kw):   # each fold's pass, with the range candidates it was given
+        calls.append((int(a[3]), kw.get("multipliers")))
+        return real(*a, **kw)
+    monkeypatch.setattr(refine_mod, "refine", spy)
     proto, weights = small_net(tmp_path)
     x = rand(32, 3, 8, 8, seed=7) + 0.5
     kw = dict(batch_num=2, batch_size=16, save_type=None, report=False, quiet=True, device="cpu")
@@ -84,6 +92,8 @@ def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_
     res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "b" / "m"), improve="bias_correction", **kw)
     imp = res.improvement
     assert imp["cross_fitted"] is True          # one position per row, 8x8x3 input
+    # two passes (fold 1 fits on the first batch, fold 2 on the second), the clip only widening
+    assert [c[0] for c in calls] == [16, 16] and all(c[1] == refine_mod.WIDER for c in calls)
 
     def outputs(model, rows):
         with torch.no_grad():

@@ -74,3 +74,32 @@ def test_bias_correction_reverted_when_held_out_mean_differs(tmp_path):
     yq = torch.nn.functional.conv2d(fake_quant(pos, 8 / 128, 0), wq)
     want = (y.double().mean(dim=(0, 2, 3)) - yq.double().mean(dim=(0, 2, 3)))
     np.testing.assert_allclose(res2.bias_delta["conv"].numpy(), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_widening_only_candidates(tmp_path):
+    """``multipliers=WIDER`` (the cross-fitted nets' set): never a clip tighter than AMCT's,
+    even where a tighter one would win; a wider one where the inputs pass AMCT's clip."""
+    import pytest
+
+    from amct_torch.improve.refine import WIDER
+    gm, rec = one_layer(tmp_path)
+    small = torch.from_numpy(rand(24, 3, 4, 4, seed=2) * 0.5)   # a tighter clip wins (the test above)
+    res = refine(gm, rec, (small,), 16, ranges=True, bias=False, multipliers=WIDER)
+    assert res.changes["conv"].multiplier == 1.0
+    # inputs up to ±11 against AMCT's clip [-8, 8): a wider clip lowers the output error
+    wide = torch.from_numpy(np.clip(rand(24, 3, 4, 4, seed=5) * 6, -11, 11))
+    res = refine(gm, rec, (wide,), 16, ranges=True, bias=False, multipliers=WIDER)
+    m = res.changes["conv"].multiplier
+    assert m > 1.0 and m in WIDER
+    w = gm.get_submodule("conv").weight.detach()
+    s = torch.tensor(rec["conv"].scale_w).reshape(4, 1, 1, 1)
+    wq = torch.clamp(torch.round(w / s), -128, 127) * s
+    held = wide[16:]
+    ref = torch.nn.functional.conv2d(held, w)
+
+    def mse(scale):
+        return float(((torch.nn.functional.conv2d(fake_quant(held, scale, 0), wq) - ref) ** 2).mean())
+
+    assert mse(res.records["conv"].scale_d) < mse(rec["conv"].scale_d)
+    with pytest.raises(ValueError, match="1.0"):
+        refine(gm, rec, (wide,), 16, ranges=True, bias=False, multipliers=(1.1, 1.2))
