@@ -16,7 +16,9 @@ the one kept has the best worst-output SQNR against the float model on the held-
 those where no output is worse than the default's, neither on all held-out rows nor on either
 half of them, and whose worst output gains at least ``MARGIN_DB`` -- so the result is never
 worse than AMCT's on any output of the held-out data, and a gain carried by a few rows is
-not taken.
+not taken. On a small net whose outputs have few positions, the stages are judged on two
+folds with the fitting and held-out roles swapped (``folds.py``), and its range search only
+widens AMCT's clips (``refine.WIDER``).
 """
 from __future__ import annotations
 
