@@ -11,10 +11,10 @@ or OpenCV; each is imported by the code that needs it.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, ModelError, RecordError
+from amct_torch.lazy_names import lazy_names
 
 __version__ = "0.1.0"
 
@@ -45,17 +45,7 @@ __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportE
            "LayerStat", "format_table", "layer_report"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'amct_torch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names

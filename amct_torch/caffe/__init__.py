@@ -6,8 +6,9 @@ helper thread while the main thread is still importing torch (``read_ahead``).
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from amct_torch.lazy_names import lazy_names
 
 #: name -> the module that defines it
 _LAZY = {
@@ -20,17 +21,7 @@ __all__ = ["CaffeGraphModule", "CaffeLayer", "ParsedNet", "build_graph", "is_qua
            "layer_modules", "load_caffe", "read_net", "save_caffe", "supported_types", "write_net"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'amct_torch.caffe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
