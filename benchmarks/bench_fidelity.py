@@ -560,8 +560,13 @@ def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp, ba
         t = time.time()
         try:
             items = [{inp: calib[i:i + batch]} for i in range(0, len(calib), batch)]
-            q = nncf.quantize(fm, nncf.Dataset(items), preset=getattr(nncf.QuantizationPreset, preset),
-                              subset_size=len(items))
+            base, _, variant = preset.partition("-")  # "MIXED-nobc": its bias correction disabled
+            extra = {}
+            if variant == "nobc":
+                from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+                extra["advanced_parameters"] = AdvancedQuantizationParameters(disable_bias_correction=True)
+            q = nncf.quantize(fm, nncf.Dataset(items), preset=getattr(nncf.QuantizationPreset, base),
+                              subset_size=len(items), **extra)
             path = os.path.join(tmp, f"{name}.onnx")
             onnx.save(q, path)
             t_q = time.time() - t
@@ -747,7 +752,8 @@ def main() -> None:
     ap.add_argument("--ort", default="MinMax,Percentile,Entropy")
     ap.add_argument("--ort-types", default="U8S8,S8S8,U8S8_noout,S8S8_noout",
                     help="activation/weight types; _noout: the scored outputs left unquantized")
-    ap.add_argument("--nncf", default="MIXED,PERFORMANCE", help="NNCF presets (the models mode)")
+    ap.add_argument("--nncf", default="MIXED,PERFORMANCE",
+                    help="NNCF presets (the models mode); PRESET-nobc: with NNCF's bias correction disabled")
     ap.add_argument("--skip", default="", help="comma list to skip: hfmg,improve,ort,nncf,example")
     ap.add_argument("--ablate", type=int, default=0, help="per-layer attribution on this many crops")
     ap.add_argument("--families", default="",
