@@ -35,7 +35,7 @@ def quantize(x: torch.Tensor, scale: Scalar, offset: Scalar = 0) -> torch.Tensor
     temporaries, same values)."""
     q = torch.div(x, scale).round_()
     if not (isinstance(offset, (int, float)) and offset == 0):
-        q = q.add_(offset)
+        q = q + offset  # out of place: an offset may broadcast beyond x
     return q.clamp_(QMIN, QMAX).to(torch.int8)
 
 

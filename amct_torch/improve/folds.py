@@ -12,14 +12,16 @@ What: the rows are used twice with the roles swapped. Fold 1 is the pipeline's o
 on the first rows, held out the last batch); fold 2 fits on fold 1's held-out rows and holds
 out fold 1's fitting rows. Each candidate is fitted once per fold, and scored on that fold's
 held-out rows only, so every calibration row is judged by a model that was not fitted on it
-and the guard sees twice the rows; its two "halves" are the two folds. The model kept is fold
-1's (the one the single-split pipeline would keep), so it is still never worse than the
-default on its own held-out rows (fold 1 is one of the parts the guard requires), and fold 2
-adds the evidence that the same procedure, fitted on other rows, does not lose either.
+and the guard sees twice the rows; its two "halves" are the two folds. The model kept is one
+fold's (``pipeline._better``: fold 1's if it gains the margin on its own held-out rows, else
+fold 2's if that one does), so it is never worse than the default on the rows it was not
+fitted on, and the other fold adds the evidence that the same procedure, fitted on other rows,
+does not lose.
 
 When: only where an output has fewer than ``MIN_HELD_VALUES`` held-out values per channel
-and the net's input is small (at most ``MAX_INPUT`` values per sample): the refining pass
-runs twice, affordable on such nets (MTCNN's jobs take 0.1-0.4 s) but not on a large one.
+and the net is small (at most ``MAX_INPUT`` input values per sample and ``MAX_PARAMS``
+parameters): the refining pass runs twice, affordable on such nets (MTCNN's jobs take 0.1-0.4
+s) but not on a large one (a face-embedding net with a small input and 20 M weights).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ MIN_HELD_VALUES = 256
 #: the cross-fitting's cost guard: input values per sample at most this (MTCNN's 48x48x3 = 6912;
 #: a 224x224x3 classifier's 150528 stays with the single split)
 MAX_INPUT = 1 << 15
+#: and parameters at most this (MTCNN's 48-px net: 0.39 M)
+MAX_PARAMS = 1 << 21
 
 
 def values_per_channel(ref: list[torch.Tensor]) -> int:
@@ -43,14 +47,14 @@ def values_per_channel(ref: list[torch.Tensor]) -> int:
 
 
 def other_fold(data: tuple, n_fit: int, ref: list[torch.Tensor],
-               max_fit: int, max_held: int) -> Optional[tuple[tuple, int]]:
+               max_fit: int, max_held: int, params: int = 0) -> Optional[tuple[tuple, int]]:
     """The second fold (its rows as ``split`` lays them out: fitting rows then held-out rows,
     and the number of fitting rows) when the held-out outputs ``ref`` are starved and the net
-    is small; else None (the single split)."""
+    (``params`` parameters) is small; else None (the single split)."""
     n_held = int(data[0].shape[0]) - n_fit
     if n_fit < 2 or n_held < 2 or values_per_channel(ref) >= MIN_HELD_VALUES:
         return None
-    if data[0][0].numel() > MAX_INPUT:
+    if data[0][0].numel() > MAX_INPUT or params > MAX_PARAMS:
         return None
     fit2 = tuple(t[n_fit:][:max_fit] for t in data)
     held2 = tuple(t[:n_fit][:max_held] for t in data)

@@ -210,7 +210,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     held = tuple(t[n_fit:] for t in data)
     float_model = fused
     ref = net_outputs(float_model, held)
-    fold2 = other_fold(data, n_fit, ref, max_fit, max_held)
+    fold2 = other_fold(data, n_fit, ref, max_fit, max_held, sum(p.numel() for p in fused.parameters()))
     held2 = tuple(t[fold2[1]:] for t in fold2[0]) if fold2 else ()
     ref2 = net_outputs(float_model, held2) if fold2 else []
 
@@ -284,10 +284,10 @@ def _better(stage: Stage, default: Stage) -> bool:
     """``stage`` may replace the default: no output below the default's SQNR on the held-out
     rows, and the worst output at least ``MARGIN_DB`` higher; and a gain carried by a few rows
     is not kept: with one model, no output below the default on either half of the held-out
-    rows (either fold where cross-fitted); with one model per fold (``folds.py``), no output
-    below the default on the held-out rows of the model kept (the first fold whose model
-    passes; ``stage.fold`` is set to it), the other fold having judged the same procedure on
-    other rows through the totals."""
+    rows (either fold where cross-fitted); with one model per fold (``folds.py``), the model
+    kept has no output below the default on its own held-out rows and its worst output at least
+    ``MARGIN_DB`` higher there (fold 1's when it does; ``stage.fold`` is set to it), the other
+    fold having judged the same procedure on other rows through the totals."""
     if len(stage.sqnr_db) != len(default.sqnr_db):
         return False
     if not (all(s >= d for s, d in zip(stage.sqnr_db, default.sqnr_db))
@@ -297,9 +297,11 @@ def _better(stage: Stage, default: Stage) -> bool:
     ok = [all(s >= d for s, d in zip(a, b)) for a, b in halves]
     if not stage.per_fold:
         return all(ok)
-    if not any(ok):
+    # the model kept must itself gain the margin on its own held-out rows (fold 1's first)
+    passing = [k for k, (a, b) in enumerate(halves) if ok[k] and a and b and min(a) >= min(b) + MARGIN_DB]
+    if not passing:
         return False
-    stage.fold = ok.index(True)
+    stage.fold = passing[0]
     return True
 
 

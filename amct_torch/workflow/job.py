@@ -159,12 +159,14 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
                         file=where or os.path.dirname(os.path.abspath(opts.output))) from None
     finally:
         prog.close()
-        if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
-            plan.float_onnx.discard()
-        if plan.tx is not None:
-            plan.tx.abort()
-        else:
-            shutil.rmtree(plan.tmp, ignore_errors=True)
+        try:
+            if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
+                plan.float_onnx.discard()
+        finally:
+            if plan.tx is not None:
+                plan.tx.abort()
+            else:
+                shutil.rmtree(plan.tmp, ignore_errors=True)
 
 
 def _plan(opts: QuantizeOptions) -> _Plan:
@@ -222,7 +224,8 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     prog.start("BN fusion + ARQ")
     quantize_weights(graph)
     if opts.onnx and plan.tx is not None and opts.onnx_target == "onnxruntime":
-        # the float model needs no calibration: written beside it (export/onnx/float_ahead.py)
+        # the float model needs no calibration: built now, before the observers, and written
+        # beside the calibration once the data checks passed (export/onnx/float_ahead.py)
         from amct_torch.export.onnx.float_ahead import FloatAhead
         plan.float_onnx = FloatAhead(graph.fused, plan.prefix, activations=opts.onnx_activations,
                                      outputs=opts.onnx_outputs, model_file=graph.model_file)
@@ -240,6 +243,8 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
     if opts.checkpoint is not None:
         _fingerprint_run(graph, opts, n, bs)
+    if plan.float_onnx is not None:
+        plan.float_onnx.start()
     rest = run_calibration(model, session, keeper(batches, n), plan.device, quiet=opts.quiet,
                            ctx=plan.ctx, checkpoint=opts.checkpoint)
     report_use(keeper, count, n, bs)

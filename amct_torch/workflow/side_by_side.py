@@ -12,8 +12,9 @@ other is still writing into.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Optional
+
+from amct_torch.helper_thread import HelperThread
 
 __all__ = ["side_by_side"]
 
@@ -23,38 +24,21 @@ def side_by_side(first: Optional[Callable[[], Any]], second: Optional[Callable[[
     result None)."""
     if first is None or second is None:
         return (first() if first is not None else None), (second() if second is not None else None)
-    box: dict[str, Any] = {}
-
-    def run_first() -> None:
-        try:
-            box["result"] = first()
-        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread below
-            box["error"] = err
-
-    helper = threading.Thread(target=run_first, name="amct-side-by-side", daemon=True)
-    helper.start()
+    helper = HelperThread(first, "amct-side-by-side")
     try:
         out = second()
     except Exception:
-        _join(helper)
-        if "error" in box:  # in order, the first one's error would have come first
-            raise box["error"] from None
+        helper.wait()  # an interrupt while waiting is raised from here, once the helper stopped
+        if helper.error is not None:  # in order, the first one's error would have come first
+            raise helper.error from None
         raise
     except BaseException:  # an interrupt or a termination signal: it wins, once the helper stopped
-        _join(helper)
-        raise
-    _join(helper)
-    if "error" in box:
-        raise box["error"]
-    return box.get("result"), out
-
-
-def _join(helper: threading.Thread) -> None:
-    """Wait for ``helper`` to stop, even through further signals (it stops within the time of
-    its own work; leaving earlier would let the caller's clean-up race its writes)."""
-    while True:
         try:
-            helper.join()
-            return
-        except BaseException:  # noqa: BLE001 - the error already on its way is the one raised
-            continue
+            helper.wait()
+        except BaseException:  # noqa: BLE001 - the one already on its way is raised
+            pass
+        raise
+    helper.wait()
+    if helper.error is not None:
+        raise helper.error
+    return helper.result, out

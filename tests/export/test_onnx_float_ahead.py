@@ -48,9 +48,12 @@ def test_written_ahead_equals_written_after(tmp_path):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_discarded_leaves_no_file(tmp_path):
+@pytest.mark.parametrize("started", [False, True])
+def test_discarded_leaves_no_file(tmp_path, started):
     gm, _, _ = _graph(tmp_path)
     ahead = FloatAhead(gm, str(tmp_path / "m"))
+    if started:
+        ahead.start()
     ahead.discard()
     assert sorted(os.listdir(tmp_path)) == ["net.caffemodel", "net.prototxt"]
 
@@ -83,6 +86,8 @@ def test_float_staged_for_another_path_is_refused(tmp_path):
     staged = ahead.wait()
     with pytest.raises(ValueError):
         export_onnx(gm, records, str(tmp_path / "b"), float_staged=staged)
+    assert not os.path.exists(staged[0])  # handed on: removed with the refusal
+    staged = FloatAhead(gm, str(tmp_path / "a")).wait()
     with pytest.raises(ValueError):
         export_onnx(gm, records, str(tmp_path / "a"), float_staged=staged, target="openvino")
-    os.unlink(staged[0])
+    assert _hidden(tmp_path) == []

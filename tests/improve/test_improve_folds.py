@@ -112,3 +112,23 @@ def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_
     q1 = outputs(res.quant_model, x)
     assert sqnr(ref[rows], q1[rows]) >= sqnr(ref[rows], q0[rows])
     assert refined["gain_db"] >= MARGIN_DB
+
+
+def test_the_fold_kept_must_gain_the_margin_on_its_own_rows():
+    """Pooled over both folds a stage may pass while the model kept gains nothing on the rows
+    it was not fitted on: then it is not kept; a fold that gains the margin itself is."""
+    from amct_torch.improve.pipeline import MARGIN_DB, Stage, _better
+
+    default = Stage("default", [20.0, 30.0], halves=[[20.0, 30.0], [20.0, 30.0]])
+    flat_then_small = Stage("x", [20.0 + MARGIN_DB, 30.5],
+                            halves=[[20.0, 30.2], [20.0 + MARGIN_DB / 2, 30.8]], per_fold=True)
+    assert not _better(flat_then_small, default)
+    second_gains = Stage("y", [20.0 + MARGIN_DB, 30.5],
+                         halves=[[20.0, 30.2], [20.0 + 2 * MARGIN_DB, 30.8]], per_fold=True)
+    assert _better(second_gains, default) and second_gains.fold == 1
+    both_gain = Stage("z", [20.0 + 2 * MARGIN_DB, 30.5],
+                      halves=[[20.0 + MARGIN_DB, 30.2], [20.0 + 3 * MARGIN_DB, 30.8]], per_fold=True)
+    assert _better(both_gain, default) and both_gain.fold == 0
+    one_output_worse = Stage("w", [20.0 + MARGIN_DB, 30.5],
+                             halves=[[20.0 + MARGIN_DB, 29.9], [20.0 + 2 * MARGIN_DB, 30.8]], per_fold=True)
+    assert _better(one_output_worse, default) and one_output_worse.fold == 1

@@ -2,6 +2,7 @@
 page-faulting fresh memory in every batch (counted by the kernel: minor page faults)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -79,12 +80,16 @@ print(out["faults"])
 def test_a_helper_thread_reuses_what_the_main_thread_freed():
     """The side-by-side exports and the read-ahead run on helper threads: with one arena their
     blocks come from the memory the main thread freed, not from a new arena's fresh pages."""
-    def faults(keep: bool) -> int:
+    def faults(keep: bool, arenas: str = "") -> int:
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+        if arenas:
+            env["MALLOC_ARENA_MAX"] = arenas
         out = subprocess.run([sys.executable, "-c", THREAD_CODE, "1" if keep else "0"],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, check=True, env=env)
         return int(out.stdout.strip().splitlines()[-1])
 
     pages = 8 * (16 << 20) // 4096
     default, kept = faults(False), faults(True)
     assert default >= pages // 2  # an arena of its own (or fresh mappings): faulted in afresh
     assert kept < pages // 100  # the main thread's freed blocks, already in memory
+    assert faults(True, arenas="8") >= pages // 2  # the user's own MALLOC_ARENA_MAX is kept

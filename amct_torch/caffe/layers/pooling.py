@@ -42,11 +42,13 @@ def _max_pool2d(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int
     strided views, rows then columns, and other windows through a channels-last copy handed
     back in NCHW -- torch's CPU NCHW max-pool kernel is several times slower than either (a
     VGG-16 batch of 8: 0.70 s in its five pools through the copies, 0.21 s as maxima). Max is
-    exact and both ways propagate NaN, so nothing changes but the time."""
+    exact and both ways propagate NaN, so the values are the same bits; the maxima would split
+    the gradient of a tie where torch gives it to one element, so under autograd the tiles go
+    the channels-last way."""
     if (x.device.type == "cpu" and x.dim() == 4 and x.shape[1] >= 8 and x.is_contiguous()
             and not x.is_contiguous(memory_format=torch.channels_last)):
-        if _tiles(x, kernel, stride, pad):
-            return _tiled_max(x, kernel)
+        if _tiles(x, kernel, stride, pad) and not (x.requires_grad and torch.is_grad_enabled()):
+            return _tiled_max(x, kernel)  # values only: ties would share torch's gradient
         y = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel, stride, pad, ceil_mode=ceil)
         return y.contiguous()
     return F.max_pool2d(x, kernel, stride, pad, ceil_mode=ceil)

@@ -11,12 +11,12 @@ the quant model; until then it is a hidden temporary file of the job's staging f
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, Sequence
 
 from torch import fx
 
 from amct_torch.atomic import remove_quietly
+from amct_torch.helper_thread import HelperThread
 from amct_torch.output_names import output_path
 
 __all__ = ["FloatAhead"]
@@ -24,9 +24,11 @@ __all__ = ["FloatAhead"]
 
 class FloatAhead:
     """``{path_prefix}_float.onnx`` of ``graph`` (the layout of target onnxruntime), built
-    now and written on a daemon thread: ``wait()`` gives its (temporary, final) pair or raises
-    what writing or checking it raised; ``discard()`` stops caring (waits for the thread and
-    removes the temporary file) -- call it on every path that does not hand the pair on."""
+    now (probing runs the graph's modules: before calibration attaches its observers) and
+    written on a daemon thread from ``start()`` on: ``wait()`` gives its (temporary, final)
+    pair or raises what writing or checking it raised; ``discard()`` stops caring (waits for
+    the thread and removes the temporary file) -- call it on every path that does not hand the
+    pair on. Both wait through signals (``helper_thread``)."""
 
     def __init__(self, graph: fx.GraphModule, path_prefix: str, *, activations: str = "uint8",
                  outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
@@ -34,36 +36,41 @@ class FloatAhead:
         from amct_torch.export.onnx.qdq import _build
 
         self.path = output_path(path_prefix, "onnx_float")
-        built = _build(graph, {}, activations, model_file, "float", outputs=outputs,
-                       dynamic_spatial=dynamic_spatial, stream=True)
-        self._staged: Optional[tuple[str, str]] = None
-        self._error: Optional[BaseException] = None
+        self._model_file = model_file
+        self._built: Any = _build(graph, {}, activations, model_file, "float", outputs=outputs,
+                                  dynamic_spatial=dynamic_spatial, stream=True)
+        self._thread: Optional[HelperThread] = None
         self._taken = False
-        self._thread = threading.Thread(target=self._write, args=(built, model_file),
-                                        name="amct-float-onnx", daemon=True)
-        self._thread.start()
 
-    def _write(self, built: Any, model_file: Optional[str]) -> None:
-        from amct_torch.export.onnx.qdq import _stage_checked
-        try:
-            self._staged = _stage_checked(built, self.path, model_file)
-        except BaseException as err:  # noqa: BLE001 - raised on the caller's thread by wait()
-            self._error = err
-        finally:
-            del built  # the proto and the views of the weights
+    def start(self) -> None:
+        """Write and check the model on a helper thread (the job calls this once the cheap
+        checks of its data have passed, right before the first batch)."""
+        built, self._built = self._built, None
+        self._thread = HelperThread(lambda: _write(built, self.path, self._model_file), "amct-float-onnx")
 
     def wait(self) -> tuple[str, str]:
         """The (temporary, final) pair, once the model is written and checked; from then on
         the caller owns the temporary file."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._staged is not None
+        if self._thread is None:
+            self.start()
+        assert self._thread is not None
+        self._thread.wait()
+        if self._thread.error is not None:
+            raise self._thread.error
         self._taken = True
-        return self._staged
+        return self._thread.result
 
     def discard(self) -> None:
-        """Wait for the thread and remove the temporary file unless ``wait()`` handed it on."""
-        self._thread.join()
-        if self._staged is not None and not self._taken:
-            remove_quietly(self._staged[0])
+        """Drop the model: wait for the thread (if started) and remove the temporary file
+        unless ``wait()`` handed it on."""
+        self._built = None
+        if self._thread is None:
+            return
+        self._thread.wait()
+        if self._thread.result is not None and not self._taken:
+            remove_quietly(self._thread.result[0])
+
+
+def _write(built: Any, path: str, model_file: Optional[str]) -> tuple[str, str]:
+    from amct_torch.export.onnx.qdq import _stage_checked
+    return _stage_checked(built, path, model_file)

@@ -32,9 +32,10 @@ ORT runs QLinearAdd and the whole ResNet stays int8 between blocks.
 """
 from __future__ import annotations
 
+import functools
 import operator
 import os
-from typing import Mapping, NoReturn, Optional, Sequence
+from typing import Callable, Mapping, NoReturn, Optional, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -461,6 +462,26 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
     return model, b
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _float_staged_removed_on_error(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` (``export_onnx``) that removes the temporary file of its ``float_staged`` when it
+    raises, wherever it raises: the caller handed that file on."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            staged = kwargs.get("float_staged")
+            if isinstance(staged, tuple):
+                remove_quietly(staged[0])
+            raise
+    return wrapper
+
+
+@_float_staged_removed_on_error
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
                 activations: str = "uint8", bias: str = "float",
                 quantize_residual_outputs: bool = False, quantize_eltwise: bool = False,
