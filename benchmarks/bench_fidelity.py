@@ -641,10 +641,15 @@ def run_model(spec: dict, args, tmp: str) -> dict:
         try:
             prefix = os.path.join(work, m, "m")
             kw = {"onnx": True, "onnx_outputs": blobs} if args.ours_onnx else {}
+            if m == "hfmg":  # AMCT's other activation algorithm, through a quant.cfg
+                os.makedirs(os.path.dirname(prefix), exist_ok=True)
+                kw["config"] = os.path.join(os.path.dirname(prefix), "hfmg.cfg")
+                with open(kw["config"], "w") as f:
+                    f.write(HFMG_CFG)
             r = amct_torch.quantize(proto, weights, calib, output=prefix,
                                     batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
                                     save_type=None, report=False, quiet=True, device="cpu",
-                                    improve=None if m == "default" else m, **kw)
+                                    improve=None if m in ("default", "hfmg") else m, **kw)
             cost[m] = time.time() - t
             torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, ib, blobs, producers))
         except Exception as e:  # noqa: BLE001 - reported, the other methods still run
@@ -762,7 +767,7 @@ def main() -> None:
     ap.add_argument("--caffe", action="append", default=[], metavar="NAME=PROTOTXT,CAFFEMODEL[,OPTS]",
                     help="a real Caffe model to compare (repeatable); OPTS: mean=M[:M:M], scale=S, rgb, "
                          "transpose, size=HxW, outputs=A:B (see parse_caffe_spec)")
-    ap.add_argument("--methods", default=None,
+    ap.add_argument("--methods", default=None,  # also "hfmg": AMCT's HFMG instead of IFMR (models mode)
                     help="ours: default, the --improve values and all (default: every one known)")
     ap.add_argument("--ours-onnx", type=int, default=1,
                     help="models mode: 1 (default) scores ours on the job's own _quant.onnx in ONNX Runtime (cut "
