@@ -393,11 +393,9 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
     with the files raises ``ModelError`` naming the file and layer."""
     from amct_torch.caffe import read_ahead
     from amct_torch.caffe.netio import read_net
-    model_file = os.fspath(model_file)
-    weights_file = None if weights_file is None else os.fspath(weights_file)
     parsed = read_ahead.take(model_file, weights_file)
     if parsed is None:
-        parsed = read_net(model_file, weights_file)
+        parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
     from amct_torch.caffe.layers.base import taking_blobs
     with taking_blobs():  # the arrays were read for this graph alone
         gm = build_graph(parsed)

@@ -18,30 +18,23 @@ import stat
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
+from amct_torch.helper_thread import HelperThread
+
 if TYPE_CHECKING:
     from amct_torch.caffe.netio import ParsedNet
 
 __all__ = ["start", "take"]
 
 _lock = threading.Lock()
-_pending: dict[tuple, "_Read"] = {}
+_pending: dict[tuple, HelperThread] = {}
 
 
-class _Read(threading.Thread):
-    def __init__(self, model_file: str, weights_file: Optional[str]) -> None:
-        super().__init__(name="amct-read-ahead", daemon=True)
-        self.model_file, self.weights_file = model_file, weights_file
-        self.result: Optional[ParsedNet] = None
-
-    def run(self) -> None:
-        from amct_torch.caffe.netio import read_net
-        try:
-            self.result = read_net(self.model_file, self.weights_file)
-        except BaseException:  # noqa: BLE001 - the job's own read reports it, as it would without this thread
-            self.result = None
+def _read(model_file: Any, weights_file: Any) -> ParsedNet:
+    from amct_torch.caffe.netio import read_net
+    return read_net(model_file, weights_file)
 
 
-def _key(model_file: str, weights_file: Optional[str]) -> Optional[tuple]:
+def _key(model_file: Any, weights_file: Any) -> Optional[tuple]:
     """The files' identity, or None when one cannot be examined or is not a regular file
     (a FIFO would block the thread; the job's read says why it refuses it)."""
     parts: list[Any] = []
@@ -51,35 +44,31 @@ def _key(model_file: str, weights_file: Optional[str]) -> Optional[tuple]:
             continue
         try:
             st = os.stat(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError):
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        parts.append((os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        parts.append((os.path.abspath(os.fspath(path)), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     return tuple(parts)
 
 
-def start(model_file: str, weights_file: Optional[str]) -> None:
-    """Begin reading ``model_file`` and ``weights_file`` on a daemon thread (nothing when
-    either cannot be examined now). One read ahead at a time: an earlier one nobody took
-    (its job stopped before loading) is dropped."""
-    model_file = os.fspath(model_file)
-    weights_file = None if weights_file is None else os.fspath(weights_file)
+def start(model_file: Any, weights_file: Any) -> None:
+    """Begin reading ``model_file`` and ``weights_file`` (paths, the second may be None) on a
+    daemon thread (nothing when either cannot be examined now). One read ahead at a time: an
+    earlier one nobody took (its job stopped before loading) is dropped."""
     key = _key(model_file, weights_file)
     if key is None:
         return
-    reader = _Read(model_file, weights_file)
+    reader = HelperThread(lambda: _read(model_file, weights_file), "amct-read-ahead")
     with _lock:
         _pending.clear()
         _pending[key] = reader
-    reader.start()
 
 
-def take(model_file: str, weights_file: Optional[str]) -> Optional[ParsedNet]:
+def take(model_file: Any, weights_file: Any) -> Optional[ParsedNet]:
     """The net read ahead for these files (waiting for the thread to finish), once; None when
-    none was started, the files have changed since, or the read failed."""
-    model_file = os.fspath(model_file)
-    weights_file = None if weights_file is None else os.fspath(weights_file)
+    none was started, the files have changed since, or the read failed (the caller's own read
+    then reports why)."""
     key = _key(model_file, weights_file)
     if key is None:
         return None
@@ -87,8 +76,8 @@ def take(model_file: str, weights_file: Optional[str]) -> Optional[ParsedNet]:
         reader = _pending.pop(key, None)
     if reader is None:
         return None
-    reader.join()
+    reader.wait()
     parsed, reader.result = reader.result, None
-    if parsed is None or _key(model_file, weights_file) != key:  # replaced during the read
-        return None
+    if reader.error is not None or parsed is None or _key(model_file, weights_file) != key:
+        return None  # failed, or the files were replaced during the read
     return parsed

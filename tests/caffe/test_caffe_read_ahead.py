@@ -74,7 +74,7 @@ def test_read_ahead_of_other_files_is_not_used(tmp_path):
 def test_files_changed_after_the_read_started_are_read_again(tmp_path):
     proto, model = _net(tmp_path)
     read_ahead.start(proto, model)
-    read_ahead._pending[next(iter(read_ahead._pending))].join()
+    read_ahead._pending[next(iter(read_ahead._pending))].wait()
     # a new caffemodel in place of the one read (another inode, size and time)
     swap = tmp_path / "swap"
     swap.mkdir()
