@@ -212,10 +212,6 @@ def iterations(rows_positions: int, k: int, c_out: int, positions: int, gram: bo
     return n if n >= MIN_ITERS else 0
 
 
-def _h(v: torch.Tensor) -> torch.Tensor:
-    return (torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
-
-
 @dataclass
 class Rounding:
     """One layer's result (device tensors): the codes kept ([groups, C_out/g, K], float holding
