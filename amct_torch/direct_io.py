@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -69,15 +68,11 @@ class DirectFile:
         self._offset = 0  # file offset of the current buffer's first byte
         self._pool: Optional[ThreadPoolExecutor] = ThreadPoolExecutor(1, "amct-write") if threaded else None
         self._pending: Optional[Future] = None
-        self._lock = threading.Lock()
         self.closed = False
 
     # -- the file interface the streaming writers use -----------------------------------------
     def fileno(self) -> int:
         return self.fd
-
-    def writable(self) -> bool:
-        return True
 
     def write(self, data: Any) -> int:
         src = memoryview(data).cast("B")
@@ -149,6 +144,7 @@ class DirectFile:
             raise err
 
     def _pwrite(self, view: memoryview, offset: int) -> None:
+        # one at a time: each write starts after the previous one ended (``_wait``)
         done = 0
         while done < view.nbytes:
             try:
@@ -157,7 +153,5 @@ class DirectFile:
                 # a filesystem that took the flag but not these writes: ordinary writes then
                 if err.errno != errno.EINVAL or not self.direct:
                     raise
-                with self._lock:
-                    if self.direct:
-                        _direct_off(self.fd)
-                        self.direct = False
+                _direct_off(self.fd)
+                self.direct = False
