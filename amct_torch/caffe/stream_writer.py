@@ -16,7 +16,7 @@ around the page cache (``amct_torch.direct_io``) and put in place atomically
 """
 from __future__ import annotations
 
-from typing import BinaryIO, Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -109,12 +109,12 @@ def _net_parts(net: pb.NetParameter) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def _write_all(f: Union[BinaryIO, DirectFile], parts: Iterable) -> None:
+def _write_all(f: DirectFile, parts: Iterable) -> None:
     for p in parts:
         if isinstance(p, _Blocks):
             written = 0
             for block in p:
-                written += f.write(block) or block.nbytes
+                written += f.write(block)
             if written != p.nbytes:  # the length prefix is already in the file
                 raise ValueError(f"a blob's blocks held {written} bytes, {p.nbytes} were announced")
         else:
