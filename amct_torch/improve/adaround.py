@@ -114,16 +114,9 @@ class Sites:
     y_held: Optional[torch.Tensor] = None
 
 
-def positions_per_row(mod: Any, y: torch.Tensor) -> int:
-    """Output positions of one row of the layer's output ``y``."""
-    if mod.caffe_type == "InnerProduct":
-        return int(math.prod(y.shape[1:-1])) if y.dim() > 2 else 1
-    return int(y.shape[2] * y.shape[3])
-
-
 def input_positions_per_row(mod: Any, x: torch.Tensor) -> int:
-    """Output positions of one row, from the layer's input ``x`` (what ``positions_per_row``
-    gives from its output)."""
+    """Output positions of one row, from the layer's input ``x`` (the float pass and the
+    range search both count them so: the same sites in each)."""
     if mod.caffe_type == "InnerProduct":
         return int(math.prod(x.shape[1:canonical_axis(int(getattr(mod, "axis", 1)), x.dim(), mod)]))
     h, w = _out_hw(mod, x)

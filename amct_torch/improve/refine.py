@@ -53,7 +53,6 @@ from amct_torch.improve.adaround import (
     learn_rounding,
     outputs_at,
     patches,
-    positions_per_row,
     scale_view,
     supported,
     weight_view,
@@ -146,11 +145,11 @@ def float_pass(fused: fx.GraphModule, mean_names: list[str], site_names: list[st
     sites: dict[str, Sites] = {}
 
     def hook(name: str, mean: bool, site: bool) -> Callable:
-        def h(m: nn.Module, _a: tuple, y: torch.Tensor) -> None:
+        def h(m: nn.Module, a: tuple, y: torch.Tensor) -> None:
             if mean:
                 means[name] = (_channel_mean(y[:n_fit]), _channel_mean(y[n_fit:]))
             if site:
-                st = choose_sites(name, m, int(y.shape[0]), positions_per_row(m, y), n_fit, y.device)
+                st = choose_sites(name, m, int(y.shape[0]), input_positions_per_row(m, a[0]), n_fit, y.device)
                 st.y_fit, st.y_held = outputs_at(m, y, st.fit), outputs_at(m, y, st.held)
                 sites[name] = st
         return h
