@@ -271,8 +271,10 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
 
 def _refined_model(base: fx.GraphModule, res: Any, device: torch.device) -> fx.GraphModule:
     """``base`` with the refining pass's bias deltas and learned weights (a copy when any)."""
+    from amct_torch.caffe.graph import layer_modules
+
     gm = copy.deepcopy(base) if res.bias_delta or res.weights else base
-    mods: dict[Any, Any] = {m.caffe_name: m for m in gm.modules() if hasattr(m, "caffe_name")}
+    mods: dict[str, Any] = layer_modules(gm)
     for n, d in res.bias_delta.items():
         mods[n].bias.data += d.to(device=mods[n].bias.device, dtype=mods[n].bias.dtype)
     for n, w in res.weights.items():  # codes · scale_w: the exporters' ARQ grid gives the codes back
