@@ -174,10 +174,9 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
     from amct_torch.export.onnx.shapes import probe
     from amct_torch.export.onnx.validate import check_runtime, check_structure, runtime_status
 
-    tg = get_target(target)
-    activations = tg.activations or activations
-    # the form the exporter writes: the integer form unless the speed mode or the target says not
-    integer_ops = not speed and tg.integer_ops is not False
+    activations, integer_ops = get_target(target).layout(activations, True)
+    # the form the exporter writes: the integer form unless the target or the speed mode says not
+    integer_ops = integer_ops and not speed
     # only the integer form depends on where a zero point sits; a symmetric target has zero 0
     offsets = OFFSETS if integer_ops else (0,)
     try:

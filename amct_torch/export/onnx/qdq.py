@@ -522,9 +522,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     ``graph`` was changed by an improvement); None: ``graph``. ``float_staged``: the float
     model already written and checked (``float_ahead.FloatAhead``): its (temporary, final)
     pair, put in place with the quant model (target "onnxruntime" only)."""
-    tg = get_target(target)
-    activations = tg.activations or activations
-    integer_ops = integer_ops if tg.integer_ops is None else tg.integer_ops
+    activations, integer_ops = get_target(target).layout(activations, integer_ops)
     if activations not in ONNX_ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
     if bias not in ("float", "int32"):

@@ -51,6 +51,12 @@ class Target:
     integer_ops: Optional[bool]
     symmetric: bool
 
+    def layout(self, activations: str, integer_ops: bool) -> tuple[str, bool]:
+        """The activation type and whether the integer form is written: what this target
+        fixes, else the caller's choice."""
+        return (self.activations or activations,
+                integer_ops if self.integer_ops is None else self.integer_ops)
+
 
 TARGETS = {
     "onnxruntime": Target("onnxruntime", None, None, False),
