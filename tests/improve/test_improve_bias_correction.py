@@ -21,26 +21,10 @@ import amct_torch
 from amct_torch import AmctError
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.improve.bias_correction import correct_biases
-from helpers.caffe_nets import make_net, rand
+from helpers.caffe_nets import rand
+from helpers.improve_nets import conv_fc_net
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-BODY = """
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 6 kernel_size: 3 } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
-        convolution_param { num_output: 5 kernel_size: 3 } }
-layer { name: "relu2" type: "ReLU" bottom: "conv2" top: "conv2" }
-layer { name: "fc" type: "InnerProduct" bottom: "conv2" top: "fc" inner_product_param { num_output: 4 } }
-"""
-
-
-def small_net(tmp_path):
-    blobs = {"conv1": [rand(6, 3, 3, 3, seed=1, scale=0.4), rand(6, seed=2, scale=0.2)],
-             "conv2": [rand(5, 6, 3, 3, seed=3, scale=0.3), rand(5, seed=4, scale=0.2)],
-             "fc": [rand(4, 5 * 8 * 8, seed=5, scale=0.1), rand(4, seed=6, scale=0.1)]}
-    return make_net(tmp_path, BODY, {"data": [1, 3, 12, 12]}, blobs)
 
 
 def data(n: int, seed: int) -> np.ndarray:
@@ -84,7 +68,7 @@ def reference_corrections(params, records, x):
 
 def calibrated(tmp_path, x, **kw):
     os.makedirs(tmp_path, exist_ok=True)
-    proto, weights = small_net(tmp_path)
+    proto, weights = conv_fc_net(tmp_path, convs=2, size=12)
     return amct_torch.quantize(proto, weights, x, output=str(tmp_path / "o" / "m"), batch_num=2,
                                save_type=None, report=False, quiet=True, device="cpu", **kw)
 
@@ -143,7 +127,7 @@ def test_reduces_held_out_logit_error_on_example_model(tmp_path):
 def test_correction_reaches_written_models(tmp_path):
     from amct_torch.caffe.netio import parse_caffemodel
 
-    proto, weights = small_net(tmp_path)
+    proto, weights = conv_fc_net(tmp_path, convs=2, size=12)
     x = data(64, seed=7) + 1.5  # a larger input mean: a larger mean output error to correct
     r = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "o" / "m"), batch_num=2,
                             save_type="Fakequant", report=False, quiet=True, device="cpu",
@@ -165,7 +149,7 @@ def test_unknown_improvement_is_a_user_error(tmp_path):
 
 
 def test_cli_improve_flag(tmp_path):
-    proto, weights = small_net(tmp_path)
+    proto, weights = conv_fc_net(tmp_path, convs=2, size=12)
     np.save(tmp_path / "calib.npy", data(16, seed=7))
     env = dict(os.environ, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "amct_torch.cli", "calibrate", proto, weights,

@@ -12,20 +12,8 @@ import torch
 import amct_torch
 from amct_torch.improve import folds
 from amct_torch.improve.pipeline import MARGIN_DB, Stage, _better
-from helpers.caffe_nets import make_net, rand
-
-BODY = """
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 6 kernel_size: 3 } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "fc" type: "InnerProduct" bottom: "conv1" top: "fc" inner_product_param { num_output: 4 } }
-"""
-
-
-def small_net(tmp_path):
-    blobs = {"conv1": [rand(6, 3, 3, 3, seed=1, scale=0.4), rand(6, seed=2, scale=0.2)],
-             "fc": [rand(4, 6 * 6 * 6, seed=5, scale=0.1), rand(4, seed=6, scale=0.1)]}
-    return make_net(tmp_path, BODY, {"data": [1, 3, 8, 8]}, blobs)
+from helpers.caffe_nets import rand
+from helpers.improve_nets import conv_fc_net
 
 
 def test_other_fold_swaps_the_roles_only_when_starved_and_small():
@@ -85,7 +73,7 @@ def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_
         calls.append((int(a[3]), kw.get("multipliers")))
         return real(*a, **kw)
     monkeypatch.setattr(refine_mod, "refine", spy)
-    proto, weights = small_net(tmp_path)
+    proto, weights = conv_fc_net(tmp_path, convs=1, size=8)
     x = rand(32, 3, 8, 8, seed=7) + 0.5
     kw = dict(batch_num=2, batch_size=16, save_type=None, report=False, quiet=True, device="cpu")
     base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), **kw)
