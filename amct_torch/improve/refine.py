@@ -286,7 +286,7 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
             k = torch.where(keep, k, torch.full_like(k, base))
             st.chosen[name] = k
             st.rmse[name] = torch.stack([e_base, torch.minimum(e_k, e_base)])
-            xq = fake_quant(x, s_all[k], offset)
+            xq = fake_quant(x, s_all.take(k), offset)
         if learner is not None:
             learned = learner(mod, xq)
             if learned is not None:
@@ -305,7 +305,7 @@ def _row_search(mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, rest: tup
     errs = torch.stack([_mse(mod.forward(fake_quant(fit, s, offset), *rest), ref_fit, centered) for s in scales])
     k = torch.argmin(errs)
     e_base = _mse(mod.forward(fake_quant(held, scales[base], offset), *rest), ref_held, centered)
-    e_k = _mse(mod.forward(fake_quant(held, s_all[k], offset), *rest), ref_held, centered)
+    e_k = _mse(mod.forward(fake_quant(held, s_all.take(k), offset), *rest), ref_held, centered)
     return e_base, e_k, k
 
 
@@ -324,7 +324,7 @@ def _sampled_search(name: str, mod: nn.Module, float_mod: nn.Module, x: torch.Te
     errs = torch.stack([_candidate_err(pf, rf, s, offset, wq, centered) for s in scales])
     k = torch.argmin(errs)
     return (_candidate_err(ph, rh, scales[base], offset, wq, centered),
-            _candidate_err(ph, rh, s_all[k], offset, wq, centered), k)
+            _candidate_err(ph, rh, s_all.take(k), offset, wq, centered), k)
 
 
 def _patches_ref(mod: nn.Module, x: torch.Tensor, idx: torch.Tensor, wf: torch.Tensor

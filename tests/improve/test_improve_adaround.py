@@ -200,6 +200,30 @@ def test_learning_never_reads_back():
     assert r.codes.device.type == "meta"
 
 
+def test_refining_hook_never_reads_back():
+    """A learned layer's step of the refining pass (``refine._pre_hook``: the range search at
+    the sampled positions, then the learned rounding on the input so quantized) on the meta
+    device: no host read before the pass's end (``refine._collect``)."""
+    from amct_torch.improve import refine as R
+    fconv = torch.nn.Conv2d(4, 6, 3, 1, 1, groups=2).to("meta")
+    fconv.caffe_type = "Convolution"
+    qconv = torch.nn.Conv2d(4, 6, 3, 1, 1, groups=2).to("meta")
+    qconv.caffe_type = "Convolution"
+    x = torch.empty(12, 4, 8, 8, device="meta")
+    y = torch.empty(12, 6, 8, 8, device="meta")
+    sites = A.choose_sites("conv", fconv, 12, A.input_positions_per_row(fconv, x), 8, x.device)
+    sites.y_fit, sites.y_held = A.outputs_at(fconv, y, sites.fit), A.outputs_at(fconv, y, sites.held)
+    for centered in (False, True):
+        st = R._State()
+        learner = R._Learner(fconv, [0.01] * 6, sites, 8, centered)
+        hook = R._pre_hook("conv", 0.05, 0, False, fconv, 8, st, centered=centered, learner=learner)
+        out = hook(qconv, (x,))
+        assert out[0].shape == x.shape and out[0].device.type == "meta"
+        assert st.chosen["conv"].device.type == "meta" and st.rmse["conv"].device.type == "meta"
+        rounding, fw = st.rounding["conv"]   # learned (the layer's budget is above MIN_ITERS)
+        assert rounding.kept.device.type == "meta" and fw.shape == qconv.weight.shape
+
+
 def test_iteration_budget_scales_with_the_layer():
     # a cheap layer (many positions, short patches) gets the most; a costly one (long patches
     # over few positions) none
