@@ -220,10 +220,15 @@ def _center(t: torch.Tensor) -> torch.Tensor:
     return t - t.mean(dim=0, keepdim=True)
 
 
+def apply_weights(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The layer's output (bias left out) from its patches: x [P, g, K] · w [g, o, K] per
+    group, as [P, g·o] (output channels in order)."""
+    return torch.einsum("pgk,gok->pgo", x, w).reshape(x.shape[0], -1)
+
+
 def _sse(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Σ (x·wᵀ − y)² per group; x [P, g, K], w [g, o, K], y [P, g·o]."""
-    pred = torch.einsum("pgk,gok->pgo", x, w).reshape(y.shape)
-    return (pred - y).pow(2).sum()
+    return (apply_weights(x, w) - y).pow(2).sum()
 
 
 def learn_rounding(w: torch.Tensor, scale: torch.Tensor, x_fit: torch.Tensor, y_fit: torch.Tensor,

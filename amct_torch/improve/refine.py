@@ -46,6 +46,7 @@ from amct_torch.export.layer_quant import WEIGHTED, layer_quant
 from amct_torch.improve.adaround import (
     Rounding,
     Sites,
+    apply_weights,
     choose_sites,
     fake_weight,
     input_positions_per_row,
@@ -331,14 +332,13 @@ def _patches_ref(mod: nn.Module, x: torch.Tensor, idx: torch.Tensor, wf: torch.T
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The patches of ``x`` at ``idx`` and the float weights' output there (bias left out)."""
     p = patches(mod, x, idx)
-    return p, torch.einsum("pgk,gok->pgo", p, wf).reshape(p.shape[0], -1)
+    return p, apply_weights(p, wf)
 
 
 def _candidate_err(p: torch.Tensor, ref: torch.Tensor, s: Any, offset: int, wq: torch.Tensor,
                    centered: bool) -> torch.Tensor:
     """Output MSE at the sampled positions with the input quantized by scale ``s``."""
-    y = torch.einsum("pgk,gok->pgo", fake_quant(p, s, offset), wq).reshape(ref.shape)
-    return _mse(y, ref, centered)
+    return _mse(apply_weights(fake_quant(p, s, offset), wq), ref, centered)
 
 
 def _bias_hook(name: str, target: tuple[torch.Tensor, torch.Tensor], n_fit: int,
