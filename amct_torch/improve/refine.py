@@ -279,7 +279,7 @@ def _pre_hook(name: str, scale: float, offset: int, joint: bool, float_mod: Opti
             s_all = torch.tensor(scales, dtype=torch.float32, device=x.device)
             if supported(float_mod):
                 e_base, e_k, k = _sampled_search(name, mod, float_mod, x, n_fit, scales, s_all, offset,
-                                                 base, centered)
+                                                 base, centered, learner.sites if learner is not None else None)
             else:
                 e_base, e_k, k = _row_search(mod, float_mod, x, rest, n_fit, scales, s_all, offset, base,
                                              centered)
@@ -311,14 +311,17 @@ def _row_search(mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, rest: tup
 
 
 def _sampled_search(name: str, mod: nn.Module, float_mod: nn.Module, x: torch.Tensor, n_fit: int,
-                    scales: list, s_all: torch.Tensor, offset: int, base: int, centered: bool) -> tuple:
+                    scales: list, s_all: torch.Tensor, offset: int, base: int, centered: bool,
+                    sites: Optional[Sites] = None) -> tuple:
     """The range candidates scored at sampled output positions (``adaround.choose_sites``: the
     same positions as the learned rounding) instead of whole rows: the layer's output there
     is patches · weights, and the activation fake-quant is elementwise (and maps the zero
     padding to zero), so fake_quant(patches(x)) = patches(fake_quant(x)) and each candidate
     costs P·K·C_out instead of a forward over rows. The bias is the same on both sides and
-    drops out of the error."""
-    sites = choose_sites(name, float_mod, int(x.shape[0]), input_positions_per_row(float_mod, x), n_fit, x.device)
+    drops out of the error. ``sites``: the learned rounding's, already chosen by the float pass."""
+    if sites is None:
+        sites = choose_sites(name, float_mod, int(x.shape[0]), input_positions_per_row(float_mod, x), n_fit,
+                             x.device)
     wq, wf = weight_view(mod), weight_view(float_mod)
     fit = sites.fit[::max(1, -(-sites.fit.numel() // SEARCH_POSITIONS))]
     (pf, rf), (ph, rh) = [_patches_ref(float_mod, x, idx, wf) for idx in (fit, sites.held)]
