@@ -26,7 +26,7 @@ def test_other_fold_swaps_the_roles_only_when_starved_and_small():
     data, n_fit = folds.other_fold((x,), 24, [torch.zeros(8, 4)], 32, 64)
     assert n_fit == 8 and torch.equal(data[0], torch.cat([x[24:], x[:24]]))
     # an output with 16 x 4 x 4 = 256 held-out values per channel: enough, the single split
-    assert folds.other_fold((x,), 16, [torch.zeros(16, 4, 4, 4)] + one_position[:0], 32, 64) is None
+    assert folds.other_fold((x,), 16, [torch.zeros(16, 4, 4, 4)], 32, 64) is None
     assert folds.values_per_channel([torch.zeros(16, 4, 4, 4), torch.zeros(16, 2)]) == 16
     # a large input (above MAX_INPUT values per sample): the refining pass would run twice, not here
     big = torch.zeros(4, 3, 128, 128)
@@ -105,8 +105,6 @@ def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_
 def test_the_fold_kept_must_gain_the_margin_on_its_own_rows():
     """Pooled over both folds a stage may pass while the model kept gains nothing on the rows
     it was not fitted on: then it is not kept; a fold that gains the margin itself is."""
-    from amct_torch.improve.pipeline import MARGIN_DB, Stage, _better
-
     default = Stage("default", [20.0, 30.0], halves=[[20.0, 30.0], [20.0, 30.0]])
     flat_then_small = Stage("x", [20.0 + MARGIN_DB, 30.5],
                             halves=[[20.0, 30.2], [20.0 + MARGIN_DB / 2, 30.8]], per_fold=True)
