@@ -77,12 +77,20 @@ def _hw(v: Union[int, Sequence[int]]) -> tuple[int, int]:
 MAX_IMAGE_PIXELS = 50_000_000
 
 
-def image_size(path: str) -> Optional[tuple[int, int]]:
-    """(width, height) from a PNG, JPEG, BMP or GIF header without decoding; None when the
-    format is not one of those or the header is unreadable (OpenCV then decides)."""
+def _open_binary(source: Union[str, bytes, memoryview]) -> Any:
+    """A binary file object over a path or over the bytes themselves (an encoded image held in
+    a database record)."""
+    import io
+    return open(source, "rb") if isinstance(source, str) else io.BytesIO(source)
+
+
+def image_size(path: Union[str, bytes, memoryview]) -> Optional[tuple[int, int]]:
+    """(width, height) from a PNG, JPEG, BMP or GIF header (a file's path, or its bytes)
+    without decoding; None when the format is not one of those or the header is unreadable
+    (OpenCV then decides)."""
     import struct
     try:
-        with open(path, "rb") as f:
+        with _open_binary(path) as f:
             head = f.read(32)
             if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
                 return struct.unpack(">II", head[16:24])
@@ -109,12 +117,14 @@ def image_size(path: str) -> Optional[tuple[int, int]]:
     return None
 
 
-def check_png_chunks(path: str) -> None:
-    """Refuse a PNG whose chunk lengths exceed the file (OpenCV's PNG reader allocates what a
-    chunk header claims: a 70-byte file claiming a 3.8 GB IDAT took 3.7 GB)."""
+def check_png_chunks(path: Union[str, bytes, memoryview], name: Optional[str] = None) -> None:
+    """Refuse a PNG (a file's path, or its bytes, then called ``name`` in the error) whose chunk
+    lengths exceed the file (OpenCV's PNG reader allocates what a chunk header claims: a
+    70-byte file claiming a 3.8 GB IDAT took 3.7 GB)."""
     import struct
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    size = os.path.getsize(path) if isinstance(path, str) else len(path)
+    where = path if isinstance(path, str) else name
+    with _open_binary(path) as f:
         if f.read(8) != b"\x89PNG\r\n\x1a\n":
             return
         pos = 8
@@ -125,7 +135,7 @@ def check_png_chunks(path: str) -> None:
             length = struct.unpack(">I", head[:4])[0]
             if length > size - pos - 12:
                 raise DataError(f"corrupt PNG: a chunk claims {length} bytes at offset {pos}, the "
-                                f"file has {size} bytes", file=path)
+                                f"file has {size} bytes", file=where)
             if head[4:8] == b"IEND":
                 return
             f.seek(length + 4, 1)

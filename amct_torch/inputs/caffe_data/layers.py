@@ -1,0 +1,58 @@
+"""A net's data layer opened as a DataSource, by layer type.
+
+Relative file names (``source``, ``mean_file``, HDF5 files) are looked up as Caffe does,
+relative to the working directory, and then relative to ``base_dir`` (the prototxt's folder).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from amct_torch.errors import DataError
+from amct_torch.inputs.caffe_data.datum_source import DatumSource
+from amct_torch.inputs.caffe_data.hdf5_source import Hdf5Source
+from amct_torch.inputs.caffe_data.image_list import ImageListSource
+from amct_torch.inputs.caffe_data.paths import resolve
+from amct_torch.inputs.caffe_data.shape_sources import DummySource, MemorySource
+from amct_torch.inputs.caffe_data.source import DataSource
+from amct_torch.inputs.caffe_data.transformer import DataTransformer
+from amct_torch.proto import amct_caffe_pb2 as pb
+
+#: the data layer types read here
+DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "AnnotatedData", "DummyData", "MemoryData")
+#: recognised as data layers only to be refused with a clear message
+REFUSED_DATA_LAYER_TYPES = ("WindowData",)
+
+
+def is_data_layer(type_name: str) -> bool:
+    """Whether a layer of this type is a data layer (a source of batches, not a graph
+    module). Python layers are not counted: they may be anything."""
+    return type_name in DATA_LAYER_TYPES or type_name in REFUSED_DATA_LAYER_TYPES
+
+
+def open_data_layer(layer: pb.LayerParameter, *, base_dir: str, phase: str = "TEST",
+                    threads: Optional[int] = None) -> DataSource:
+    """The batches ``layer`` gives in Caffe's ``phase`` (only TEST, the phase ``caffe test``
+    runs, is reproducible: TRAIN draws random crops and mirrors). ``threads``: decoding
+    threads (default: the cores, at most 8). DataError naming the file and the layer for
+    anything wrong with the data."""
+    if phase != "TEST":
+        raise ValueError(f"only the TEST phase's data are read, not {phase!r}")
+    kind, name = layer.type, layer.name
+    if kind in ("Data", "AnnotatedData"):
+        path = resolve(layer.data_param.source, base_dir, "data_param source", name)
+        transformer = DataTransformer(layer.transform_param, base_dir=base_dir, layer=name)
+        return DatumSource(layer, path, transformer, annotated=kind == "AnnotatedData",
+                           threads=threads)
+    if kind == "ImageData":
+        path = resolve(layer.image_data_param.source, base_dir, "image_data_param source", name)
+        transformer = DataTransformer(layer.transform_param, base_dir=base_dir, layer=name)
+        return ImageListSource(layer, path, transformer, threads=threads)
+    if kind == "HDF5Data":
+        path = resolve(layer.hdf5_data_param.source, base_dir, "hdf5_data_param source", name)
+        return Hdf5Source(layer, path, base_dir, threads=threads)
+    if kind == "DummyData":
+        return DummySource(layer)
+    if kind == "MemoryData":
+        return MemorySource(layer)
+    raise DataError(f"data layer type '{kind}' is not supported (supported: "
+                    f"{', '.join(DATA_LAYER_TYPES)})", layer=name)
