@@ -4,7 +4,6 @@ files), ``convert_cifar_data``-style raw 3×32×32 records, ``compute_image_mean
 BlobProto, the SSD fork's AnnotatedDatum records, ImageData list files and HDF5Data files."""
 from __future__ import annotations
 
-import os
 from typing import Iterable, Optional
 
 import numpy as np

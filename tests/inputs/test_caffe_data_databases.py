@@ -10,8 +10,16 @@ import pytest
 
 from amct_torch.inputs.caffe_data import is_data_layer, open_data_layer, read_mean_file
 from amct_torch.proto import amct_caffe_pb2 as pb
-from helpers.caffe_dbs import (data_layer, encoded_datum, imageset_records, raw_datum,
-                               sized_images, write_leveldb, write_lmdb, write_mean)
+from helpers.caffe_dbs import (
+    data_layer,
+    encoded_datum,
+    imageset_records,
+    raw_datum,
+    sized_images,
+    write_leveldb,
+    write_lmdb,
+    write_mean,
+)
 
 
 def reference(img_chw: np.ndarray, crop: int, mean: np.ndarray, scale: float) -> np.ndarray:
