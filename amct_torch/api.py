@@ -27,10 +27,11 @@ import torch
 
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
-from amct_torch.output_names import SAVE_TYPES, model_paths
+from amct_torch.inputs.limits import check_regular_file
+from amct_torch.output_names import PREFIX_SUFFIXES, SAVE_TYPES, model_paths
 from amct_torch.record import empty_record, read_record
 from amct_torch.steps import QuantGraph, check_records, load, quantize_weights, start_calibration, write_records
-from amct_torch.transaction import OutputTransaction, check_outputs, make_folder
+from amct_torch.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
 
 log = logging.getLogger("amct_torch")
 
@@ -42,20 +43,13 @@ def _need_file(path: str, what: str, err: type = ModelError) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise err(f"{what} must be a path, got {type(path).__name__}")
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise err(f"{what} not found", file=path)
+    check_regular_file(path, what, err)
     return path
 
 
 def _output_path(path: object, what: str) -> str:
     """An output path or prefix given by the user, as a string (``AmctError`` otherwise)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise AmctError(f"{what} must be a path, got {type(path).__name__}")
-    path = os.fspath(path)
-    if not path or not os.path.basename(path):
-        raise AmctError(f"{what} must name a file or a prefix such as out/model, not a folder",
-                        file=path or None)
-    return path
+    return check_output_name(path, what, PREFIX_SUFFIXES)
 
 
 def _check_graph(graph: object, caller: str) -> QuantGraph:

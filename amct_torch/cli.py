@@ -9,6 +9,7 @@ with the preprocessing knobs they know from Caffe's ``transform_param``. Every u
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -341,9 +342,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from amct_torch.api import convert_model
-    for p, what in ((args.model, "model file"), (args.weights, "weights file"), (args.record, "record file")):
-        if not os.path.isfile(p):
-            raise AmctError(f"{what} not found", file=p)
+    from amct_torch.errors import ModelError, RecordError
+    from amct_torch.inputs.limits import check_regular_file
+    for p, what, err in ((args.model, "model file", ModelError), (args.weights, "weights file", ModelError),
+                         (args.record, "record file", RecordError)):
+        check_regular_file(p, what, err)
     written = convert_model(args.model, args.weights, args.record, args.output)
     _print_files({os.path.basename(p): p for p in written})
     return 0
@@ -351,7 +354,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from amct_torch.config import create_quant_config
-    from amct_torch.transaction import check_outputs, make_folder
+    from amct_torch.transaction import check_output_name, check_outputs, make_folder
+    check_output_name(args.output, "--output")
     check_outputs([args.output], [args.model, args.weights, args.quant_cfg])
     make_folder(os.path.dirname(os.path.abspath(args.output)))
     create_quant_config(args.output, args.model, args.weights, skip_layers=args.skip_layers,
@@ -400,6 +404,41 @@ def _inputs_of(args: argparse.Namespace) -> str:
     return f"{', '.join(present)}: " if present else ""
 
 
+#: errors of writing (a full disk, a quota, a read-only mount): they concern the output
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def _os_error_line(err: OSError, args: argparse.Namespace) -> str:
+    """The one line of an ``OSError`` that reached the command: the file it names (the user's
+    output for a private temporary or staging path), else for a write error the command's
+    output, else its inputs; and the reason in plain words."""
+    from amct_torch.transaction import user_path, write_error
+    output = getattr(args, "output", None)
+    if isinstance(err.filename, str):
+        where = user_path(err.filename)
+    elif err.errno in _WRITE_ERRNOS and output:
+        where = output
+    else:
+        where = None
+    if err.errno in _WRITE_ERRNOS or (where is not None and where != err.filename):
+        return str(write_error(err, where))
+    why = excerpt(err.strerror or str(err) or type(err).__name__)
+    return f"{where}: {why}" if where else f"{_inputs_of(args)}{why}"
+
+
+def _forgiving_streams() -> None:
+    """Standard output and error never fail on a character their encoding lacks (a unicode
+    prefix under ``LANG=C``): it is written escaped (``\\u00e9``), and a finished job stays
+    finished."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
 
@@ -429,6 +468,7 @@ def _exit_now(code: int) -> None:
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
+    _forgiving_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -440,10 +480,12 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except AmctError as err:
         msg = " ".join(str(err).split())
         print(f"amct-torch {args.command}: error: {msg}", file=sys.stderr)
-    except (OSError, MemoryError, RecursionError) as err:
+    except OSError as err:
+        print(f"amct-torch {args.command}: error: {_os_error_line(err, args)}", file=sys.stderr)
+    except (MemoryError, RecursionError) as err:
         # resource exhaustion reached from a user's file: one line naming the command's inputs
-        where = f"{getattr(err, 'filename')}: " if getattr(err, "filename", None) else _inputs_of(args)
-        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+        where = _inputs_of(args)
+        why = str(err) or type(err).__name__
         if isinstance(err, (MemoryError, RecursionError)):
             why = f"{type(err).__name__}: {why}" if str(err) else type(err).__name__
         print(f"amct-torch {args.command}: error: {where}{excerpt(why)}", file=sys.stderr)

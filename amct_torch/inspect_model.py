@@ -232,11 +232,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """CLI entry: prints the answer; exit 0 (supported) or 3 (something unsupported)."""
     from amct_torch.errors import ModelError
+    from amct_torch.inputs.limits import check_regular_file
     from amct_torch.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: on a busy machine idle threads sleep, not spin
     for path, what in ((args.model, "model file"), (args.weights, "weights file")):
-        if path is not None and not os.path.isfile(path):
-            raise ModelError(f"{what} not found", file=path)
+        if path is not None:
+            check_regular_file(path, what, ModelError)
     res = inspect_model(args.model, args.weights, args.config, onnx=not args.no_onnx)
     if args.json:
         json.dump(res.to_json(), sys.stdout, indent=1)

@@ -36,22 +36,111 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 from typing import Iterable, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
-from amct_torch.errors import AmctError
+from amct_torch.errors import AmctError, excerpt
 from amct_torch.output_names import prefix_outputs
 from amct_torch.termination import SignalGuard, Terminated, signals_held
 
 __all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
-           "same_file", "staging_folder"]
+           "same_file", "staging_folder", "user_path", "write_error", "check_output_name"]
 
 log = logging.getLogger("amct_torch")
 
 STAGING_SUFFIX = ".amct-partial"
 MANIFEST = "COMMITTED.json"
 _LOCK = "lock"
+#: the staging folder's subfolder holding a link to each earlier file a commit replaces
+ASIDE = "replaced"
+#: a private temporary file beside its final file: ``.{name}.{8 random}.tmp`` (atomic.temp_beside)
+_TEMP_NAME = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.(?:tmp|view)$")
+#: errno → the words of the one-line error (the rest: the system's own strerror)
+_WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted (an immutable or another user's file?)",
+        errno.ENAMETOOLONG: "file name too long", errno.ENOENT: "the folder disappeared"}
+
+
+def user_path(path: str) -> str:
+    """The user's output path that a private path stands for: a file in a staging folder
+    (``out/.m.amct-partial/m_record.txt`` → ``out/m_record.txt``) or a temporary file beside
+    its final file (``out/.m_record.txt.x1y2z3w4.tmp`` → ``out/m_record.txt``)."""
+    path = os.fspath(path)
+    folder, name = os.path.split(path)
+    if name.startswith(".") and name.endswith(STAGING_SUFFIX) and len(name) > len(STAGING_SUFFIX) + 1:
+        return os.path.join(folder, name[1:-len(STAGING_SUFFIX)])  # the staging folder itself
+    m = _TEMP_NAME.match(name)
+    if m:
+        name = m.group(1)
+    if os.path.basename(folder).endswith(STAGING_SUFFIX) and os.path.basename(folder).startswith("."):
+        folder = os.path.dirname(folder)
+    elif m and os.path.basename(os.path.dirname(folder)).endswith(STAGING_SUFFIX):
+        folder = os.path.dirname(os.path.dirname(folder))
+    return os.path.join(folder, name) if folder else name
+
+
+def write_error(err: OSError, where: Optional[str], kept: bool = False) -> AmctError:
+    """The one-line error of a failed write: the user's output path (never a private temporary
+    or staging name) and what went wrong in plain words; ``kept``: say that the previous
+    outputs were kept."""
+    why = _WHY.get(err.errno or 0) or err.strerror or str(err)
+    tail = "; the previous outputs were kept" if kept else ""
+    return AmctError(f"cannot write the output: {why}{tail}",
+                     file=user_path(where) if where else None)
+
+
+def _replaceable(path: str, folder_stat: os.stat_result) -> None:
+    """Raise ``PermissionError`` when this process may not replace ``path``: another user's
+    file in a sticky folder (``/tmp``) that is not ours either (root may)."""
+    if os.geteuid() == 0 or not folder_stat.st_mode & stat.S_ISVTX:
+        return
+    own = os.lstat(path).st_uid
+    if os.geteuid() not in (own, folder_stat.st_uid):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), path)
+
+
+def _keep_old(paths: Sequence[str], aside: str) -> list[str]:
+    """Before the commit point, proof that each earlier output can be replaced and a way back:
+    a hard link of each into ``aside`` (a copy where the filesystem has no hard links); an
+    immutable or append-only file refuses the link, another user's file in a sticky folder is
+    refused by its owner. Nothing in the output folder changes here. ``AmctError`` naming the
+    first that cannot be replaced."""
+    os.mkdir(aside, 0o700)
+    kept = []
+    for p in paths:
+        try:
+            _replaceable(p, os.stat(os.path.dirname(p)))
+            try:
+                os.link(p, os.path.join(aside, os.path.basename(p)), follow_symlinks=False)
+            except OSError as err:
+                if err.errno in (errno.EPERM, errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+                    raise
+                shutil.copy2(p, os.path.join(aside, os.path.basename(p)), follow_symlinks=False)
+        except OSError as err:
+            raise write_error(err, p, kept=True) from None
+        kept.append(p)
+    return kept
+
+
+def _restore(placed: Sequence[str], aside: str) -> None:
+    """Put the earlier files back over the new ones placed (an error here is raised: the old
+    set must be whole, or the user told where it is)."""
+    for p in placed:
+        old = os.path.join(aside, os.path.basename(p))
+        try:
+            if os.path.lexists(old):
+                os.replace(old, p)
+            else:  # there was no earlier file of this name
+                os.unlink(p)
+        except OSError as err:
+            raise AmctError(f"could not put the earlier output back ({err.strerror or err}); it "
+                            f"is in {aside}", file=p) from None
+
+
 class Published(list):
     """What ``commit`` returns: the final paths published (a list, as before), and
     ``removed``: the earlier run's files of the prefix that this commit removed."""
@@ -75,6 +164,42 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+#: the longest file name and path most filesystems take (Linux's NAME_MAX and PATH_MAX)
+NAME_MAX = 255
+PATH_MAX = 4096
+#: what the private names add to an output's: ``.{name}.{8 random}.tmp`` and the staging
+#: folder ``.{prefix}.amct-partial`` above it
+_PRIVATE_EXTRA = len(".") + len(".12345678.tmp")
+
+
+def check_output_name(path: object, what: str = "output", suffixes: Sequence[str] = ("",)) -> str:
+    """``path`` (a str or ``os.PathLike``) as a string, refused (``AmctError`` naming it) before
+    any work when it cannot name the outputs: not a path, empty, a folder (``.``, ``..``,
+    ``out/``, ``out/.``, an existing folder), or so long that a file written under it (each of
+    ``suffixes`` appended, with the private names of the write) passes the filesystem's limits."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise AmctError(f"{what} must be a path (str or os.PathLike), got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise AmctError(f"{what} must be a path (str or os.PathLike), got bytes")
+    base = os.path.basename(text)
+    if not text or base in ("", ".", ".."):
+        raise AmctError(f"{what} must name a file or a prefix such as out/model, not a folder",
+                        file=text or None)
+    if os.path.isdir(text):
+        raise AmctError(f"{what} is an existing folder; give a file path or a prefix inside it "
+                        f"such as {os.path.join(text, 'model')}", file=text)
+    longest = max(len(os.fsencode(base + s)) for s in suffixes)
+    if longest + _PRIVATE_EXTRA > NAME_MAX:
+        raise AmctError(f"{what}'s file name is too long: {longest} bytes with its suffix, at "
+                        f"most {NAME_MAX - _PRIVATE_EXTRA}", file=excerpt(text, 120))
+    full = len(os.fsencode(os.path.abspath(text))) + len(STAGING_SUFFIX) + 2 * _PRIVATE_EXTRA + longest
+    if full >= PATH_MAX:
+        raise AmctError(f"{what} is too long a path ({full} bytes with the private names of the "
+                        f"write, at most {PATH_MAX - 1})", file=excerpt(text, 120))
+    return text
 
 
 def check_outputs(outputs: Iterable[str], inputs: Iterable[Optional[str]] = ()) -> None:
@@ -108,8 +233,13 @@ def make_folder(folder: str) -> list[str]:
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
-        raise AmctError(f"cannot create the output folder: {err.strerror or err}",
-                        file=folder) from None
+        for made in created:  # deepest first: nothing of this attempt stays
+            try:
+                os.rmdir(made)
+            except OSError:
+                pass
+        why = _WHY.get(err.errno or 0) or err.strerror or str(err)
+        raise AmctError(f"cannot create the output folder: {why}", file=excerpt(folder, 200)) from None
     if not os.path.isdir(folder):
         raise AmctError("the output folder is not a folder", file=folder)
     return created
@@ -332,10 +462,9 @@ class OutputTransaction:
         return self.staged(prefix)
 
     def final_of(self, path: str) -> str:
-        """The final path of a staged path (other paths unchanged): for error messages."""
-        if self.staging and os.path.dirname(os.path.abspath(path)) == self.staging:
-            return os.path.join(self.folder, os.path.basename(path))
-        return path
+        """The final path of a staged or temporary path (other paths unchanged): for error
+        messages, which name the user's files only."""
+        return user_path(path)
 
     def stale(self, publishing: Sequence[str]) -> list[str]:
         """The earlier run's files that a commit publishing ``publishing`` removes: the owned
@@ -356,30 +485,50 @@ class OutputTransaction:
 
     def commit(self, finals: Optional[Sequence[str]] = None) -> Published:
         """Publish the staged files of ``finals`` (default: every final that was staged):
-        fsync each, set the umask's permissions, write the manifest (the commit point), rename
-        all into place, remove the earlier run's stale files (``owns_prefix``), remove the
-        staging folder. Returns the final paths, with ``.removed`` the stale files removed."""
+        fsync each, set the umask's permissions, keep a link to each earlier file of these names
+        (and the owned prefix's stale ones) -- proving each one can be replaced -- write the
+        manifest (the commit point), rename the new files into place, remove the stale ones and
+        the staging folder. A rename that fails puts the earlier files back (``AmctError``
+        naming the output and saying the previous outputs were kept). Returns the final paths,
+        with ``.removed`` the stale files removed."""
         assert self.staging is not None, "begin() first"
         wanted = [os.path.abspath(os.fspath(p)) for p in (finals if finals is not None else self.finals)]
         moves = [p for p in wanted if os.path.isfile(self.staged(p))]
         stale = self.stale(moves)
         mode = file_mode()
-        for p in moves:
-            fd = os.open(self.staged(p), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.chmod(self.staged(p), mode)
-        fsync_dir(self.staging)
-        with signals_held():  # from the commit point on, a signal waits for the whole set
-            atomic_write_text(os.path.join(self.staging, MANIFEST),
-                              json.dumps({"moves": [os.path.basename(p) for p in moves],
-                                          "removes": [os.path.basename(p) for p in stale]}))
-            self._committed = True
+        try:
             for p in moves:
-                os.replace(self.staged(p), p)
-            removed = _unlink_stale(stale)
+                fd = os.open(self.staged(p), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(self.staged(p), mode)
+            fsync_dir(self.staging)
+        except OSError as err:
+            raise write_error(err, self.final_of(err.filename or self.folder)) from None
+        aside = os.path.join(self.staging, ASIDE)
+        _keep_old([p for p in moves + stale if os.path.lexists(p)], aside)
+        with signals_held():  # from the commit point on, a signal waits for the whole set
+            try:
+                atomic_write_text(os.path.join(self.staging, MANIFEST),
+                                  json.dumps({"moves": [os.path.basename(p) for p in moves],
+                                              "removes": [os.path.basename(p) for p in stale]}))
+            except OSError as err:
+                raise write_error(err, self.folder, kept=True) from None
+            self._committed = True
+            placed: list[str] = []
+            try:
+                for p in moves:
+                    os.replace(self.staged(p), p)
+                    placed.append(p)
+                removed = _unlink_stale(stale)
+            except OSError as err:  # the earlier files back over the new ones: the old set
+                _restore(placed, aside)
+                os.unlink(os.path.join(self.staging, MANIFEST))
+                self._committed = False
+                raise write_error(err, err.filename if isinstance(err.filename, str) else self.folder,
+                                  kept=True) from None
             fsync_dir(self.folder)
             self._created = []
             self._close()
@@ -387,15 +536,18 @@ class OutputTransaction:
 
     def abort(self) -> None:
         """Discard everything staged (the previous outputs stay as they were); past the
-        commit point (an error amid the renames) finish the set instead, or leave it, with its
-        manifest, for the next run to finish."""
+        commit point (a kill cut the commit short) finish the set instead. An error doing so
+        is raised (``AmctError`` naming the staging folder, which keeps what the next run on
+        this prefix needs)."""
         if self.staging is not None and self._committed:
             staging, self.staging = self.staging, None
             self._close()  # our lock goes first: recover takes it
             try:
                 recover(staging, self.inputs)
-            except (AmctError, OSError):
-                pass
+            except OSError as err:
+                raise AmctError(f"the outputs were committed but could not all be put in place "
+                                f"({err.strerror or err}); the next run on this prefix finishes "
+                                "them", file=staging) from None
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
         self._close()
@@ -420,4 +572,14 @@ class OutputTransaction:
         return self if self.staging is not None else self.begin()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.abort()
+        if exc is None:
+            self.abort()
+            return
+        try:
+            self.abort()
+        except AmctError as err:  # the error in flight stays the one raised
+            log.error("%s", err)
+        if isinstance(exc, OSError) and not isinstance(exc, AmctError):
+            # a full disk, a folder made read-only: the user's output, never our private names
+            raise write_error(exc, self.final_of(exc.filename) if isinstance(exc.filename, str)
+                              else self.folder) from None

@@ -73,9 +73,9 @@ def create_quant_config(config_file: str, model_file: str, weights_file: str,
     ``batch_num`` and ``activation_offset`` are ignored, as in AMCT. The file is written
     atomically.
     """
+    from amct_torch.inputs.limits import check_regular_file
     from amct_torch.transaction import check_outputs, make_folder
-    if not os.path.isfile(weights_file):
-        raise ModelError("weights file not found", file=weights_file)
+    check_regular_file(weights_file, "weights file", ModelError)
     check_outputs([config_file], [model_file, weights_file, config_defination])
     layers = model_layer_infos(model_file)
     if config_defination is not None:

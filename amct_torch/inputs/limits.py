@@ -41,8 +41,8 @@ def check_regular_file(path: str, what: str = "file", error: Type[AmctError] = D
     except OSError as err:
         raise error(f"cannot read the {what}: {err.strerror or err}", file=path) from None
     if not stat.S_ISREG(mode):
-        raise error(f"the {what} is {file_kind(mode)}, not a regular file; it is not read "
-                    "(reading it could block forever)", file=path)
+        why = "" if stat.S_ISDIR(mode) else "; it is not read (reading it could block forever)"
+        raise error(f"the {what} is {file_kind(mode)}, not a regular file{why}", file=path)
 
 
 def check_checkpoint_path(path: str, error: Type[AmctError] = DataError) -> None:

@@ -38,7 +38,7 @@ from amct_torch.steps import (
     start_calibration,
     write_records,
 )
-from amct_torch.transaction import OutputTransaction, check_outputs
+from amct_torch.transaction import OutputTransaction, check_outputs, user_path, write_error
 from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, report_use
 from amct_torch.workflow.options import QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
@@ -151,12 +151,11 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
     except OSError as err:
         # a full disk or a vanished folder while writing: name the output, never the staging copy
         where = err.filename if isinstance(err.filename, str) else None
-        ours = where is None or os.path.abspath(where).startswith(os.path.abspath(plan.tmp) + os.sep)
-        if where is not None and plan.tx is not None:
-            where = plan.tx.final_of(where)
-        what = "cannot write the outputs" if ours else "cannot read or write this file"
-        raise AmctError(f"{what}: {err.strerror or err}",
-                        file=where or os.path.dirname(os.path.abspath(opts.output))) from None
+        ours = where is None or os.path.abspath(where).startswith(os.path.abspath(plan.tmp) + os.sep) \
+            or user_path(where) != where
+        if ours:  # the user's output, never the staging copy or a temporary file
+            raise write_error(err, user_path(where) if where else opts.output) from None
+        raise AmctError(f"cannot read or write this file: {err.strerror or err}", file=where) from None
     finally:
         prog.close()
         try:

@@ -11,8 +11,9 @@ from typing import Any, Optional, Sequence, Union
 
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError
 from amct_torch.inputs.data import Preprocess
-from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path
-from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES, improvement_list
+from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
+from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES, improvement_list
+from amct_torch.transaction import check_output_name
 
 
 @dataclass
@@ -47,8 +48,9 @@ class QuantizeOptions:
     def validate(self) -> "QuantizeOptions":
         """Refuse bad settings (before any file is read or written); returns self."""
         for p, what in ((self.model_file, "model file"), (self.weights_file, "weights file")):
-            if not isinstance(p, (str, os.PathLike)) or not os.path.isfile(p):
-                raise ModelError(f"{what} not found", file=str(p))
+            if not isinstance(p, (str, os.PathLike)) or isinstance(p, bytes):
+                raise ModelError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}")
+            check_regular_file(os.fspath(p), what, ModelError)
         if self.save_type is not None and self.save_type not in SAVE_TYPES:
             raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {self.save_type!r}")
         if self.onnx not in (False, None, True) + ONNX_ACTIVATIONS:
@@ -68,9 +70,7 @@ class QuantizeOptions:
             self.improve = improvement_list(self.improve)
         except ValueError as err:
             raise AmctError(str(err)) from None
-        self.output = os.fspath(self.output)
-        if not os.path.basename(self.output) or self.output.endswith(os.sep):
-            raise AmctError("output must be a path prefix such as out/model, not a folder", file=self.output)
+        self.output = check_output_name(self.output, "output", PREFIX_SUFFIXES)
         return self
 
     @property

@@ -208,7 +208,7 @@ def test_full_disk_while_writing_keeps_the_previous_outputs(tmp_path, monkeypatc
     import amct_torch.export.caffe.text as caffe_text
     monkeypatch.setattr(netio, "atomic_write_bytes", full_disk, raising=False)
     monkeypatch.setattr(caffe_text, "atomic_write_bytes", full_disk, raising=False)
-    with pytest.raises(AmctError, match="No space left") as err:
+    with pytest.raises(AmctError, match="no space left") as err:
         amct_torch.quantize(model, weights, DATA, output=prefix, device="cpu", quiet=True,
                             report=False, batch_num=2)
     assert err.value.file == prefix + "_deploy_model.prototxt"

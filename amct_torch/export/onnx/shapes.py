@@ -223,6 +223,10 @@ def pick_outputs(gm: fx.GraphModule, outputs: Optional[Sequence[str]],
             raise ExportError(f"--onnx-outputs: no blob named {', '.join(map(repr, missing))} in the "
                               f"net (blobs: {', '.join(sorted(blobs))})", file=file)
         chosen = {o: blobs[o] for o in outputs}
+        inputs = [o for o, n in chosen.items() if n.op == "placeholder"]
+        if inputs:  # an output that is the input itself: a model that computes nothing
+            raise ExportError(f"--onnx-outputs: {inputs[0]!r} is an input of the net, not a layer's "
+                              "output; name blobs that layers compute", file=file)
     needed: set = set()
     stack = list(chosen.values())
     while stack:
