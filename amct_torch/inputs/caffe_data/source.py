@@ -140,8 +140,11 @@ class RecordSource(DataSource):
                 submit()
             while True:
                 outs, recs, futs = pending.popleft()
-                for f in futs:
-                    f.result()
+                try:
+                    for f in futs:
+                        f.result()
+                except DataError as err:
+                    raise _naming_layer(err, self.name) from None
                 submit()
                 yield self._finish(outs, recs)
         finally:
@@ -157,3 +160,11 @@ class RecordSource(DataSource):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _naming_layer(err: DataError, layer: str) -> DataError:
+    """``err`` naming the data layer where it names none yet."""
+    if err.layer is None:
+        err.layer = layer
+        err.args = (err._format(),)
+    return err
