@@ -3,12 +3,15 @@
 # CI and the Docker image.
 #   bash scripts/setup.sh           # the package
 #   bash scripts/setup.sh --test    # the package and everything the tests need
-# Environment: AMCT_VENV=path (where the venv goes), AMCT_NO_VENV=1 (install into the
-# current Python, e.g. a CUDA PyTorch image that already has torch).
+# Environment: AMCT_VENV=path (where the venv goes), AMCT_EXTRAS=a,b (optional extras, e.g.
+# leveldb,hdf5), AMCT_NO_VENV=1 (install into the current Python, e.g. a CUDA PyTorch image
+# that already has torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
+# AMCT_EXTRAS=leveldb,hdf5 adds optional extras (Caffe's LevelDB and HDF5 data), e.g. in Docker
+[ -n "${AMCT_EXTRAS:-}" ] && extras="[${AMCT_EXTRAS}${extras:+,test}]"
 py=${PYTHON:-python3}
 if [ -z "${AMCT_NO_VENV:-}" ]; then
   venv=${AMCT_VENV:-.venv}
