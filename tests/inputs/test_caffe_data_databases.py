@@ -60,6 +60,17 @@ def test_raw_lmdb_mean_file_crop_scale_and_wrap_round(raw_db):
     assert np.array_equal(later["data"], got[2]["data"])
 
 
+def test_old_nets_transform_fields_in_data_param(raw_db):
+    """Old nets give scale / mean_file / crop_size in data_param; Caffe's upgrade moves them."""
+    d, imgs, mean = raw_db
+    layer = data_layer("lmdb", 2)
+    layer.data_param.crop_size, layer.data_param.scale = 32, 0.25
+    layer.data_param.mean_file = "mean.binaryproto"
+    with open_data_layer(layer, base_dir=str(d)) as src:
+        got = next(src.batches())["data"]
+    assert np.array_equal(got[1], reference(imgs[1].transpose(2, 0, 1), 32, mean, 0.25))
+
+
 def test_mean_file_read_as_written(raw_db):
     d, _, mean = raw_db
     assert np.array_equal(read_mean_file(str(d / "mean.binaryproto")), mean)

@@ -93,11 +93,12 @@ def datum_pixels(datum: "pb.Datum", mode: str, where: str, file: Optional[str]) 
         raise DataError(f"{where}: the Datum's channels x height x width is {c}x{h}x{w}",
                         file=file)
     count = c * h * w
-    if len(datum.data):
-        if len(datum.data) != count:
-            raise DataError(f"{where}: the Datum holds {len(datum.data)} bytes of pixels, its "
+    data = datum.data
+    if len(data):
+        if len(data) != count:
+            raise DataError(f"{where}: the Datum holds {len(data)} bytes of pixels, its "
                             f"channels x height x width is {c}x{h}x{w} = {count}", file=file)
-        return Pixels(np.frombuffer(datum.data, np.uint8).reshape(c, h, w), hwc=False)
+        return Pixels(np.frombuffer(data, np.uint8).reshape(c, h, w), hwc=False)
     if len(datum.float_data):
         if len(datum.float_data) != count:
             raise DataError(f"{where}: the Datum holds {len(datum.float_data)} float_data "

@@ -5,7 +5,7 @@ relative to the working directory, and then relative to ``base_dir`` (the protot
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from amct_torch.errors import DataError
 from amct_torch.inputs.caffe_data.datum_source import DatumSource
@@ -33,19 +33,21 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str, phase: str = "TE
                     threads: Optional[int] = None) -> DataSource:
     """The batches ``layer`` gives in Caffe's ``phase`` (only TEST, the phase ``caffe test``
     runs, is reproducible: TRAIN draws random crops and mirrors). ``threads``: decoding
-    threads (default: the cores, at most 8). DataError naming the file and the layer for
+    threads (default: the cores, at most 16). DataError naming the file and the layer for
     anything wrong with the data."""
     if phase != "TEST":
         raise ValueError(f"only the TEST phase's data are read, not {phase!r}")
     kind, name = layer.type, layer.name
     if kind in ("Data", "AnnotatedData"):
         path = resolve(layer.data_param.source, base_dir, "data_param source", name)
-        transformer = DataTransformer(layer.transform_param, base_dir=base_dir, layer=name)
+        transformer = DataTransformer(transform_param(layer, layer.data_param),
+                                      base_dir=base_dir, layer=name)
         return DatumSource(layer, path, transformer, annotated=kind == "AnnotatedData",
                            threads=threads)
     if kind == "ImageData":
         path = resolve(layer.image_data_param.source, base_dir, "image_data_param source", name)
-        transformer = DataTransformer(layer.transform_param, base_dir=base_dir, layer=name)
+        transformer = DataTransformer(transform_param(layer, layer.image_data_param),
+                                      base_dir=base_dir, layer=name)
         return ImageListSource(layer, path, transformer, threads=threads)
     if kind == "HDF5Data":
         path = resolve(layer.hdf5_data_param.source, base_dir, "hdf5_data_param source", name)
@@ -56,3 +58,15 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str, phase: str = "TE
         return MemorySource(layer)
     raise DataError(f"data layer type '{kind}' is not supported (supported: "
                     f"{', '.join(DATA_LAYER_TYPES)})", layer=name)
+
+
+def transform_param(layer: pb.LayerParameter, old: Any) -> pb.TransformationParameter:
+    """The layer's transform_param, with the transform fields old nets put in data_param /
+    image_data_param (scale, mean_file, crop_size, mirror) moved into it where it does not
+    give them itself, as Caffe's net upgrade does."""
+    param = pb.TransformationParameter()
+    param.CopyFrom(layer.transform_param)
+    for field in ("scale", "mean_file", "crop_size", "mirror"):
+        if old.HasField(field) and not param.HasField(field):
+            setattr(param, field, getattr(old, field))
+    return param

@@ -19,7 +19,7 @@ import numpy as np
 from amct_torch.errors import DataError
 
 #: decoding threads by default (the machine's cores, at most this many)
-MAX_THREADS = 8
+MAX_THREADS = 16
 #: largest batch of one top, in bytes (a forged shape must not allocate without bound)
 MAX_BATCH_BYTES = 4 << 30
 
