@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
 from amct_torch.inputs.limits import check_regular_file
@@ -59,16 +60,18 @@ def _check_graph(graph: object, caller: str) -> QuantGraph:
 
 
 def init(config_file: str, model_file: str, weights_file: str,
-         scale_offset_record_file: str) -> QuantGraph:
+         scale_offset_record_file: str, *, allow_unknown_fields: bool = False) -> QuantGraph:
     """Load the Caffe model, read and validate the JSON quant config, and create (or empty)
-    the record file. Returns the graph object the next calls take."""
+    the record file. Returns the graph object the next calls take. A prototxt field the tool
+    does not read is refused unless ``allow_unknown_fields``."""
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
     config_file = _need_file(config_file, "quant config", ConfigError)
     record_file = _output_path(scale_offset_record_file, "record file")
     check_outputs([record_file], [model_file, weights_file, config_file])
     make_folder(os.path.dirname(os.path.abspath(record_file)))
-    graph = load(config_file, model_file, weights_file)
+    with unknown_fields_allowed(allow_unknown_fields or allowed()):
+        graph = load(config_file, model_file, weights_file)
     graph.record_file = record_file
     empty_record(record_file)
     return graph
@@ -140,9 +143,10 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
 
 
 def convert_model(model_file: str, weights_file: str, scale_offset_record_file: str,
-                  save_path: str) -> list[str]:
+                  save_path: str, *, allow_unknown_fields: bool = False) -> list[str]:
     """Build the fake-quant and deploy models from a record the user supplies (no
-    calibration); honours each record's ``skip_fusion``."""
+    calibration); honours each record's ``skip_fusion``. A prototxt field the tool does not
+    read is refused unless ``allow_unknown_fields``."""
     from amct_torch.export.graph_outputs import convert
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
@@ -150,5 +154,6 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     save_path = _output_path(save_path, "save_path")
     with OutputTransaction(model_paths(save_path, "Both"), [model_file, weights_file, record_file],
                            name=os.path.basename(save_path)) as tx:
-        staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
+        with unknown_fields_allowed(allow_unknown_fields or allowed()):
+            staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])

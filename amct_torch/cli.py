@@ -127,7 +127,16 @@ def _model_command(sub: Any, name: str, examples: str, **texts: str) -> argparse
     p = sub.add_parser(name, epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
     p.add_argument("model", help="deploy prototxt")
     p.add_argument("weights", help="caffemodel")
+    add_allow_unknown_fields(p)
     return p
+
+
+def add_allow_unknown_fields(p: argparse.ArgumentParser) -> None:
+    """``--allow-unknown-fields``: build models from a prototxt with fields the tool does not
+    read (refused otherwise: the numbers may differ; ``inspect`` lists them)."""
+    p.add_argument("--allow-unknown-fields", action="store_true",
+                   help="run a prototxt whose layers have fields this tool does not read (a Caffe "
+                        "fork's parameters; 'inspect' lists them) without those fields; refused otherwise")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -475,8 +484,10 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         parser.print_help()
         return EXIT_USER_ERROR
     _setup_logging(args)
+    from amct_torch.caffe.unknown_fields import unknown_fields_allowed
     try:
-        return COMMANDS[args.command](args)
+        with unknown_fields_allowed(bool(getattr(args, "allow_unknown_fields", False))):
+            return COMMANDS[args.command](args)
     except AmctError as err:
         msg = " ".join(str(err).split())
         print(f"amct-torch {args.command}: error: {msg}", file=sys.stderr)

@@ -4,12 +4,13 @@ a second and without data.
 Why: before choosing calibration data and waiting for a calibration, a user wants to know
 whether the tool can handle the model at all: its inputs and their shapes, which layer types it
 has, which layers the (default or given) config quantizes, every layer the loader does not
-support (all of them, not only the first one a load would stop at), and whether the ONNX export
-will work (the ONNX preflight's answer, ``export/onnx/preflight.py``).
+support (all of them, not only the first one a load would stop at), every prototxt field it
+does not read (a fork's parameter: the numbers may differ), and whether the ONNX export will
+work (the ONNX preflight's answer, ``export/onnx/preflight.py``).
 
 Exit codes: 0 everything is supported; 2 a file cannot be read (the one-line error every
 command prints); 3 the model was read but something is unsupported (a layer type, a Python
-layer, or the ONNX export), each listed with its layer.
+layer, an unknown field unless allowed, or the ONNX export), each listed with its layer.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ class Inspection:
     quantizable: list[str]
     quantized: list[str]
     unsupported: list[Unsupported] = field(default_factory=list)
+    unknown_fields: list[Any] = field(default_factory=list)  # UnknownField
+    allow_unknown_fields: bool = False
     outputs: list[tuple[str, Optional[list[int]]]] = field(default_factory=list)
     onnx_ok: Optional[bool] = None
     onnx_message: str = ""
@@ -54,7 +57,8 @@ class Inspection:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_UNSUPPORTED if self.unsupported or self.onnx_ok is False else EXIT_OK
+        refused = bool(self.unknown_fields) and not self.allow_unknown_fields
+        return EXIT_UNSUPPORTED if self.unsupported or refused or self.onnx_ok is False else EXIT_OK
 
     def to_json(self) -> dict:
         """Plain types only (lists, dicts, strings, numbers, booleans, null)."""
@@ -65,6 +69,8 @@ class Inspection:
             "layers": sum(self.layer_types.values()), "layer_types": dict(self.layer_types),
             "quantizable": list(self.quantizable), "quantized": list(self.quantized),
             "unsupported": [asdict(u) for u in self.unsupported],
+            "unknown_fields": [{"layer": f.layer, "field": f.where(), "text": f.text}
+                               for f in self.unknown_fields],
             "onnx": {"ok": self.onnx_ok, "message": self.onnx_message},
             "supported": self.exit_code == EXIT_OK, "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
@@ -92,6 +98,12 @@ class Inspection:
             lines += [f"  layer '{u.layer}' (type {u.type}): {u.reason}" for u in self.unsupported]
         else:
             lines.append("unsupported  none")
+        if self.unknown_fields:
+            how = ("allowed: those layers run without them" if self.allow_unknown_fields else
+                   "not read, the numbers may differ; refused unless --allow-unknown-fields")
+            lines.append(f"unknown fields {len(self.unknown_fields)} ({how}):")
+            lines += [f"  {'layer ' + repr(f.layer) if f.layer else 'the net'}: {f.where()} "
+                      f"({' '.join(f.text.split())[:80]})" for f in self.unknown_fields]
         verdict = {True: "will work", False: "will fail", None: "not checked"}[self.onnx_ok]
         lines.append(f"ONNX export  {verdict}: {self.onnx_message}")
         lines.append(f"result       {'supported' if self.exit_code == EXIT_OK else 'NOT supported'} "
@@ -132,6 +144,19 @@ def _unsupported(parsed: Any) -> list[Unsupported]:
     return out
 
 
+def _shared_names(parsed: Any, quantized: list[str]) -> list[Unsupported]:
+    """A quantized layer whose name another layer has (the record could not tell them apart)."""
+    from amct_torch.caffe.duplicate_names import refuse_quantized_duplicates
+    from amct_torch.errors import ModelError
+    out = []
+    for layer in parsed.net.layer:
+        try:
+            refuse_quantized_duplicates(parsed.net.layer, [layer.name] if layer.name in quantized else [], None)
+        except ModelError as err:
+            out.append(Unsupported(str(err.layer), layer.type, err.message))
+    return out
+
+
 def _config(path: Optional[str], infos: list, model_file: str) -> Any:
     """The QuantConfig: defaults, or the user's quant.cfg / JSON config."""
     from amct_torch.config import default_quant_config, parse_quant_cfg, read_quant_config_json, resolve_quant_cfg
@@ -155,11 +180,14 @@ def _outputs(gm: Any) -> list[tuple[str, Optional[list[int]]]]:
 
 
 def inspect_model(model_file: str, weights_file: Optional[str] = None,
-                  config: Optional[str] = None, onnx: bool = True) -> Inspection:
+                  config: Optional[str] = None, onnx: bool = True,
+                  allow_unknown_fields: bool = False) -> Inspection:
     """Read the model (and weights), list its types and unsupported layers, resolve the quant
     config and (``onnx``, when the graph loads) run the ONNX preflight. A file that cannot be
-    read raises its AmctError; anything unsupported is reported in the result."""
+    read raises its AmctError; anything unsupported (unknown fields too, unless
+    ``allow_unknown_fields``) is reported in the result."""
     from amct_torch.caffe.netio import read_net
+    from amct_torch.caffe.unknown_fields import unknown_fields
     from amct_torch.config import layer_infos_from_net
     t0 = time.perf_counter()
     parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
@@ -172,13 +200,15 @@ def inspect_model(model_file: str, weights_file: Optional[str] = None,
         layer_types=dict(Counter(layer.type for layer in parsed.layers).most_common()),
         quantizable=sorted(i.name for i in infos if i.quantizable),
         quantized=sorted(qc.enabled_layers()),
-        unsupported=_unsupported(parsed))
+        unsupported=_unsupported(parsed) + _shared_names(parsed, qc.enabled_layers()),
+        unknown_fields=unknown_fields(parsed.net),
+        allow_unknown_fields=allow_unknown_fields)
     if res.unsupported:
         res.onnx_message = "the model has unsupported layers"
     else:
         from amct_torch.caffe.graph import build_graph
         from amct_torch.caffe.layers.quant import mark_integer_quants
-        gm = build_graph(parsed)
+        gm = build_graph(parsed, allow_unknown_fields=True)  # listed above
         mark_integer_quants(gm)
         res.outputs = _outputs(gm)
         if onnx:
@@ -224,6 +254,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="quant.cfg or JSON quant config (default: quantize every quantizable layer)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--no-onnx", action="store_true", help="skip the ONNX export check")
+    p.add_argument("--allow-unknown-fields", action="store_true",
+                   help="list prototxt fields the tool does not read without counting them as unsupported")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
     return p
@@ -238,7 +270,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for path, what in ((args.model, "model file"), (args.weights, "weights file")):
         if path is not None:
             check_regular_file(path, what, ModelError)
-    res = inspect_model(args.model, args.weights, args.config, onnx=not args.no_onnx)
+    res = inspect_model(args.model, args.weights, args.config, onnx=not args.no_onnx,
+                        allow_unknown_fields=args.allow_unknown_fields)
     if args.json:
         json.dump(res.to_json(), sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -25,6 +25,7 @@ from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
 from amct_torch.caffe.layers.conv import _ConvBase
 from amct_torch.caffe.layers.quant import DeQuantLayer
+from amct_torch.caffe.unknown_fields import refuse_unknown_fields
 from amct_torch.errors import AmctError, ModelError
 
 
@@ -108,7 +109,8 @@ class _Build:
         return self.parsed.weights_file
 
 
-def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
+def build_graph(parsed: Any, *, check_shapes: bool = True,
+                allow_unknown_fields: Optional[bool] = None) -> CaffeGraphModule:
     """Build the graph of a ``ParsedNet`` (from ``amct_torch.caffe.netio.read_net``).
 
     Without a weights file (``parsed.weights_file is None``) a layer missing from
@@ -116,7 +118,9 @@ def build_graph(parsed: Any, *, check_shapes: bool = True) -> CaffeGraphModule:
     blobs from its deterministic fillers (``fillers.py``) or is an error. Phases: refuse what
     Caffe refuses about the net as a whole, declare the inputs, then per layer in Caffe's order
     make its module (blobs checked) and node (top shapes pushed through), and close with the
-    output dict and the in-place flags."""
+    output dict and the in-place flags. A prototxt field the schema does not know is refused
+    unless ``allow_unknown_fields`` (None: the context's setting, ``unknown_fields.py``)."""
+    refuse_unknown_fields(parsed.net, parsed.model_file, allow_unknown_fields)
     refuse_empty_net(parsed)
     check_unique_tops(parsed)
     build = _Build(parsed, check_shapes)
@@ -310,8 +314,9 @@ def add_layer_node(build: _Build, layer: Any, module: CaffeLayer,
     node = build.graph.call_module(target, tuple(build.values[b] for b in layer.bottom))
     node.meta["caffe_layer"] = layer.name
     node.meta["caffe_type"] = layer.type
-    for b in layer.bottom:
-        build.available.pop(b, None)
+    for b in layer.bottom:  # read by Silence/metric/loss only, a layer's top stays an output
+        if not module.keeps_outputs or build.values[b].op == "placeholder":
+            build.available.pop(b, None)
     if len(layer.top) == 1:
         tops = [node]
         node.meta["caffe_shape"] = out_shapes[0]
@@ -333,7 +338,8 @@ def add_layer_node(build: _Build, layer: Any, module: CaffeLayer,
 
 
 def finish_graph(build: _Build) -> CaffeGraphModule:
-    """The output dict (tops nobody consumes), the in-place flags and the GraphModule."""
+    """The output dict (tops no layer consumes, those read only by Silence/metric/loss layers
+    included; a net input is never an output), the in-place flags and the GraphModule."""
     if not build.available:
         raise ModelError("the net has no output blob", file=build.model_file)
     out = build.graph.output({name: build.values[name] for name in build.available})
@@ -383,10 +389,14 @@ def set_inplace(gm: fx.GraphModule, enabled: bool) -> None:
                 mod.inplace = False
 
 
-def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGraphModule:
+def load_caffe(model_file: str, weights_file: Optional[str] = None, *,
+               allow_unknown_fields: Optional[bool] = None) -> CaffeGraphModule:
     """Load a Caffe deploy prototxt (and caffemodel) as a torch.fx GraphModule computing what
     Caffe computes at test time.
 
+    A prototxt field the schema does not know (a Caffe fork's parameter) is a ModelError
+    unless ``allow_unknown_fields`` is True (None: the context's setting, see
+    ``amct_torch.caffe.unknown_fields``); allowed, the layer runs without it.
     ``forward(*inputs)`` takes the net inputs in Caffe's declared order and returns a dict from
     each output blob name (tops no later layer consumes) to its tensor. Without
     ``weights_file`` all parameters are zeros (BatchNorm variance 1, Scale 1). Every problem
@@ -398,7 +408,7 @@ def load_caffe(model_file: str, weights_file: Optional[str] = None) -> CaffeGrap
         parsed = read_net(os.fspath(model_file), None if weights_file is None else os.fspath(weights_file))
     from amct_torch.caffe.layers.base import taking_blobs
     with taking_blobs():  # the arrays were read for this graph alone
-        gm = build_graph(parsed)
+        gm = build_graph(parsed, allow_unknown_fields=allow_unknown_fields)
     del parsed
     from amct_torch.caffe.layers.quant import mark_integer_quants
     mark_integer_quants(gm)  # a deploy model runs with integer semantics (layers/integer.py)

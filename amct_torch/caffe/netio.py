@@ -19,7 +19,9 @@ from google.protobuf import text_format
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.blob_shape import LEGACY_DIMS, MAX_BLOB_AXES, blob_shape, check_value_count
+from amct_torch.caffe.duplicate_names import USER_NAME, rename_duplicates
 from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_counts
+from amct_torch.caffe.unknown_fields import unknown_fields
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
 from amct_torch.inputs.limits import check_regular_file
@@ -267,7 +269,10 @@ def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) ->
         else:
             raise ModelError("net 'input' given without input_shape or input_dim", file=file)
     elif net.input_shape or net.input_dim:
-        raise ModelError("input_shape/input_dim given without 'input' names", file=file)
+        dropped = [f.text for f in unknown_fields(net) if f.layer is None]
+        why = (f"; the prototxt has {len(dropped)} field(s) this tool does not know outside any "
+               f"layer, first '{dropped[0]}' (a misspelt 'input'?)" if dropped else "")
+        raise ModelError(f"input_shape/input_dim given without 'input' names{why}", file=file)
     for layer in layers:
         if layer.type != "Input":
             continue
@@ -299,6 +304,7 @@ def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
     state.CopyFrom(net.state)
     state.phase = pb.TEST
     kept = [l for l in net.layer if layer_included(l, state, model_file)]
+    rename_duplicates(kept)  # Caffe allows shared names; ours are distinct (duplicate_names.py)
     blobs: dict[str, list[np.ndarray]] = {}
     for layer in kept:
         if layer.blobs:
@@ -312,9 +318,6 @@ def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
         clean.CopyFrom(layer)
         clean.ClearField("blobs")
     names = [l.name for l in deploy.layer]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise ModelError("two layers have the same name", file=model_file, layer=dup)
     if weights_file is not None:
         weights_file = os.fspath(weights_file)
         blobs.update(_trained_blobs(weights_file, set(names)))
@@ -372,7 +375,7 @@ def _needs_cleaning(net: pb.NetParameter) -> bool:
     if len(getattr(net, _ptx.UNKNOWN_FIELD)):
         return True
     for layer in list(net.layer) + list(net.layers):
-        if len(getattr(layer, _ptx.UNKNOWN_FIELD, ())):
+        if len(getattr(layer, _ptx.UNKNOWN_FIELD, ())) or layer.HasField(USER_NAME):
             return True
         if any(blob.HasField(f) for blob in layer.blobs for f in LEGACY_DIMS):
             return True

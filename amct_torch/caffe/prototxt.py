@@ -217,10 +217,13 @@ def _split(entry: str) -> tuple[str, str]:
 
 
 def clear_unknown(net: _message.Message) -> None:
-    """Remove the internal unknown-text entries (before writing binary)."""
+    """Remove the internal fields (the unknown-text entries; a renamed layer's user name is put
+    back as its name: ``duplicate_names.py``) before writing."""
+    from amct_torch.caffe.duplicate_names import restore_user_name
     net.ClearField(UNKNOWN_FIELD)
     for layer in net.layer:
         layer.ClearField(UNKNOWN_FIELD)
+        restore_user_name(layer)
 
 
 _OPEN_LINE = re.compile(r"^(\s*)([A-Za-z_]\w*) [{<]$")

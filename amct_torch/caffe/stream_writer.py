@@ -22,6 +22,7 @@ import numpy as np
 
 from amct_torch.atomic import atomic_file
 from amct_torch.caffe import prototxt as _ptx
+from amct_torch.caffe.duplicate_names import restore_user_name
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.direct_io import DirectFile
 from amct_torch.proto import amct_caffe_pb2 as pb
@@ -87,6 +88,7 @@ def layer_parts(layer: pb.LayerParameter, arrays: Sequence[np.ndarray]) -> list:
     """The encoding of ``layer`` (whose own ``blobs`` are ignored) with ``arrays`` as its blobs,
     internal fields dropped as ``caffemodel_bytes`` drops them, as a list of buffers."""
     clean = copy_fields(layer, pb.LayerParameter(), skip=("blobs", _ptx.UNKNOWN_FIELD))
+    restore_user_name(clean)
     data = clean.SerializeToString()
     cut = split_before(data, _BLOBS_FIELD, _LAYER_FIELDS)
     parts: list = [data[:cut]]

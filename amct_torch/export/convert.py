@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from amct_torch.caffe.duplicate_names import refuse_quantized_duplicates
 from amct_torch.caffe.graph import build_graph
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt, read_net
 from amct_torch.config import layer_infos_from_net
@@ -94,6 +95,7 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     refuse_quantized_model(model_file, weights_file)
     parsed = read_net(model_file, weights_file)
     records = read_record(record_file)
+    refuse_quantized_duplicates(parsed.net.layer, records, model_file)
     validate_record(records, layer_infos_from_net(parsed.net), record_file)
     gm = build_graph(parsed)
     result = fuse_bn(gm, do_fusion=True,

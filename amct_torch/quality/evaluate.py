@@ -167,6 +167,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e.add_argument("model", help="prototxt")
     e.add_argument("weights", help="caffemodel")
     e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
+    from amct_torch.cli import add_allow_unknown_fields
+    add_allow_unknown_fields(e)
     e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
                    help="the model to compare with (normally the float model)")
     e.add_argument("--batch-size", type=_positive, default=None, help="samples per batch (default 1)")

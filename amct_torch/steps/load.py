@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from amct_torch.caffe.duplicate_names import refuse_quantized_duplicates
 from amct_torch.errors import ModelError
 from amct_torch.steps.graph import QuantGraph
 
@@ -27,6 +28,7 @@ def load(config_file: str, model_file: str, weights_file: str) -> QuantGraph:
     check_finite_weights(model, weights_file)
     layers = layer_infos_from_net(model.caffe_net)
     config = read_quant_config_json(config_file, layers)
+    refuse_quantized_duplicates(model.caffe_net.layer, config.enabled_layers(), model_file)
     log.info("loaded %s: %d layers, %d to quantize", model_file, len(layers),
              len(config.enabled_layers()))
     return QuantGraph(model_file=model_file, weights_file=weights_file, config_file=config_file,

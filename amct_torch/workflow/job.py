@@ -57,7 +57,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
              report_batches: int = 2, ifmr_mode: str = "streaming",
              quiet: bool = False, improve: Union[None, str, Sequence[str]] = None, distributed: bool = False,
              checkpoint: Optional[str] = None,
-             onnx_outputs: Optional[Sequence[str]] = None, onnx_target: str = "onnxruntime") -> QuantizeResult:
+             onnx_outputs: Optional[Sequence[str]] = None, onnx_target: str = "onnxruntime",
+             allow_unknown_fields: bool = False) -> QuantizeResult:
     """Quantize a Caffe model in one call and write every output under the prefix ``output``.
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
@@ -83,7 +84,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
     ``checkpoint``: a path where the observer states are saved after each batch, and resumed
     from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
     (``output_names.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric
-    activations and is refused before calibration otherwise). Files:
+    activations and is refused before calibration otherwise). ``allow_unknown_fields``: run a
+    prototxt whose layers have fields this tool does not read (a Caffe fork's parameters) without
+    them; refused by default (docs/caffe_format.md "Unknown fields"). Files:
     ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
     return run(QuantizeOptions(
         model_file=model_file, weights_file=weights_file, calibration_data=calibration_data,
@@ -92,7 +95,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
         save_type=save_type, onnx=onnx, onnx_speed=onnx_speed, onnx_outputs=onnx_outputs,
         report=report, report_data=report_data, report_batches=report_batches, ifmr_mode=ifmr_mode,
         quiet=quiet, improve=improve, distributed=distributed, checkpoint=checkpoint,
-        onnx_target=onnx_target))
+        onnx_target=onnx_target, allow_unknown_fields=allow_unknown_fields))
 
 
 @dataclass
@@ -127,6 +130,12 @@ class _Calibrated:
 def run(opts: QuantizeOptions) -> QuantizeResult:
     """The job for ``opts``: plan, load and check, calibrate, write; every error names the
     user's files."""
+    from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
+    with unknown_fields_allowed(opts.allow_unknown_fields or allowed()):
+        return _run(opts)
+
+
+def _run(opts: QuantizeOptions) -> QuantizeResult:
     from amct_torch.progress import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())

@@ -44,6 +44,7 @@ class QuantizeOptions:
     distributed: bool = False
     checkpoint: Optional[str] = None
     onnx_target: str = "onnxruntime"
+    allow_unknown_fields: bool = False
 
     def validate(self) -> "QuantizeOptions":
         """Refuse bad settings (before any file is read or written); returns self."""

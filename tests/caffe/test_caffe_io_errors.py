@@ -116,8 +116,14 @@ def test_v1_unknown_type_names_layer():
 
 
 def test_duplicate_layer_names(tmp_path):
+    """Shared names load as in Caffe (the earlier layer renamed inside, the user's name kept);
+    the quantized InnerProduct sharing its name is refused naming file and layer."""
+    from amct_torch.caffe.duplicate_names import refuse_quantized_duplicates, user_name
     fc_again = 'layer { name: "fc" type: "ReLU" bottom: "fc" top: "fc" }\n'
     path = _write(tmp_path, "d.prototxt", GOOD + fc_again)
+    layers = netio.read_net(path).net.layer
+    assert [l.name for l in layers] == ["data", "fc#1", "fc"]
+    assert [user_name(l) for l in layers] == ["data", "fc", "fc"]
     with pytest.raises(ModelError) as info:
-        netio.read_net(path)
+        refuse_quantized_duplicates(layers, ["fc#1"], path)
     assert info.value.layer == "fc" and info.value.file == path

@@ -74,6 +74,9 @@ class CaffeLayer(nn.Module):
     same_shape: ClassVar[bool] = False  # element-wise: output shape = input shape (setup checks params)
     can_run_inplace: ClassVar[bool] = False  # may overwrite its first bottom when ``inplace`` is set
     fresh_output: ClassVar[bool] = False  # returns a new tensor (or an in-place one over a fresh one)
+    # reading a blob does not stop it being a net output (Silence, metric and loss layers): the
+    # net's outputs are the blobs no other layer reads
+    keeps_outputs: ClassVar[bool] = False
     # The parameters of the weighted layers (Convolution, Deconvolution, InnerProduct, Scale,
     # Bias, PReLU, Normalize...), declared here so that code reading them through a CaffeLayer
     # is type-checked; a layer without them simply does not set them (``getattr(m, "weight", None)``).

@@ -1,10 +1,10 @@
 """Caffe Pooling with Caffe's exact output size and window rules.
 
-Caffe rounds the output size up by default (``round_mode: CEIL``), drops a last window that
-would start at or beyond H + pad when pad > 0, accepts pad up to kernel-1 (torch refuses more
-than kernel/2) and divides AVE sums by the window clipped to H + pad (padding counts, the ceil
-overhang does not). torch's own pooling is used when it gives the same answer, an explicit
-pad + pool otherwise.
+Caffe rounds the output size up by default (``round_mode: CEIL``; the forks' ``ceil_mode:
+false`` is FLOOR), drops a last window that would start at or beyond H + pad when pad > 0,
+accepts pad up to kernel-1 (torch refuses more than kernel/2) and divides AVE sums by the
+window clipped to H + pad (padding counts, the ceil overhang does not). torch's own pooling
+is used when it gives the same answer, an explicit pad + pool otherwise.
 """
 from __future__ import annotations
 
@@ -129,6 +129,10 @@ class PoolingLayer(CaffeLayer):
             self.fail("only MAX pooling has a second top (the argmax mask)")
         self.global_pooling = bool(p.global_pooling)
         self.ceil = p.round_mode == 0
+        if p.HasField("ceil_mode"):  # the forks' spelling (OpenCV, shicai's DenseNet)
+            if p.HasField("round_mode") and bool(p.ceil_mode) != self.ceil:
+                self.fail("round_mode and ceil_mode disagree (ceil_mode false is round_mode FLOOR)")
+            self.ceil = bool(p.ceil_mode)
         self.padding = _hw(self, p, "pad", "pad_h", "pad_w", 0)
         self.stride = _hw(self, p, "stride", "stride_h", "stride_w", 1)
         if self.global_pooling:

@@ -342,10 +342,12 @@ class DropoutLayer(CaffeLayer):
 
 @register("Silence")
 class SilenceLayer(CaffeLayer):
-    """Consumes its bottoms, produces nothing."""
+    """Consumes its bottoms, produces nothing; a blob only it reads stays a net output (as in
+    Caffe and OpenCV, where users read it by name: colorization ends with one)."""
 
     bottoms = (1, None)
     tops = (0, 0)
+    keeps_outputs = True
 
     def forward(self, *xs: torch.Tensor) -> None:
         return None

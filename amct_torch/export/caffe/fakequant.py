@@ -92,9 +92,9 @@ def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
     if isinstance(blobs, _LayerByLayer):
         # the fresh fake-quant weights become the graph's own; the borrowed (read-only)
         # views of the source graph's tensors are copied
-        with taking_blobs():
-            return build_graph(parsed)
-    return build_graph(parsed)
+        with taking_blobs():  # unknown fields: those of the user's graph, checked at its load
+            return build_graph(parsed, allow_unknown_fields=True)
+    return build_graph(parsed, allow_unknown_fields=True)
 
 
 def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
