@@ -137,3 +137,26 @@ def test_dummy_data_and_memory_data():
         assert src.top_shapes() == [(4, 3, 8, 8), (4,)]
         with pytest.raises(DataError, match="layer 'm'.*user's program"):
             next(src.batches())
+
+
+def test_annotated_boxes_follow_the_centre_crop(tmp_path):
+    """A 50x60 image cropped to 40x40 at (5, 10): the crop is x in [1/6, 5/6], y in
+    [0.1, 0.9]; boxes are re-normalized to it and clipped, boxes outside it dropped."""
+    im = sized_images(1, (50, 60))[0]
+    a = pb.AnnotatedDatum(type=pb.AnnotatedDatum.BBOX)
+    a.datum.CopyFrom(encoded_datum(im, 0, ".png"))
+    a.datum.height, a.datum.width = 50, 60
+    g = a.annotation_group.add(group_label=3)
+    for i, (x0, y0, x1, y1) in enumerate([(0.0, 0.0, 0.5, 0.5), (0.9, 0.0, 1.0, 0.05),
+                                          (0.25, 0.3, 0.75, 0.7)]):
+        b = g.annotation.add(instance_id=i).bbox
+        b.xmin, b.ymin, b.xmax, b.ymax = x0, y0, x1, y1
+    write_lmdb(str(tmp_path / "db"), [(b"00000000_a.png", a.SerializeToString())])
+    layer = data_layer("db", 1, kind="AnnotatedData", crop_size=40)
+    with open_data_layer(layer, base_dir=str(tmp_path)) as src:
+        batch = next(src.batches())
+    assert np.array_equal(batch["data"][0], im[5:45, 10:50].transpose(2, 0, 1).astype(np.float32))
+    rows = batch["label"].reshape(-1, 8)
+    want = [[0, 3, 0, 0.0, 0.0, (0.5 - 1 / 6) * 1.5, 0.5, 0],
+            [0, 3, 2, (0.25 - 1 / 6) * 1.5, 0.25, (0.75 - 1 / 6) * 1.5, 0.75, 0]]
+    assert np.allclose(rows, want, atol=1e-6)

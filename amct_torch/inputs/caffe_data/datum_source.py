@@ -39,6 +39,7 @@ class DatumSource(RecordSource):
         super().__init__(layer.name, tops, dp.batch_size, self.db.count, file=path,
                          threads=threads)
         self.transformer, self.annotated = transformer, annotated
+        self._rows: dict[tuple[int, int], list[list[float]]] = {}
         key, value = self.db.first_value()
         first = self._parse(key, value)
         datum = first.datum if annotated else first
@@ -77,31 +78,18 @@ class DatumSource(RecordSource):
         self.transformer.apply(px, outs[self.tops[0]][i], where, self.file)
         if len(self.tops) == 2 and not self._boxes:
             outs[self.tops[1]][i] = datum.label
+        elif len(self.tops) == 2:
+            _, h, w = px.chw
+            self._rows[(id(outs), i)] = _box_rows(rec, i, self.transformer, (h, w),
+                                                  outs[self.tops[0]].shape[2:])
 
     def _finish(self, outs: dict[str, np.ndarray], records: list[Any]) -> dict[str, np.ndarray]:
         if not (self._boxes and len(self.tops) == 2):
             return outs
-        rows: list[list[float]] = []
-        for item, (key, value) in enumerate(records):
-            anno = self._parse(key, value)
-            rows.extend(_box_rows(anno, item, self._crop_box(anno)))
+        rows = [r for i in range(len(records)) for r in self._rows.pop((id(outs), i))]
         outs[self.tops[1]] = (np.asarray(rows, np.float32) if rows else
                               np.full((1, 8), -1, np.float32)).reshape(1, 1, -1, 8)
         return outs
-
-    def _crop_box(self, anno: "pb.AnnotatedDatum") -> tuple[float, float, float, float]:
-        """The centre crop as a normalized box of the (resized) image."""
-        t = self.transformer
-        if t.crop is None:
-            return (0.0, 0.0, 1.0, 1.0)
-        _, h, w = self._item_shapes[0]
-        ih, iw = (t.resize[0], t.resize[1]) if t.resize else (anno.datum.height,
-                                                              anno.datum.width)
-        if ih < 1 or iw < 1:
-            return (0.0, 0.0, 1.0, 1.0)
-        h0, w0 = (ih - h) // 2, (iw - w) // 2
-        return (np.float32(w0 / iw), np.float32(h0 / ih), np.float32((w0 + w) / iw),
-                np.float32((h0 + h) / ih))
 
     def close(self) -> None:
         super().close()
@@ -112,21 +100,37 @@ def _box_count(anno: "pb.AnnotatedDatum") -> int:
     return sum(len(g.annotation) for g in anno.annotation_group)
 
 
-def _box_rows(anno: "pb.AnnotatedDatum", item: int,
-              crop: tuple[float, float, float, float]) -> list[list[float]]:
-    """The label rows of one AnnotatedDatum's boxes, projected onto ``crop`` and clipped to
-    [0, 1]; boxes outside the crop or of no area are dropped (the fork's ProjectBBox)."""
-    cx0, cy0, cx1, cy1 = crop
-    cw, ch = cx1 - cx0, cy1 - cy0
+def _box_rows(anno: "pb.AnnotatedDatum", item: int, t: DataTransformer, hw: tuple[int, int],
+              out_hw: tuple[int, ...]) -> list[list[float]]:
+    """The label rows of one AnnotatedDatum's boxes as the fork's TransformAnnotation makes
+    them, in float32: moved by the WARP resize (UpdateBBoxByResizePolicy), projected onto the
+    centre crop of the ``hw`` image and clipped to [0, 1] (ProjectBBox); boxes outside the
+    crop or of no area are dropped."""
+    f = np.float32
+    ih, iw = (t.resize[0], t.resize[1]) if t.resize else hw
+    oh, ow = int(out_hw[0]), int(out_hw[1])
+    h0, w0 = (ih - oh) // 2, (iw - ow) // 2
+    crop = (f(w0) / f(iw), f(h0) / f(ih), f(w0 + ow) / f(iw), f(h0 + oh) / f(ih))
+    old_h, old_w = (anno.datum.height, anno.datum.width) if anno.datum.height > 0 and \
+        anno.datum.width > 0 else hw
     rows = []
     for group in anno.annotation_group:
         for a in group.annotation:
             b = a.bbox
-            if b.xmin >= cx1 or b.xmax <= cx0 or b.ymin >= cy1 or b.ymax <= cy0:
+            x0, y0, x1, y1 = f(b.xmin), f(b.ymin), f(b.xmax), f(b.ymax)
+            if t.resize is not None:  # WARP
+                nh, nw, oh_f, ow_f = f(t.resize[0]), f(t.resize[1]), f(old_h), f(old_w)
+                x0 = max(f(0), x0 * ow_f * nw / ow_f) / nw
+                x1 = min(nw, x1 * ow_f * nw / ow_f) / nw
+                y0 = max(f(0), y0 * oh_f * nh / oh_f) / nh
+                y1 = min(nh, y1 * oh_f * nh / oh_f) / nh
+            if x0 >= crop[2] or x1 <= crop[0] or y0 >= crop[3] or y1 <= crop[1]:
                 continue
-            box = [min(max(v, 0.0), 1.0) for v in ((b.xmin - cx0) / cw, (b.ymin - cy0) / ch,
-                                                   (b.xmax - cx0) / cw, (b.ymax - cy0) / ch)]
+            cw, ch = crop[2] - crop[0], crop[3] - crop[1]
+            box = [min(max(v, f(0)), f(1)) for v in ((x0 - crop[0]) / cw, (y0 - crop[1]) / ch,
+                                                     (x1 - crop[0]) / cw, (y1 - crop[1]) / ch)]
             if box[2] < box[0] or box[3] < box[1] or (box[2] - box[0]) * (box[3] - box[1]) <= 0:
                 continue
-            rows.append([item, group.group_label, a.instance_id, *box, float(b.difficult)])
+            rows.append([item, group.group_label, a.instance_id, *map(float, box),
+                         float(b.difficult)])
     return rows
