@@ -67,6 +67,12 @@ def test_image_list_grey(tmp_path):
         got = next(src.batches())["data"]
     ref = cv2.imread(str(tmp_path / "x.png"), cv2.IMREAD_GRAYSCALE).astype(np.float32)
     assert got.shape == (1, 1, *ref.shape) and np.array_equal(got[0, 0], ref)
+    # a relative list and image name, not found from the working directory: beside the prototxt
+    (tmp_path / "rel.txt").write_text("x.png 2\n")
+    with open_data_layer(image_data_layer("rel.txt", 1, is_color=False),
+                         base_dir=str(tmp_path)) as src:
+        batch = next(src.batches())
+    assert np.array_equal(batch["data"][0, 0], ref) and batch["label"].tolist() == [2.0]
 
 
 def test_hdf5_files_in_order_across_files(tmp_path):

@@ -4,7 +4,8 @@ As Caffe's ImageDataLayer: a line splits at its last space (paths may hold space
 is the integer that follows (C ``atoi``); images are ``root_folder`` + path, read in colour
 (BGR) or, with ``is_color: false``, grey, resized to ``new_height`` × ``new_width`` with
 ``cv2.resize``'s default (bilinear) when both are given, then transformed. Blank lines are
-skipped; every named image must exist (checked when the source opens). ``shuffle`` and
+skipped; every named image must exist (checked when the source opens; a relative one not
+found from the working directory is looked up beside the prototxt). ``shuffle`` and
 ``rand_skip`` are random in Caffe and not applied: the list is read in order.
 """
 from __future__ import annotations
@@ -59,7 +60,7 @@ class ImageListSource(RecordSource):
     """The ``ImageData`` layer ``layer`` reading the list file ``path``."""
 
     def __init__(self, layer: pb.LayerParameter, path: str, transformer: DataTransformer,
-                 *, threads: Optional[int] = None) -> None:
+                 *, base_dir: Optional[str] = None, threads: Optional[int] = None) -> None:
         p = layer.image_data_param
         tops = tuple(layer.top)
         if len(tops) not in (1, 2):
@@ -76,22 +77,29 @@ class ImageListSource(RecordSource):
         if self.new_hw and self.new_hw[0] * self.new_hw[1] > MAX_IMAGE_PIXELS:
             raise DataError(f"new_height x new_width is {self.new_hw[0]}x{self.new_hw[1]}",
                             layer=layer.name)
-        for name, _, line in self.entries:
-            if not os.path.isfile(self.root + name):
-                raise DataError(f"the image '{self.root + name}' does not exist", file=path,
-                                line=line, layer=layer.name)
+        self.paths = [self._locate(name, line, base_dir) for name, _, line in self.entries]
         self.transformer = transformer
-        px = self._read(self.entries[0])
+        px = self._read((0, 0, self.entries[0][2]))
         self._item_shapes = [transformer.output_shape(
             *px.chw, where=f"line {self.entries[0][2]}", file=path)]
         if len(tops) == 2:
             self._item_shapes.append(())
         self._check_batch_bytes()
 
-    def _read(self, entry: tuple[str, int, int]) -> Pixels:
-        cv2 = require("cv2", "ImageData images", self.file)
-        name, _, line = entry
+    def _locate(self, name: str, line: int, base_dir: Optional[str]) -> str:
+        """``root_folder + name`` as Caffe opens it, else relative to ``base_dir``."""
         path = self.root + name
+        if os.path.isfile(path):
+            return path
+        if base_dir and not os.path.isabs(path) and os.path.isfile(os.path.join(base_dir, path)):
+            return os.path.join(base_dir, path)
+        raise DataError(f"the image '{path}' does not exist", file=self.file, line=line,
+                        layer=self.name)
+
+    def _read(self, entry: tuple[int, int, int]) -> Pixels:
+        cv2 = require("cv2", "ImageData images", self.file)
+        index, _, line = entry
+        path = self.paths[index]
         try:
             check_regular_file(path, "image")
             check_png_chunks(path)
@@ -110,14 +118,15 @@ class ImageListSource(RecordSource):
             img = cv2.resize(img, (self.new_hw[1], self.new_hw[0]))
         return Pixels(img[:, :, None] if img.ndim == 2 else img, hwc=True)
 
-    def _records(self, first: int) -> Iterator[tuple[str, int, int]]:
+    def _records(self, first: int) -> Iterator[tuple[int, int, int]]:
+        """(entry number, label, line number) of each image in turn."""
         n = len(self.entries)
         i = first % n
         while True:
-            yield self.entries[i]
+            yield i, self.entries[i][1], self.entries[i][2]
             i = (i + 1) % n
 
-    def _fill(self, record: tuple[str, int, int], outs: dict[str, np.ndarray], i: int) -> None:
+    def _fill(self, record: tuple[int, int, int], outs: dict[str, np.ndarray], i: int) -> None:
         px = self._read(record)
         self.transformer.apply(px, outs[self.tops[0]][i], f"line {record[2]}", self.file)
         if len(self.tops) == 2:

@@ -48,7 +48,7 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str, phase: str = "TE
         path = resolve(layer.image_data_param.source, base_dir, "image_data_param source", name)
         transformer = DataTransformer(transform_param(layer, layer.image_data_param),
                                       base_dir=base_dir, layer=name)
-        return ImageListSource(layer, path, transformer, threads=threads)
+        return ImageListSource(layer, path, transformer, base_dir=base_dir, threads=threads)
     if kind == "HDF5Data":
         path = resolve(layer.hdf5_data_param.source, base_dir, "hdf5_data_param source", name)
         return Hdf5Source(layer, path, base_dir, threads=threads)
