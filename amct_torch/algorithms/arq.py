@@ -11,8 +11,6 @@ import torch
 
 from amct_torch.algorithms.quant import FLT_EPS, QMAX, QMIN, channel_view, quantize
 
-_LAYOUTS = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
-
 
 @dataclass
 class ArqResult:
@@ -27,7 +25,9 @@ class ArqResult:
 
 def output_channel_major(weight: torch.Tensor, layer_type: str, group: int = 1) -> torch.Tensor:
     """View the weight as [C_out, -1] (Deconvolution is reordered with its groups first)."""
-    if layer_type == "Deconvolution":
+    from amct_torch.caffe.layers.traits import is_transposed  # the layer classes use algorithms
+
+    if is_transposed(layer_type):
         c_in, c_out_g = weight.shape[0], weight.shape[1]
         rest = tuple(weight.shape[2:])
         w = weight.reshape((group, c_in // group, c_out_g) + rest).transpose(1, 2)
@@ -52,10 +52,12 @@ def arq_scales(rows: torch.Tensor) -> torch.Tensor:
 def arq_scale_w(weight: torch.Tensor, layer_type: str, channel_wise: bool, group: int = 1) -> torch.Tensor:
     """ARQ's scale_w alone (``arq_quantize``'s first step): what the record needs, without the
     quantized copies of the weight (a VGG-16 fc6 is 103 M weights)."""
-    if layer_type not in _LAYOUTS:
+    from amct_torch.caffe.layers.traits import is_channel_wise, is_weighted
+
+    if not is_weighted(layer_type):
         raise ValueError(f"ARQ: unsupported layer type {layer_type!r}")
     w = weight.detach().float()
-    if channel_wise and layer_type != "InnerProduct":
+    if channel_wise and is_channel_wise(layer_type):
         rows = output_channel_major(w, layer_type, group)
     else:
         rows = w.reshape(1, -1)

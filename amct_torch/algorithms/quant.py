@@ -57,9 +57,11 @@ def channel_view(values: torch.Tensor, layout_shape: tuple, layer_type: str, gro
     Convolution/InnerProduct: output channel is axis 0. Deconvolution (C_in, C_out/g, kh, kw):
     element (i, j, ...) belongs to output channel ``(i // (C_in/g)) * (C_out/g) + j``.
     """
+    from amct_torch.caffe.layers.traits import is_transposed  # the layer classes use this module
+
     if values.numel() == 1:
         return values.reshape([1] * len(layout_shape))
-    if layer_type == "Deconvolution":
+    if is_transposed(layer_type):
         c_in, c_out_g = layout_shape[0], layout_shape[1]
         per = values.reshape(group, 1, c_out_g).expand(group, c_in // group, c_out_g)
         return per.reshape([c_in, c_out_g] + [1] * (len(layout_shape) - 2))

@@ -19,26 +19,12 @@ from typing import Optional
 
 import numpy as np
 
+from amct_torch.caffe.layers.traits import fillers
 from amct_torch.errors import ModelError
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 #: Filler types whose values do not depend on a random generator.
 DETERMINISTIC = ("constant", "bilinear")
-
-#: Caffe's default for a blob whose filler is not given: None = refuse (an all-zero weight),
-#: else a constant value.
-_CONV_LIKE = {"weight_filler": None, "bias_filler": 0.0}
-
-#: type -> (param field, [(filler field or None, default when absent)] in blob order).
-_FILLERS: dict[str, tuple[str, list[tuple[str, Optional[float]]]]] = {
-    "Convolution": ("convolution_param", list(_CONV_LIKE.items())),
-    "Deconvolution": ("convolution_param", list(_CONV_LIKE.items())),
-    "InnerProduct": ("inner_product_param", list(_CONV_LIKE.items())),
-    "Scale": ("scale_param", [("filler", 1.0), ("bias_filler", 0.0)]),
-    "Bias": ("bias_param", [("filler", 0.0)]),
-    "Normalize": ("norm_param", [("scale_filler", 1.0)]),
-    "PReLU": ("prelu_param", [("filler", 0.25)]),
-}
 
 
 def has_fillers(layer: pb.LayerParameter) -> bool:
@@ -47,11 +33,8 @@ def has_fillers(layer: pb.LayerParameter) -> bool:
 
 
 def _spec(layer: pb.LayerParameter) -> Optional[tuple[str, list[tuple[str, Optional[float]]]]]:
-    if layer.type in _FILLERS:
-        return _FILLERS[layer.type]
-    if layer.HasField("convolution_param"):  # the forks' convolution types use Caffe's params
-        return "convolution_param", list(_CONV_LIKE.items())
-    return None
+    spec = fillers(layer.type)  # the type's own (``CaffeLayer.fillers``)
+    return None if spec is None else (spec[0], list(spec[1]))
 
 
 def fill_blobs(layer: pb.LayerParameter, shapes: list[tuple[int, ...]], weights_file: str) -> list[np.ndarray]:

@@ -9,8 +9,9 @@ import math
 from typing import Any, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text
+from amct_torch.caffe.layers.traits import is_channel_wise
 from amct_torch.config.checks import check_bins, check_percentile, check_search
-from amct_torch.config.layers import CHANNEL_WISE_TYPES, LayerInfo, quantizable_layers
+from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.types import (
     ACT_ALGOS,
     HFMG_DEFAULT_BINS,
@@ -165,7 +166,7 @@ class _Reader:
                 self.fail(f"{where}num_bits must be {NUM_BITS}, got {bits}", name)
         if wts.get("wts_algo", WTS_ALGO) != WTS_ALGO:
             self.fail(f"{w}wts_algo must be \"{WTS_ALGO}\", got {json.dumps(wts['wts_algo'])}", name)
-        cw_ok = info.type in CHANNEL_WISE_TYPES
+        cw_ok = is_channel_wise(info.type)
         channel_wise = self.boolean(wts, "channel_wise", cw_ok, w, name)
         if channel_wise and not cw_ok:
             self.fail(f"{w}channel_wise: true is only allowed for Convolution/Deconvolution, "
@@ -219,7 +220,7 @@ class _Reader:
             else:  # a layer the user deleted from the file is not quantized
                 qc.layers[info.name] = LayerQuantConfig(
                     quant_enable=False, asymmetric=qc.activation_offset,
-                    channel_wise=info.type in CHANNEL_WISE_TYPES)
+                    channel_wise=is_channel_wise(info.type))
         if not qc.enabled_layers():
             self.fail("nothing to quantize: no layer has \"quant_enable\": true")
         return qc

@@ -9,18 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-#: Caffe types that can be quantized (subject to the per-layer constraints in docs/config_and_record.md).
-#: The forks' depthwise types, quantized exactly as Convolution.
-DEPTHWISE_TYPES = ("DepthwiseConvolution", "ConvolutionDepthwise")
-QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling") + DEPTHWISE_TYPES
-#: Types whose weights may be quantized per channel.
-CHANNEL_WISE_TYPES = ("Convolution", "Deconvolution") + DEPTHWISE_TYPES
-#: Types that carry weights (scale_w / offset_w in the record).
-WEIGHTED_TYPES = ("Convolution", "Deconvolution", "InnerProduct") + DEPTHWISE_TYPES
+from amct_torch.caffe.layers import traits
 
 # V1 (`layers`) enum values of the quantizable types, mapped to their type strings.
 _V1_TYPES = {4: "Convolution", 39: "Deconvolution", 14: "InnerProduct", 17: "Pooling"}
-_POOL_AVE = 1
 _PHASE_TEST = 1
 
 
@@ -50,27 +42,14 @@ def _in_test_phase(layer: Any) -> bool:
     return any((not rule.HasField("phase")) or rule.phase == _PHASE_TEST for rule in layer.include)
 
 
-def _conv_is_2d(p: Any) -> bool:
-    return len(p.kernel_size) <= 2 and len(p.stride) <= 2 and len(p.pad) <= 2 and \
-        len(p.dilation) <= 2 and p.axis == 1
-
-
 def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
-    quantizable, weighted, out_c = False, ltype in WEIGHTED_TYPES, None
-    if ltype in ("Convolution", "Deconvolution") + DEPTHWISE_TYPES:
-        p = layer.convolution_param
+    out_c = None
+    field = traits.weight_param(ltype)
+    if field is not None:
+        p = getattr(layer, field)
         out_c = int(p.num_output) if p.HasField("num_output") else None
-        quantizable = _conv_is_2d(p)
-        if ltype == "Deconvolution":
-            quantizable = quantizable and all(d == 1 for d in p.dilation)
-    elif ltype == "InnerProduct":
-        p = layer.inner_product_param
-        out_c = int(p.num_output) if p.HasField("num_output") else None
-        quantizable = (not p.transpose) and p.axis == 1
-    elif ltype == "Pooling":
-        p = layer.pooling_param
-        quantizable = p.pool == _POOL_AVE and not p.global_pooling
-    return LayerInfo(name, ltype, quantizable, weighted, out_c)
+    quantizable = traits.is_quantizable_type(ltype) and traits.quantizable_param(ltype, layer)
+    return LayerInfo(name, ltype, quantizable, traits.is_weighted(ltype), out_c)
 
 
 def layer_infos_from_net(net_param: Any) -> list[LayerInfo]:

@@ -19,8 +19,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from amct_torch.caffe.layers.traits import is_channel_wise, quantizable_types
 from amct_torch.config.checks import check_bins, check_percentile, check_search
-from amct_torch.config.layers import CHANNEL_WISE_TYPES, QUANTIZABLE_TYPES, LayerInfo, quantizable_layers
+from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.config.types import LayerQuantConfig, QuantConfig
 from amct_torch.errors import ConfigError
@@ -84,7 +85,7 @@ def _asymmetric_of(cc: Any) -> Optional[bool]:
 
 def _layer_config(cc: Optional[Any], layer: LayerInfo, asymmetric: bool) -> LayerQuantConfig:
     """Build the resolved config of ``layer`` from its chosen CalibrationConfig (or defaults)."""
-    cw_default = layer.type in CHANNEL_WISE_TYPES
+    cw_default = is_channel_wise(layer.type)
     channel_wise = cw_default
     if cc is not None and cc.HasField("arq_quantize") and cc.arq_quantize.HasField("channel_wise"):
         channel_wise = bool(cc.arq_quantize.channel_wise) and cw_default
@@ -113,13 +114,13 @@ def _repeated_check(items: Sequence[str], what: str, path: str) -> None:
 
 def _check_types(types: Sequence[str], field: str, all_types: set, path: str) -> None:
     for t in types:
-        if t in QUANTIZABLE_TYPES:
+        if t in quantizable_types():
             continue
         if t in all_types:
             raise ConfigError(f"{field}: layer type '{t}' is not quantizable (quantizable types: "
-                              f"{', '.join(QUANTIZABLE_TYPES)})", file=path)
+                              f"{', '.join(quantizable_types())})", file=path)
         raise ConfigError(f"{field}: unknown layer type '{t}': no layer of that type in the "
-                          f"model (quantizable types: {', '.join(QUANTIZABLE_TYPES)})", file=path)
+                          f"model (quantizable types: {', '.join(quantizable_types())})", file=path)
 
 
 def _check_names(names: Sequence[str], field: str, by_name: dict, path: str,
@@ -149,7 +150,7 @@ def resolve_quant_cfg(cfg: Any, layers: Sequence[LayerInfo], path: str) -> Quant
     conv_cc, fc_cc = _deprecated_configs(cfg, common, path)
     result: dict[str, LayerQuantConfig] = {}
     for info in quantizable_layers(layers):
-        deprecated_cc = conv_cc if info.type in CHANNEL_WISE_TYPES else fc_cc
+        deprecated_cc = conv_cc if is_channel_wise(info.type) else fc_cc
         sources = [by_layer.get(info.name), by_type.get(info.type), common, deprecated_cc]
         result[info.name] = _effective_config(cfg, info, [s for s in sources if s is not None])
     if not any(c.quant_enable for c in result.values()):
@@ -185,7 +186,7 @@ def _layer_overrides(cfg: Any, by_name: dict, path: str) -> dict[str, Any]:
         _check_names([o.layer_name], "override_layer_configs", by_name, path)
         info = by_name[o.layer_name]
         _check_calibration(o.calibration_config, "override_layer_configs", path, o.layer_name,
-                           info.type in CHANNEL_WISE_TYPES)
+                           is_channel_wise(info.type))
         by_layer[o.layer_name] = o.calibration_config
     return by_layer
 
@@ -199,7 +200,7 @@ def _type_overrides(cfg: Any, all_types: set, path: str) -> dict[str, Any]:
                               "than once", file=path)
         _check_types([o.layer_type], "override_layer_types", all_types, path)
         _check_calibration(o.calibration_config, f"override_layer_types '{o.layer_type}'", path,
-                           None, o.layer_type in CHANNEL_WISE_TYPES)
+                           None, is_channel_wise(o.layer_type))
         by_type[o.layer_type] = o.calibration_config
     return by_type
 

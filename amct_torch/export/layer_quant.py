@@ -15,11 +15,11 @@ import torch
 from amct_torch.algorithms.quant import channel_view, quantize
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.caffe.layers import CaffeLayer, is_quantizable
+from amct_torch.caffe.layers.traits import is_transposed, is_weighted
 from amct_torch.errors import ExportError
 from amct_torch.record import LayerRecord
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LayerQuant:
 
     @property
     def weighted(self) -> bool:
-        return self.type in WEIGHTED
+        return is_weighted(self.type)
 
     @property
     def joint(self) -> bool:
@@ -59,7 +59,7 @@ def _groups(module: CaffeLayer) -> int:
 
 
 def _out_channels(module: CaffeLayer) -> int:
-    if module.caffe_type == "Deconvolution":
+    if is_transposed(module):
         return int(module.weight.shape[1]) * _groups(module)
     return int(module.weight.shape[0])
 
@@ -231,7 +231,7 @@ def plan_layers(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
         if rec.scale_d is None or rec.offset_d is None:
             raise ExportError("layer has no activation factors (scale_d/offset_d): calibrate it "
                               "or leave it out", file=file, layer=name)
-        if mod.caffe_type in WEIGHTED and not rec.scale_w:
+        if is_weighted(mod) and not rec.scale_w:
             raise ExportError("layer has no weight factors (scale_w)", file=file, layer=name)
         out[name] = layer_quant(name, mod, rec, file, weights, fake)
     return out

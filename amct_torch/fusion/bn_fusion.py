@@ -21,13 +21,11 @@ from torch import fx, nn
 
 from amct_torch.caffe.graph import set_inplace
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.traits import folds_bn_after, folds_scale_before, is_transposed, weight_param
 from amct_torch.fusion import eligibility as rules
 from amct_torch.fusion.fold import all_finite, bn_scale_affine, fold_input_side, fold_output_side
 
 log = logging.getLogger(__name__)
-
-OUTPUT_SIDE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
-
 
 @dataclass
 class FusionResult:
@@ -62,10 +60,7 @@ def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) ->
         if "bias" in layer.__dict__:
             del layer.__dict__["bias"]
         layer.bias = nn.Parameter(bias.to(old.device), requires_grad=old.requires_grad)
-        if layer.caffe_type == "InnerProduct":
-            layer.layer_param.inner_product_param.bias_term = True
-        else:
-            layer.layer_param.convolution_param.bias_term = True
+        getattr(layer.layer_param, str(weight_param(layer))).bias_term = True
     else:
         layer.bias = nn.Parameter(bias.to(layer.bias.device), requires_grad=layer.bias.requires_grad)
 
@@ -140,7 +135,7 @@ class _Fuser:
             if node in self.removed:
                 continue
             layer = _module(gm, node)
-            if layer is None or layer.caffe_type not in OUTPUT_SIDE_TYPES:
+            if layer is None or not folds_bn_after(layer):
                 continue
             bn_node = next((u for u in node.users if _is(gm, u, "BatchNorm") and u.args[0] is node), None)
             if bn_node is None:
@@ -153,7 +148,7 @@ class _Fuser:
                       or rules.single_consumer_reason(node, layer.caffe_name)
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
                       or rules.output_layer_reason(layer, bn.mean.numel()))
-            fold = partial(fold_output_side, transposed=layer.caffe_type == "Deconvolution",
+            fold = partial(fold_output_side, transposed=is_transposed(layer),
                            groups=getattr(layer, "groups", 1))
             if not self._fold(layer, bn, scale, reason, fold):
                 continue
@@ -165,13 +160,14 @@ class _Fuser:
     def input_side(self) -> None:
         gm = self.gm
         for node in list(gm.graph.nodes):
-            if node in self.removed or not _is(gm, node, "Convolution") or not node.args:
+            conv = None if node in self.removed or not node.args else _module(gm, node)
+            if conv is None or not folds_scale_before(conv):
                 continue
             sc_node = node.args[0]
             if not _is(gm, sc_node, "Scale") or not _is(gm, sc_node.args[0], "BatchNorm"):
                 continue
             bn_node = sc_node.args[0]
-            conv, bn, scale = _module(gm, node), _module(gm, bn_node), _module(gm, sc_node)
+            bn, scale = _module(gm, bn_node), _module(gm, sc_node)
             reason = (self._common(conv, bn, scale)
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
                       or rules.single_consumer_reason(sc_node, scale.caffe_name)

@@ -10,6 +10,7 @@ from typing import Iterable, Optional
 from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.traits import folds_scale_before, is_fully_connected
 
 
 def switch_reason(do_fusion: bool) -> Optional[str]:
@@ -60,7 +61,7 @@ def scale_reason(scale: CaffeLayer, channels: int) -> Optional[str]:
 def output_layer_reason(layer: CaffeLayer, channels: int) -> Optional[str]:
     """The BN must normalise the layer's output channels: for InnerProduct that means the
     output is (N, num_output), i.e. ``axis: 1``."""
-    if layer.caffe_type == "InnerProduct" and layer.layer_param.inner_product_param.axis != 1:
+    if is_fully_connected(layer) and layer.layer_param.inner_product_param.axis != 1:
         return f"InnerProduct '{layer.caffe_name}' uses axis {layer.layer_param.inner_product_param.axis}"
     n = getattr(layer, "num_output", None)
     if n is not None and n != channels:
@@ -71,7 +72,7 @@ def output_layer_reason(layer: CaffeLayer, channels: int) -> Optional[str]:
 def input_side_reason(conv: CaffeLayer, channels: int) -> Optional[str]:
     """BN+Scale folded into the following convolution is exact only without padding (the pad
     zeros would otherwise have to become −c/a) and with group 1."""
-    if conv.caffe_type != "Convolution":
+    if not folds_scale_before(conv):
         return f"input-side fusion only into Convolution, not {conv.caffe_type}"
     if getattr(conv, "groups", 1) != 1:
         return f"input-side fusion needs group 1, '{conv.caffe_name}' has group {conv.groups}"

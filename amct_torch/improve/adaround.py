@@ -64,6 +64,7 @@ import torch.nn.functional as F
 
 from amct_torch.algorithms.quant import QMAX, QMIN, channel_view, quantize
 from amct_torch.caffe.layers.base import canonical_axis
+from amct_torch.caffe.layers.traits import is_fully_connected, weight_layout
 
 #: the rectified sigmoid's stretch (AdaRound's ζ, γ)
 ZETA, GAMMA = 1.1, -0.1
@@ -83,22 +84,23 @@ MAX_ELEMENTS = 1 << 22
 #: iteration's), within [MIN_ITERS, MAX_ITERS]
 BUDGET, MIN_ITERS, MAX_ITERS = 2.0, 50, 200
 
-TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct")
+#: the weight layouts handled: the convolutions (not Deconvolution) and InnerProduct
+_LAYOUTS = ("conv", "fc")
 
 
 def supported(mod: Any) -> bool:
     """Whether ``mod``'s rounding can be learned: a float (not integer) Convolution of any group
     count or an InnerProduct."""
-    if getattr(mod, "caffe_type", None) not in TYPES or getattr(mod, "integer", False):
+    if weight_layout(mod) not in _LAYOUTS or getattr(mod, "integer", False):
         return False
     w = getattr(mod, "weight", None)
     if w is None:
         return False
-    return mod.caffe_type == "InnerProduct" or w.dim() == 4
+    return is_fully_connected(mod) or w.dim() == 4
 
 
 def _groups(mod: Any) -> int:
-    return 1 if mod.caffe_type == "InnerProduct" else int(getattr(mod, "groups", 1))
+    return 1 if is_fully_connected(mod) else int(getattr(mod, "groups", 1))
 
 
 @dataclass
@@ -117,7 +119,7 @@ class Sites:
 def input_positions_per_row(mod: Any, x: torch.Tensor) -> int:
     """Output positions of one row, from the layer's input ``x`` (the float pass and the
     range search both count them so: the same sites in each)."""
-    if mod.caffe_type == "InnerProduct":
+    if is_fully_connected(mod):
         return int(math.prod(x.shape[1:canonical_axis(int(getattr(mod, "axis", 1)), x.dim(), mod)]))
     h, w = _out_hw(mod, x)
     return h * w
@@ -147,7 +149,7 @@ def choose_sites(name: str, mod: Any, n_all: int, per_row: int, n_fit: int, devi
 
 def outputs_at(mod: Any, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The layer output ``y`` at flat positions ``idx``, as [P, C_out], less the layer's bias."""
-    if mod.caffe_type == "InnerProduct":
+    if is_fully_connected(mod):
         out = y.reshape(-1, y.shape[-1])[idx]
     else:
         per = y.shape[2] * y.shape[3]
@@ -169,7 +171,7 @@ def _out_hw(mod: Any, x: torch.Tensor) -> tuple[int, int]:
 def patches(mod: Any, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """The layer's input patches at flat output positions ``idx``: [P, groups, K] with K in
     the weight's own order (C_in/g, kh, kw), so that patch · weight row = the output."""
-    if mod.caffe_type == "InnerProduct":
+    if is_fully_connected(mod):
         ax = canonical_axis(int(getattr(mod, "axis", 1)), x.dim(), mod)
         return x.reshape(-1, int(math.prod(x.shape[ax:])))[idx].float().unsqueeze(1)
     kh, kw = mod.weight.shape[2], mod.weight.shape[3]

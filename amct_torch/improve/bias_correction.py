@@ -31,11 +31,11 @@ from typing import Iterable, Mapping, Sequence, Union
 import torch
 from torch import fx, nn
 
+from amct_torch.caffe.layers.traits import is_weighted
 from amct_torch.record.types import LayerRecord
 
 log = logging.getLogger("amct_torch.calibration")
 
-_WEIGHTED = ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise")
 
 
 def correctable_layers(gm: fx.GraphModule, records: Mapping[str, LayerRecord]) -> list[str]:
@@ -43,7 +43,7 @@ def correctable_layers(gm: fx.GraphModule, records: Mapping[str, LayerRecord]) -
     from amct_torch.caffe.graph import layer_modules
 
     return [name for name, mod in layer_modules(gm).items()
-            if name in records and mod.caffe_type in _WEIGHTED
+            if name in records and is_weighted(mod)
             and getattr(mod, "bias", None) is not None]
 
 

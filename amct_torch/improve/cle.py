@@ -29,8 +29,10 @@ import torch
 from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.traits import is_fully_connected, weight_layout
 
-_LINEAR = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct")
+#: the weight layouts handled: the convolutions (not Deconvolution) and InnerProduct
+_LAYOUTS = ("conv", "fc")
 _HOMOGENEOUS = ("ReLU", "PReLU")
 
 
@@ -53,9 +55,9 @@ def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
 
 
 def _linear(mod: Optional[CaffeLayer]) -> bool:
-    return (mod is not None and mod.caffe_type in _LINEAR and not getattr(mod, "integer", False)
+    return (mod is not None and weight_layout(mod) in _LAYOUTS and not getattr(mod, "integer", False)
             and getattr(mod, "weight", None) is not None
-            and not (mod.caffe_type == "InnerProduct" and (getattr(mod, "axis", 1) != 1)))
+            and not (is_fully_connected(mod) and (getattr(mod, "axis", 1) != 1)))
 
 
 def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> list[Pair]:
@@ -84,7 +86,7 @@ def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> l
             continue
         if ok is not None and (first.caffe_name not in ok or second.caffe_name not in ok):
             continue
-        if second.caffe_type != "InnerProduct" and first.caffe_type == "InnerProduct":
+        if not is_fully_connected(second) and is_fully_connected(first):
             continue  # an InnerProduct's output is N×C only: no convolution reads it per channel
         pairs.append(Pair(first.caffe_name, act.caffe_name, second.caffe_name))
     return pairs
@@ -95,7 +97,7 @@ def _in_channel_view(mod: CaffeLayer, channels: int) -> Optional[torch.Tensor]:
     channel i is (i // in_per_group, :, i % in_per_group, :); None when it does not read
     ``channels`` channels."""
     w = mod.weight.data
-    if mod.caffe_type == "InnerProduct":
+    if is_fully_connected(mod):
         if w.shape[1] % channels:
             return None
         return w.reshape(1, w.shape[0], channels, -1)

@@ -42,7 +42,8 @@ from torch import fx, nn
 
 from amct_torch.algorithms.quant import fake_quant, to_float32
 from amct_torch.caffe.graph import layer_modules
-from amct_torch.export.layer_quant import WEIGHTED, layer_quant
+from amct_torch.caffe.layers.traits import is_weighted
+from amct_torch.export.layer_quant import layer_quant
 from amct_torch.improve.adaround import (
     Rounding,
     Sites,
@@ -200,7 +201,7 @@ def refine(fused: fx.GraphModule, records: Mapping[str, LayerRecord], data: tupl
         mod = smods.get(name)
         if mod is None or rec.scale_d is None or rec.offset_d is None:
             continue
-        weighted = mod.caffe_type in WEIGHTED
+        weighted = is_weighted(mod)
         if weighted:
             lq = layer_quant(name, mod, rec)
             mod.weight.data = torch.from_numpy(lq.fake_weight).to(mod.weight.device).reshape(mod.weight.shape)

@@ -159,26 +159,18 @@ def _layer_outputs(gm: fx.GraphModule, batch: Any, wanted: set[str]) -> Iterator
 #: the nsfw job's peak; at 8 they add a quarter of that, at the same speed per sample
 CHUNK_SAMPLES = 8
 
-#: layer types that treat every sample of a batch on its own (with the axis checks below)
-_PER_SAMPLE = {"Input", "Convolution", "Deconvolution", "InnerProduct", "Pooling", "BatchNorm",
-               "Scale", "Bias", "ReLU", "PReLU", "Sigmoid", "TanH", "ELU", "AbsVal", "BNLL",
-               "Power", "Exp", "Log", "Threshold", "Clip", "Swish", "Eltwise", "Concat",
-               "Softmax", "Dropout", "Split", "Flatten", "LRN", "Quant", "DeQuant",
-               "DepthwiseConvolution", "ConvolutionDepthwise", "ShuffleChannel", "ReLU6", "HardSwish",
-               "HardSigmoid", "Axpy", "Upsample", "BN"}
-
-
 def _per_sample(*models: nn.Module) -> bool:
     """True when every layer of the models computes each sample independently of the others,
     so a batch may run in smaller pieces with the same outputs (no batch statistics, no
-    layer acting on axis 0, no layer type outside ``_PER_SAMPLE``)."""
+    layer acting on axis 0, no layer type without the ``per_sample`` trait)."""
     from amct_torch.caffe.layers import CaffeLayer
+    from amct_torch.caffe.layers.traits import is_per_sample
 
     for model in models:
         for mod in model.modules():
             if not isinstance(mod, CaffeLayer):
                 continue
-            if mod.caffe_type not in _PER_SAMPLE or getattr(mod, "uses_batch_stats", False):
+            if not is_per_sample(mod) or getattr(mod, "uses_batch_stats", False):
                 return False
             axis = getattr(mod, "axis", 1)  # a negative axis may be axis 0: not split either
             if axis is not None and axis <= 0:

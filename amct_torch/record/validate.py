@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, NoReturn, Optional, Sequence
 
-from amct_torch.config.layers import DEPTHWISE_TYPES, LayerInfo
+from amct_torch.caffe.layers.traits import is_depthwise, is_fully_connected
+from amct_torch.config.layers import LayerInfo
 from amct_torch.errors import RecordError
 from amct_torch.record.types import LayerRecord
 
@@ -65,13 +66,13 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Opti
         # a ConvolutionDepthwise may omit num_output (its fork makes one output channel per
         # input channel): the prototxt alone cannot size it, and the exporters check the count
         # against the loaded weights
-        sized_by_weights = info.out_channels is None and info.type in DEPTHWISE_TYPES
+        sized_by_weights = info.out_channels is None and is_depthwise(info.type)
         if len(r.scale_w) not in allowed and not sized_by_weights:
             per_channel = ("its output channel count is unknown" if info.out_channels is None
                            else f"{info.out_channels} (one per output channel)")
             fail(f"scale_w has {len(r.scale_w)} values; expected 1 (per tensor) or "
                  f"{per_channel}")
-        if info.type == "InnerProduct" and len(r.scale_w) != 1:
+        if is_fully_connected(info.type) and len(r.scale_w) != 1:
             fail(f"InnerProduct weights are quantized per tensor: expected 1 scale_w, got "
                  f"{len(r.scale_w)}")
     elif joint and (r.scale_w or r.offset_w):

@@ -21,19 +21,18 @@ from amct_torch.caffe.layers.conv import ConvolutionLayer, DeconvolutionLayer, I
 from amct_torch.caffe.layers.norm import BatchNormLayer, BiasLayer, LRNLayer, NormalizeLayer, ScaleLayer
 from amct_torch.caffe.layers.pooling import PoolingLayer, caffe_pool2d, caffe_pooled_size
 from amct_torch.caffe.layers.quant import DeQuantLayer, QuantLayer
-
-QUANTIZABLE_TYPES = ("Convolution", "Deconvolution", "InnerProduct", "Pooling") + mobile.DEPTHWISE_TYPES
+from amct_torch.caffe.layers.traits import is_quantizable_type
 
 
 def is_quantizable(module: CaffeLayer) -> bool:
-    """True for the layers AMCT quantizes: Convolution, Deconvolution, InnerProduct, and
-    Pooling AVE that is not global (the type-level constraints such as IP axis are config's)."""
+    """True for the layers AMCT quantizes: the types with ``quantizable_type``, Pooling only when
+    AVE and not global (the other per-layer constraints, such as IP axis, are config's)."""
     if isinstance(module, PoolingLayer):
         return module.quantizable
-    return module.caffe_type in QUANTIZABLE_TYPES
+    return is_quantizable_type(module)
 
 
 __all__ = ["CaffeLayer", "register", "layer_class", "supported_types", "ConvolutionLayer",
            "DeconvolutionLayer", "InnerProductLayer", "BatchNormLayer", "ScaleLayer", "BiasLayer",
            "LRNLayer", "NormalizeLayer", "PoolingLayer", "QuantLayer", "DeQuantLayer", "caffe_pool2d",
-           "caffe_pooled_size", "is_quantizable", "QUANTIZABLE_TYPES"]
+           "caffe_pooled_size", "is_quantizable"]

@@ -16,6 +16,7 @@ from amct_torch.caffe.layers.base import CaffeLayer, register, to_numpy
 class ReLULayer(CaffeLayer):
     """y = max(x, 0) + negative_slope * min(x, 0)."""
 
+    per_sample = True
     same_shape = True
     can_run_inplace = True
     fresh_output = True
@@ -34,6 +35,8 @@ class ReLULayer(CaffeLayer):
 class PReLULayer(CaffeLayer):
     """y = max(x, 0) + a_c * min(x, 0), a per channel (axis 1) or one shared value."""
 
+    per_sample = True
+    fillers = ("prelu_param", (("filler", 0.25),))
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -60,6 +63,7 @@ class PReLULayer(CaffeLayer):
 
 @register("Sigmoid")
 class SigmoidLayer(CaffeLayer):
+    per_sample = True
     same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(x)
@@ -67,6 +71,7 @@ class SigmoidLayer(CaffeLayer):
 
 @register("TanH")
 class TanHLayer(CaffeLayer):
+    per_sample = True
     same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
@@ -76,6 +81,7 @@ class TanHLayer(CaffeLayer):
 class ELULayer(CaffeLayer):
     """y = x if x > 0 else alpha * (exp(x) - 1)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -88,6 +94,7 @@ class ELULayer(CaffeLayer):
 
 @register("AbsVal")
 class AbsValLayer(CaffeLayer):
+    per_sample = True
     same_shape = True
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.abs(x)
@@ -97,6 +104,7 @@ class AbsValLayer(CaffeLayer):
 class BNLLLayer(CaffeLayer):
     """y = log(1 + exp(x)), computed without overflow."""
 
+    per_sample = True
     same_shape = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,6 +115,7 @@ class BNLLLayer(CaffeLayer):
 class PowerLayer(CaffeLayer):
     """y = (shift + scale * x) ^ power."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -123,6 +132,7 @@ class PowerLayer(CaffeLayer):
 class ExpLayer(CaffeLayer):
     """y = base ^ (shift + scale * x); base -1 means e."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -141,6 +151,7 @@ class ExpLayer(CaffeLayer):
 class LogLayer(CaffeLayer):
     """y = log_base(shift + scale * x); base -1 means e."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -159,6 +170,7 @@ class LogLayer(CaffeLayer):
 class ThresholdLayer(CaffeLayer):
     """y = 1 if x > threshold else 0."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -173,6 +185,7 @@ class ThresholdLayer(CaffeLayer):
 class ClipLayer(CaffeLayer):
     """y = min(max(x, min), max)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -188,6 +201,7 @@ class ClipLayer(CaffeLayer):
 class SwishLayer(CaffeLayer):
     """y = x * sigmoid(beta * x)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):

@@ -77,6 +77,28 @@ class CaffeLayer(nn.Module):
     # reading a blob does not stop it being a net output (Silence, metric and loss layers): the
     # net's outputs are the blobs no other layer reads
     keeps_outputs: ClassVar[bool] = False
+
+    # -- the type's traits: the rest of the package asks them through ``caffe.layers.traits``
+    #: AMCT quantizes this type (a layer's own params may still rule it out: ``quantizable_param``)
+    quantizable_type: ClassVar[bool] = False
+    #: the quantized weight's torch layout: "conv" (C_out, C_in/g, kh, kw), "deconv"
+    #: (C_in, C_out/g, kh, kw) or "fc" (N, K); None: no quantized weight (no scale_w in the record)
+    weight_layout: ClassVar[Optional[str]] = None
+    #: the LayerParameter field holding ``num_output`` and ``bias_term`` of a weighted type
+    weight_param: ClassVar[Optional[str]] = None
+    #: a fork's depthwise convolution (quantized as Convolution; its record may be sized by its weights)
+    depthwise: ClassVar[bool] = False
+    #: computes every sample of a batch on its own (given an axis > 0 and no batch statistics)
+    per_sample: ClassVar[bool] = False
+    #: BN fusion: a BatchNorm + Scale after it folds into its weights / a Scale before it folds in
+    fold_bn_after: ClassVar[bool] = False
+    fold_scale_before: ClassVar[bool] = False
+    #: the blobs Caffe fills when a caffemodel omits the layer: (param field, [(filler field,
+    #: default when absent: None = refuse, an all-zero weight)] in blob order); None: none
+    fillers: ClassVar[Optional[tuple[str, tuple[tuple[str, Optional[float]], ...]]]] = None
+    #: why the type has no ONNX form (non-empty: the ONNX exporter refuses it with this reason);
+    #: every other type registers its mapping in ``export/onnx`` for its class
+    no_onnx_form: ClassVar[str] = ""
     # The parameters of the weighted layers (Convolution, Deconvolution, InnerProduct, Scale,
     # Bias, PReLU, Normalize...), declared here so that code reading them through a CaffeLayer
     # is type-checked; a layer without them simply does not set them (``getattr(m, "weight", None)``).
@@ -103,6 +125,12 @@ class CaffeLayer(nn.Module):
         # Loaded models are for inference (issue 17): no parameter records autograd history, so
         # running the model outside ``torch.no_grad`` neither builds a graph nor warns.
         self.requires_grad_(False)
+
+    @classmethod
+    def quantizable_param(cls, layer_param) -> bool:
+        """Whether a layer of this type with these params (a ``LayerParameter`` or V1 layer)
+        is quantized: the type's trait, narrowed by the params where the type says so."""
+        return cls.quantizable_type
 
     # -- to override ---------------------------------------------------------------------
     def setup(self, blobs: Optional[list[np.ndarray]], bottom_shapes: Optional[list[Shape]]) -> None:

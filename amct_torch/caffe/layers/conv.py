@@ -39,9 +39,27 @@ def _hw(layer: CaffeLayer, param, rep: str, h: str, w: str, default: Optional[in
     layer.fail(f"{rep} has {len(values)} values; only 2-D spatial layers are supported")
 
 
+#: Caffe's fillers of a convolution's or an InnerProduct's blobs (weight: none = refused)
+_CONV_FILLERS = (("weight_filler", None), ("bias_filler", 0.0))
+
+
+def _conv_is_2d(p) -> bool:
+    return len(p.kernel_size) <= 2 and len(p.stride) <= 2 and len(p.pad) <= 2 and \
+        len(p.dilation) <= 2 and p.axis == 1
+
+
 class _ConvBase(CaffeLayer):
     transposed = False
     fresh_output = True
+    quantizable_type = True
+    weight_param = "convolution_param"
+    per_sample = True
+    fold_bn_after = True
+    fillers = ("convolution_param", _CONV_FILLERS)
+
+    @classmethod
+    def quantizable_param(cls, layer_param) -> bool:
+        return _conv_is_2d(layer_param.convolution_param)
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.convolution_param
@@ -118,6 +136,9 @@ class _ConvBase(CaffeLayer):
 class ConvolutionLayer(_ConvBase):
     """Caffe Convolution: symmetric pad, stride, dilation, group; out = floor((H+2p-dk)/s)+1."""
 
+    weight_layout = "conv"
+    fold_scale_before = True
+
     def infer_shapes(self, bottom_shapes):
         s = bottom_shapes[0]
         if len(s) != 4:
@@ -144,6 +165,12 @@ class DeconvolutionLayer(_ConvBase):
     """Caffe Deconvolution: out = s(H-1) + d(k-1) + 1 - 2p, as torch's conv_transpose2d."""
 
     transposed = True
+    weight_layout = "deconv"
+
+    @classmethod
+    def quantizable_param(cls, layer_param) -> bool:
+        p = layer_param.convolution_param
+        return _conv_is_2d(p) and all(d == 1 for d in p.dilation)
 
     def infer_shapes(self, bottom_shapes):
         s = bottom_shapes[0]
@@ -172,6 +199,17 @@ class InnerProductLayer(CaffeLayer):
     """Caffe InnerProduct: flatten from ``axis`` and y = x W^T + b, W kept as (N, K)."""
 
     fresh_output = True
+    quantizable_type = True
+    weight_layout = "fc"
+    weight_param = "inner_product_param"
+    per_sample = True
+    fold_bn_after = True
+    fillers = ("inner_product_param", _CONV_FILLERS)
+
+    @classmethod
+    def quantizable_param(cls, layer_param) -> bool:
+        p = layer_param.inner_product_param
+        return (not p.transpose) and p.axis == 1
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.inner_product_param

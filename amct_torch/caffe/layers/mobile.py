@@ -2,8 +2,8 @@
 HardSwish, HardSigmoid and Axpy (squeeze-excitation), each with its fork's test-time semantics.
 
 Why the depthwise types are ``ConvolutionLayer`` subclasses: both forks compute exactly a
-grouped Convolution, so they are quantized, fused and exported as one (the quantization code
-lists them beside "Convolution"); only ``caffe_type`` keeps the user's own type name, which the
+grouped Convolution, so they are quantized, fused and exported as one (they inherit its
+traits and ONNX mapping); only ``caffe_type`` keeps the user's own type name, which the
 Caffe writers put back so that the user's fork still runs the written models.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ import torch
 from amct_torch.caffe.layers.base import CaffeLayer, register
 from amct_torch.caffe.layers.conv import ConvolutionLayer, _hw
 
-#: the fork types computed (and quantized) exactly as Convolution
-DEPTHWISE_TYPES = ("DepthwiseConvolution", "ConvolutionDepthwise")
-
 
 @register("DepthwiseConvolution")
 class DepthwiseConvolutionLayer(ConvolutionLayer):
     """MobileNet-YOLO's (yonghenglh6) DepthwiseConvolution: Caffe's BaseConvolutionLayer with
     ``convolution_param`` as given (``group`` is the user's); its CPU forward is Convolution's."""
+
+    depthwise = True
+    fold_scale_before = False
 
 
 @register("ConvolutionDepthwise")
@@ -33,6 +33,9 @@ class ConvolutionDepthwiseLayer(ConvolutionLayer):
 
     The module runs as a Convolution with num_output = group = C; ``layer_param`` keeps the
     user's text unchanged for the writers."""
+
+    depthwise = True
+    fold_scale_before = False
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.convolution_param
@@ -72,6 +75,8 @@ class ShuffleChannelLayer(CaffeLayer):
     """ShuffleNet's channel shuffle: the channels seen as a (group, C/group) matrix are
     transposed, i.e. output channel j*group + i is input channel i*(C/group) + j."""
 
+    per_sample = True
+
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
         self.group = int(self.layer_param.shuffle_channel_param.group)
@@ -97,6 +102,7 @@ class ReLU6Layer(CaffeLayer):
     """y = min(max(x, 0) + negative_slope * min(x, 0), threshold); ``relu6_param`` is optional
     (threshold 6 and slope 0 by default, as in the forks)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -119,6 +125,7 @@ class ReLU6Layer(CaffeLayer):
 class HardSwishLayer(CaffeLayer):
     """y = x * min(max(x / 6 + 1/2, 0), 1), as the forks compute it (no parameters)."""
 
+    per_sample = True
     same_shape = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,6 +137,7 @@ class HardSigmoidLayer(CaffeLayer):
     """y = min(max(alpha * x + beta, 0), 1) with ``hardsigmoid_param`` (alpha 0.2, beta 0.5 by
     default, MobileNet-YOLO's fixed values)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -148,6 +156,7 @@ class AxpyLayer(CaffeLayer):
     """SENet's Axpy: bottoms a (N, C) or (N, C, 1, 1), x and y (same shape); top = a * x + y,
     a broadcast over x's spatial axes."""
 
+    per_sample = True
     bottoms = (3, 3)
 
     def infer_shapes(self, bottom_shapes):

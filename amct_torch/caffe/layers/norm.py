@@ -31,6 +31,7 @@ class BatchNormLayer(CaffeLayer):
     ``use_global_stats: false`` given explicitly makes Caffe normalise with the batch's own
     statistics even at test time; that is honoured (``uses_batch_stats``)."""
 
+    per_sample = True
     same_shape = True
     can_run_inplace = True
     fresh_output = True
@@ -175,6 +176,9 @@ class ScaleLayer(_AffineBase):
     """Caffe Scale: y = x * gamma (+ beta), gamma from the blobs or, with two bottoms, the second
     bottom. ``weight`` is gamma (flat, None with two bottoms), ``bias`` is beta (flat) or None."""
 
+    per_sample = True
+    fillers = ("scale_param", (("filler", 1.0), ("bias_filler", 0.0)))
+
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.scale_param
         self.axis, self.num_axes = int(p.axis), int(p.num_axes)
@@ -242,6 +246,9 @@ class ScaleLayer(_AffineBase):
 class BiasLayer(_AffineBase):
     """Caffe Bias: y = x + b, b from the blob or the second bottom."""
 
+    per_sample = True
+    fillers = ("bias_param", (("filler", 0.0),))
+
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.bias_param
         self.axis, self.num_axes = int(p.axis), int(p.num_axes)
@@ -275,6 +282,7 @@ class LRNLayer(CaffeLayer):
     centred on c; WITHIN_CHANNEL: x * (1 + alpha * avg_nxn(x^2))^-beta with Caffe's AVE pooling
     (pad (n-1)/2, padding counted in the divisor)."""
 
+    per_sample = True
     same_shape = True
     fresh_output = True
 
@@ -303,6 +311,7 @@ class NormalizeLayer(CaffeLayer):
     """SSD Normalize: x / sqrt(sum x^2 + eps) over C,H,W (across_spatial) or over C at each
     position, times a learned scale (one value if channel_shared, else per channel)."""
 
+    fillers = ("norm_param", (("scale_filler", 1.0),))
     same_shape = True
     fresh_output = True
 

@@ -117,6 +117,8 @@ class PoolingLayer(CaffeLayer):
     ``quantizable`` is True for AVE pooling that is not global (as in AMCT). MAX pooling may
     have BVLC's second top, the argmax mask (``upsample.max_pool_with_mask``) SegNet unpools with."""
 
+    quantizable_type = True
+    per_sample = True
     tops = (1, 2)
 
     def setup(self, blobs, bottom_shapes):
@@ -147,6 +149,11 @@ class PoolingLayer(CaffeLayer):
                 self.fail("kernel and stride must be >= 1")
             if self.padding[0] >= self.kernel_size[0] or self.padding[1] >= self.kernel_size[1]:
                 self.fail(f"pad {self.padding} must be smaller than kernel {self.kernel_size}")
+
+    @classmethod
+    def quantizable_param(cls, layer_param) -> bool:
+        p = layer_param.pooling_param
+        return p.pool == AVE and not p.global_pooling
 
     @property
     def quantizable(self) -> bool:

@@ -23,6 +23,7 @@ class QuantLayer(CaffeLayer):
     in-memory model calls ``set_exact_scale`` so that it computes the fake quantization with the record's
     own scale_d: q = clamp(round(x/scale_d) + offset_d, -128, 127), y = (q - offset_d)·scale_d."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):
@@ -65,6 +66,7 @@ class DeQuantLayer(CaffeLayer):
     given). In a deploy model (one ``uint64_data`` blob) it turns the integer layer's
     accumulator into float32: y = acc·deq_scale per output channel (axis 1)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):

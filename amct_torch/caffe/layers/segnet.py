@@ -32,6 +32,7 @@ class BNLayer(CaffeLayer):
     """The forks' BN: ``scale``/``shift`` per channel, with running ``mean``/``var`` (PSPNet) or
     the batch's statistics (SegNet LEARN) or none (SegNet INFERENCE)."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):

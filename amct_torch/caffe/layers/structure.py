@@ -17,6 +17,7 @@ PROD, SUM, MAX = 0, 1, 2
 class EltwiseLayer(CaffeLayer):
     """PROD, SUM (optionally weighted by ``coeff``, one per bottom) or MAX of same-shape inputs."""
 
+    per_sample = True
     bottoms = (2, None)
     can_run_inplace = True
     fresh_output = True
@@ -65,6 +66,7 @@ class EltwiseLayer(CaffeLayer):
 class ConcatLayer(CaffeLayer):
     """Concatenate along ``axis`` (legacy ``concat_dim`` if that is what the file gives)."""
 
+    per_sample = True
     bottoms = (1, None)
     fresh_output = True
 
@@ -131,6 +133,7 @@ class SliceLayer(CaffeLayer):
 class SplitLayer(CaffeLayer):
     """Hand the same blob to several tops."""
 
+    per_sample = True
     tops = (1, None)
 
     def infer_shapes(self, bottom_shapes):
@@ -143,6 +146,8 @@ class SplitLayer(CaffeLayer):
 @register("Flatten")
 class FlattenLayer(CaffeLayer):
     """Merge axes ``axis`` .. ``end_axis`` into one."""
+
+    per_sample = True
 
     def setup(self, blobs, bottom_shapes):
         super().setup(blobs, bottom_shapes)
@@ -272,6 +277,7 @@ class CropLayer(CaffeLayer):
 class SoftmaxLayer(CaffeLayer):
     """Softmax over ``axis`` (default 1, the channels)."""
 
+    per_sample = True
     fresh_output = True
 
     def setup(self, blobs, bottom_shapes):
@@ -327,6 +333,7 @@ class DropoutLayer(CaffeLayer):
     ``scale_train: false`` (py-faster-rcnn, R-FCN) multiplies by ``scale`` = 1 - dropout_ratio
     instead, as that fork and OpenCV do."""
 
+    per_sample = True
     same_shape = True
 
     def setup(self, blobs, bottom_shapes):

@@ -44,6 +44,7 @@ def max_pool_with_mask(x: torch.Tensor, kernel: tuple[int, int], stride: tuple[i
 class UpsampleLayer(CaffeLayer):
     """darknet2caffe's nearest Upsample (one bottom) or SegNet's max-unpooling (two bottoms)."""
 
+    per_sample = True
     bottoms = (1, 2)
 
     def setup(self, blobs, bottom_shapes):

@@ -24,6 +24,7 @@ from torch import fx
 from amct_torch.caffe.graph import unique_name
 from amct_torch.caffe.layers import CaffeLayer
 from amct_torch.caffe.layers.base import borrowing_blobs
+from amct_torch.caffe.layers.traits import weight_param
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant
@@ -249,10 +250,9 @@ def _add_layer(net: pb.NetParameter, mod: CaffeLayer, bottoms: list[str]) -> pb.
     for f in ("bottom", "top", "blobs"):
         layer.ClearField(f)
     layer.bottom.extend(bottoms)
-    if mod.caffe_type in ("Convolution", "Deconvolution", "DepthwiseConvolution", "ConvolutionDepthwise"):
-        layer.convolution_param.bias_term = getattr(mod, "bias", None) is not None
-    elif mod.caffe_type == "InnerProduct":
-        layer.inner_product_param.bias_term = getattr(mod, "bias", None) is not None
+    param = weight_param(mod)
+    if param is not None:
+        getattr(layer, param).bias_term = getattr(mod, "bias", None) is not None
     return layer
 
 

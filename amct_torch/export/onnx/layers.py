@@ -14,36 +14,47 @@ back to a fixed spatial size.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
 
-from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers import CaffeLayer, layer_class
 
 Shape = tuple
 
-_MAPPINGS: dict[str, Callable] = {}
+#: layer class -> its ONNX writer ``fn(builder, module, inputs, in_shapes, out_shapes)``
+_MAPPINGS: dict[type[CaffeLayer], Callable] = {}
 
 
-def mapping(*types: str) -> Callable:
-    """Register the ONNX writer of the given Caffe types."""
+def mapping(*layers: Union[str, type[CaffeLayer]]) -> Callable:
+    """Register the ONNX writer of the given layer classes (or their type strings). One writer
+    per class; a subclass without its own uses its base class's (the depthwise convolutions)."""
     def deco(fn: Callable) -> Callable:
-        for t in types:
-            _MAPPINGS[t] = fn
+        for key in layers:
+            cls = layer_class(key) if isinstance(key, str) else key
+            if cls is None or cls in _MAPPINGS:
+                raise ValueError(f"ONNX mapping of {key!r}: {'unknown type' if cls is None else 'mapped twice'}")
+            _MAPPINGS[cls] = fn
         return fn
     return deco
 
 
-def mapped_types() -> set[str]:
-    """The Caffe types with a writer here (``onnx_qdq`` adds the quantizable core)."""
-    return set(_MAPPINGS)
+def mapping_of(cls: type[CaffeLayer]) -> Optional[Callable]:
+    """The ONNX writer of a layer class (its own or its nearest base class's), or None."""
+    for base in cls.__mro__:
+        if base in _MAPPINGS:
+            return _MAPPINGS[base]
+    return None
 
 
 def write_layer(b, mod: CaffeLayer, xs: list[str], in_shapes: list, out_shapes: list) -> Optional[list[str]]:
-    """The output names of ``mod`` written into builder ``b``, or None if its type has no
-    writer here."""
-    fn = _MAPPINGS.get(mod.caffe_type)
+    """The output names of ``mod`` written into builder ``b``, or None when its writer does not
+    take these parameters; a type declared without an ONNX form is refused with its reason."""
+    cls = type(mod)
+    if cls.no_onnx_form:
+        b.fail(mod, f"layer type {mod.caffe_type} has no ONNX form: {cls.no_onnx_form}")
+    fn = mapping_of(cls)
     return None if fn is None else fn(b, mod, xs, [tuple(s) for s in in_shapes], out_shapes)
 
 
@@ -293,8 +304,8 @@ def _param_input(b, mod, t: torch.Tensor, x_shape: Shape, what: str) -> tuple[st
     return _const(b, f"{mod.caffe_name}_{what}", arr), p_nd
 
 
-@mapping("Scale", "Bias")
-def _scale_bias(b, mod, xs, ins, outs):
+@mapping("Bias")
+def scale_bias(b, mod, xs, ins, outs):
     name, nd = mod.caffe_name, len(ins[0])
     is_scale = mod.caffe_type == "Scale"
     if len(xs) == 2:  # the second bottom is the parameter
@@ -317,8 +328,7 @@ def _scale_bias(b, mod, xs, ins, outs):
     return [y]
 
 
-@mapping("BatchNorm")
-def _batchnorm_batch_stats(b, mod, xs, ins, outs):
+def batchnorm_batch_stats(b, mod, xs, ins, outs):
     """BatchNorm with ``use_global_stats: false`` (the global-stats case is an affine in
     ``onnx_qdq``): the batch's own mean and variance, as Caffe computes them at test time."""
     name, nd = mod.caffe_name, len(ins[0])

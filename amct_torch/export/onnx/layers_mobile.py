@@ -116,10 +116,9 @@ def _bn(b, mod, xs, ins, outs):
     return b.node("Add", [b.node("Mul", [y, scale], f"{name}_scaled")[0], shift], name)
 
 
-@mapping("Pooling")
-def _pool_with_mask(b, mod, xs, ins, outs):
+def pool_with_mask(b, mod, xs, ins, outs):
     """MAX pooling with its second top: MaxPool's Indices (flat over the whole tensor) taken
-    modulo H * W give Caffe's per-plane mask. The exporter writes one-top Pooling itself."""
+    modulo H * W give Caffe's per-plane mask (``layers_core`` writes one-top Pooling)."""
     if mod.num_tops != 2 or mod.method != _MAX:
         b.fail(mod, "only a MAX Pooling with a mask top is written here")
     name = mod.caffe_name

@@ -181,8 +181,7 @@ def _proposal(b, mod, xs, ins, outs):
     return rois + b.node("Unsqueeze", [sc, _c(b, mod, "sc_ax", [1], np.int64)], f"{name}_scores")
 
 
-@mapping("Dropout")
-def _dropout_scaled(b, mod, xs, ins, outs):
+def dropout_scaled(b, mod, xs, ins, outs):
     """caffe-fast-rcnn's ``scale_train: false`` Dropout: × (1 − dropout_ratio) at test time
-    (the plain Dropout is an Identity written by ``qdq``)."""
+    (``layers_core`` writes the plain Dropout as an Identity)."""
     return b.node("Mul", [xs[0], _c(b, mod, "scale", mod.scale)], mod.caffe_name)

@@ -33,8 +33,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 from torch import fx
 
+from amct_torch.caffe.layers.traits import is_transposed, is_weighted
 from amct_torch.errors import AmctError, ExportError
-from amct_torch.export.layer_quant import WEIGHTED, LayerQuant
+from amct_torch.export.layer_quant import LayerQuant
 from amct_torch.export.onnx.targets import apply as apply_target
 from amct_torch.export.onnx.targets import check_speed, get_target, symmetric_fix
 
@@ -58,7 +59,7 @@ class PreflightResult:
 
 
 def _out_channels(mod: Any) -> int:
-    if mod.caffe_type == "Deconvolution":
+    if is_transposed(mod):
         return int(mod.weight.shape[1]) * int(getattr(mod, "groups", 1))
     return int(mod.weight.shape[0])
 
@@ -66,7 +67,7 @@ def _out_channels(mod: Any) -> int:
 def _placeholder(name: str, mod: Any, channel_wise: bool, scale_d: float, offset_d: int) -> LayerQuant:
     """A LayerQuant with placeholder factors and zero int8 weights (a broadcast view: no copy)."""
     lq = LayerQuant(name=name, type=mod.caffe_type, module=mod, scale_d=scale_d, offset_d=offset_d)
-    if mod.caffe_type not in WEIGHTED:
+    if not is_weighted(mod):
         lq.deq_scale = np.full(1, scale_d, np.float32)
         return lq
     c_out = _out_channels(mod)

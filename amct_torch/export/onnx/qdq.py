@@ -18,9 +18,9 @@ runtimes that want it explicit; the torch model then differs by up to half an ac
 same values; ORT fuses those pairs into int8 kernels more often); "int8" uses zero point
 offset_d. A quantized layer whose output nothing requantizes (ORT would keep it a float conv) is
 rewritten into ConvInteger/MatMulInteger form by ``onnx_integer`` (``integer_ops``, default on),
-so every quantized layer runs as an int8 kernel. Layer types beyond the quantizable core are
-written by ``onnx_layers`` (DetectionOutput: ``onnx_detection``); symbolic sizes and the output
-cut come from ``onnx_shapes``.
+so every quantized layer runs as an int8 kernel. Every layer is written by the mapping its class
+registered (``layers_core``, ``layers`` and the forks' files; DetectionOutput: ``detection``);
+symbolic sizes and the output cut come from ``shapes``.
 
 ``quantize_residual_outputs`` (opt-in, NOT AMCT semantics): a quantized Conv/InnerProduct whose
 output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
@@ -48,7 +48,7 @@ from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.direct_io import DirectFile
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
-from amct_torch.export.onnx import layers_mobile, layers_rcnn, layers_segmentation  # noqa: F401  (register the forks' layers)
+from amct_torch.export.onnx import layers_core, layers_segmentation  # noqa: F401  (register their mappings)
 from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
@@ -204,47 +204,16 @@ class _Builder:
     # -- layers ------------------------------------------------------------------------
     def layer(self, mod: CaffeLayer, xs: list[str], in_shapes: list, lq: Optional[LayerQuant],
               out_shapes: Sequence = ()) -> list[str]:
-        t, name = mod.caffe_type, mod.caffe_name
+        """The layer's outputs, written by its class's mapping behind its input Q/DQ pairs."""
         if lq is not None:
             n_q = len(xs) if lq.joint else 1
             xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
-        if t in ("Convolution", "Deconvolution", "InnerProduct", "DepthwiseConvolution", "ConvolutionDepthwise"):
-            y = self._conv(mod, xs[0], lq) if t != "InnerProduct" else self._fc(mod, xs[0], in_shapes[0], lq)
-            if name in self.out_factors:
-                y = self.qdq(y, name, "out", *self.out_factors[name])
-            return [y]
-        if t == "Pooling" and mod.num_tops == 1:  # with a mask top: layers_mobile
-            return [self._pool(mod, xs[0], in_shapes[0])]
-        if t == "ReLU":
-            if mod.negative_slope != 0.0:
-                return self.node("LeakyRelu", xs, name, alpha=mod.negative_slope)
-            return self.node("Relu", xs, name)
-        if t in ("Sigmoid", "TanH", "AbsVal"):
-            return self.node({"Sigmoid": "Sigmoid", "TanH": "Tanh", "AbsVal": "Abs"}[t], xs, name)
-        if t == "Dropout" and getattr(mod, "scale", 1.0) == 1.0:  # else caffe-fast-rcnn's scaling (layers_rcnn)
-            return self.node("Identity", xs, name)
-        if t == "Softmax":
-            axis = int(mod.layer_param.softmax_param.axis)
-            return self.node("Softmax", xs, name, axis=axis)
-        if t == "Eltwise" and name in self.eltwise:
-            return [self._quant_eltwise(mod, xs, self.eltwise[name])]
-        if t == "Eltwise":
-            return [self._eltwise(mod, xs)]
-        if t == "Concat":
-            return self.node("Concat", xs, name, axis=int(mod.axis))
-        if t == "BatchNorm" and not mod.uses_batch_stats:
-            return [self._affine(mod, xs[0], in_shapes[0],
-                                 (1.0 / torch.sqrt(mod.var + mod.eps)),
-                                 -mod.mean / torch.sqrt(mod.var + mod.eps))]
-        if t == "Scale" and len(xs) == 1 and mod.axis % len(in_shapes[0]) == 1 and mod.num_axes == 1 \
-                and mod.weight is not None and mod.weight.dim() == 1:
-            return [self._affine(mod, xs[0], in_shapes[0], mod.weight, mod.bias)]
         outs = write_layer(self, mod, xs, in_shapes, out_shapes)
         if outs is None:
-            self.fail(mod, f"layer type {t} (with these parameters) has no ONNX mapping here")
+            self.fail(mod, f"layer type {mod.caffe_type} (with these parameters) has no ONNX mapping here")
         return outs
 
-    def _affine(self, mod, x: str, shape, gamma, beta) -> str:
+    def affine(self, mod, x: str, shape, gamma, beta) -> str:
         view = [-1] + [1] * (len(shape) - 2)
         g = self.init(f"{mod.caffe_name}_gamma", gamma.detach().cpu().float().reshape(view).numpy())
         y = self.node("Mul", [x, g], f"{mod.caffe_name}_mul")[0]
@@ -253,7 +222,7 @@ class _Builder:
         b = self.init(f"{mod.caffe_name}_beta", beta.detach().cpu().float().reshape(view).numpy())
         return self.node("Add", [y, b], mod.caffe_name)[0]
 
-    def _conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
+    def conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
         deconv = mod.caffe_type == "Deconvolution"
         if lq is not None and deconv and lq.per_channel and mod.groups > 1:
             self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
@@ -265,7 +234,7 @@ class _Builder:
                          kernel_shape=kernel, strides=list(mod.stride), pads=[ph, pw, ph, pw],
                          dilations=list(mod.dilation), group=int(mod.groups))[0]
 
-    def _fc(self, mod, x: str, shape, lq: Optional[LayerQuant]) -> str:
+    def fc(self, mod, x: str, shape, lq: Optional[LayerQuant]) -> str:
         # the module keeps W as (N, K) whatever ``transpose`` says, so Gemm(transB=1) fits both
         ax = mod.axis % len(shape)
         if ax != 1:
@@ -300,7 +269,7 @@ class _Builder:
                        self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
         return ins
 
-    def _pool(self, mod, x: str, shape) -> str:
+    def pool(self, mod, x: str, shape) -> str:
         if mod.method not in (_MAX, _AVE):
             self.fail(mod, "STOCHASTIC pooling has no ONNX mapping")
         if mod.global_pooling:
@@ -333,7 +302,7 @@ class _Builder:
         return self.node("AveragePool", [x], mod.caffe_name, kernel_shape=[kh, kw], strides=[sh, sw],
                          pads=[0, 0, eh2, ew2], count_include_pad=0)[0]
 
-    def _quant_eltwise(self, mod, xs: list[str], eq: EltwiseQuant) -> str:
+    def quant_eltwise(self, mod, xs: list[str], eq: EltwiseQuant) -> str:
         """Speed mode: Q/DQ on the inputs and output as ``onnx_eltwise`` decided."""
         def quantized(x: str, spec: tuple[str, object]) -> str:
             kind, p = spec
@@ -342,10 +311,10 @@ class _Builder:
             if kind == "calib":
                 return self.qdq(x, p, "out", *self.elt_factors[p])  # type: ignore[arg-type]
             return x
-        y = self._eltwise(mod, [quantized(x, sp) for x, sp in zip(xs, eq.inputs)] + xs[len(eq.inputs):])
+        y = self.eltwise_node(mod, [quantized(x, sp) for x, sp in zip(xs, eq.inputs)] + xs[len(eq.inputs):])
         return quantized(y, eq.output)
 
-    def _eltwise(self, mod, xs: list[str]) -> str:
+    def eltwise_node(self, mod, xs: list[str]) -> str:
         name = mod.caffe_name
         if mod.operation == _SUM:
             terms = list(xs)

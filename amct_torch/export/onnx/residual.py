@@ -16,8 +16,9 @@ import torch
 from torch import fx
 
 from amct_torch.caffe.graph import layer_modules
+from amct_torch.caffe.layers.traits import is_weighted
 from amct_torch.errors import ExportError
-from amct_torch.export.layer_quant import WEIGHTED, LayerQuant
+from amct_torch.export.layer_quant import LayerQuant
 
 Batches = Union[np.ndarray, torch.Tensor, Iterable[Union[np.ndarray, torch.Tensor]]]
 
@@ -31,7 +32,7 @@ def residual_layers(gm: fx.GraphModule, plan: Mapping[str, LayerQuant]) -> list[
     out = []
     for node, name in by_node.items():
         lq = plan.get(name)
-        if lq is None or lq.type not in WEIGHTED:
+        if lq is None or not is_weighted(lq.type):
             continue
         for user in node.users:
             uname = by_node.get(user)
