@@ -161,3 +161,14 @@ def test_data_layer_types():
     assert all(is_data_layer(t) for t in ("Data", "ImageData", "HDF5Data", "AnnotatedData",
                                           "DummyData", "MemoryData"))
     assert not any(is_data_layer(t) for t in ("Input", "Convolution", "Accuracy"))
+
+
+def test_reading_data_layers_needs_no_torch():
+    """The graph builder and the command ask about data layers before torch is needed."""
+    import json
+    import subprocess
+    import sys
+    code = ("import sys, json\nfrom amct_torch.inputs.caffe_data import is_data_layer\n"
+            "assert is_data_layer('Data')\nprint(json.dumps('torch' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) is False

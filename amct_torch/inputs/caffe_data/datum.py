@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 
 from amct_torch.errors import DataError
 from amct_torch.inputs.caffe_data.optional_deps import require
-from amct_torch.inputs.data import MAX_IMAGE_PIXELS, check_png_chunks, image_size
+from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, check_png_chunks, image_size
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 #: how an encoded image is decoded (Caffe's force_color / force_gray / native)

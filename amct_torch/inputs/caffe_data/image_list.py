@@ -21,7 +21,7 @@ from amct_torch.inputs.caffe_data.datum import Pixels
 from amct_torch.inputs.caffe_data.optional_deps import require
 from amct_torch.inputs.caffe_data.source import RecordSource
 from amct_torch.inputs.caffe_data.transformer import DataTransformer
-from amct_torch.inputs.data import MAX_IMAGE_PIXELS, check_png_chunks, image_size
+from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, check_png_chunks, image_size
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
 

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Optional
 
 from amct_torch.errors import DataError
-from amct_torch.inputs.data import MAX_IMAGE_PIXELS
+from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS
 
 _PACKAGES = {
     "lmdb": ("lmdb", "amct_torch"),

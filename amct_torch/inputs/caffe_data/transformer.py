@@ -19,7 +19,7 @@ from amct_torch.inputs.caffe_data.datum import COLOR, GRAY, NATIVE, Pixels
 from amct_torch.inputs.caffe_data.mean_file import read_mean_file
 from amct_torch.inputs.caffe_data.optional_deps import require
 from amct_torch.inputs.caffe_data.paths import resolve
-from amct_torch.inputs.data import MAX_IMAGE_PIXELS
+from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 log = logging.getLogger("amct_torch")
