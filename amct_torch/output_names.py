@@ -52,6 +52,7 @@ SUFFIXES = {
     "deploy_weights": "_deploy_weights.caffemodel",
     "quant": "_quant.json",
     "report": "_layer_report.json",
+    "html_report": "_report.html",
     "onnx_float": "_float.onnx",
     "onnx": "_quant.onnx",
 }

@@ -69,6 +69,9 @@ class CalibrationSession:
         backends.prepare(first.device if first is not None else torch.device("cpu"))
         self.batches_seen = 0
         self.factors: Optional[Factors] = None
+        #: record key -> ``summaries.ActivationSummary`` of its observer, kept by ``finish`` (the
+        #: visual report's histograms; the observers themselves are freed)
+        self.summaries: dict = {}
         self._handles: list = []
         self._attach()
 
@@ -126,6 +129,7 @@ class CalibrationSession:
         self.detach()
         if self.batches_seen == 0:
             raise CalibrationError("no calibration batch was run through the model")
+        from amct_torch.calibration.summaries import summarize
         factors: Factors = {}
         for group, obs in zip(self.groups, self.observers):
             try:
@@ -136,8 +140,10 @@ class CalibrationSession:
                 raise CalibrationError(f"cannot compute activation factors: {err}",
                                        layer=group.layers[0]) from None
             c, h, w = group.shape if group.shape is not None else (None, None, None)
+            summary = summarize(obs, float(scale), int(offset))
             for name in group.layers:
                 factors[name] = (float(scale), int(offset), c, h, w)
+                self.summaries[name] = summary
         self.factors = factors
         self.observers = []  # free the statistics
         if self.on_finish is not None:

@@ -306,14 +306,14 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     # that the export never holds its weights beside its own
     fused, device = graph.fused, plan.device
     quant_model: Any = Deferred(lambda: fake_quant_graph(fused, records).to(device))
-    stats = None
+    stats = page = None
     if opts.report:
         prog.start("building the fake-quant model")
         quant_model = quant_model.build()
         prog.start("per-layer report")
-        stats = _report(opts, plan, cal, improved.reference if improved is not None else model,
-                        quant_model, records, files,
-                        improved.summary() if improved is not None else None)
+        stats, page = _report(opts, plan, cal, improved.reference if improved is not None else model,
+                              quant_model, records, files,
+                              improved.summary() if improved is not None else None, prog.times)
     prog.start("committing the outputs")
     published = tx.commit([plan.finals[k] for k in files])  # an earlier run's others go
     graph.record_file = plan.finals["record"]  # save_model(result.graph, ...) reads it
@@ -321,13 +321,15 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     return QuantizeResult(files=final, records=records, float_model=model,
                           quant_model=quant_model, graph=graph, report=stats, device=plan.device,
                           samples_used=cal.keeper.samples, samples_total=cal.count,
-                          removed=published.removed,
+                          removed=published.removed, report_page=page,
                           improvement=improved.summary() if improved is not None else None)
 
 
 def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_model, records, files,
-            improvement: Optional[dict] = None) -> list:
-    """The per-layer report on held-out batches (else the calibration batches), written."""
+            improvement: Optional[dict] = None, timings: Optional[dict] = None) -> tuple[list, Any]:
+    """The per-layer report on held-out batches (else the calibration batches), written as
+    JSON and as the visual report (returned for the result's Jupyter view)."""
+    from amct_torch.quality.job_report import write_job_html
     from amct_torch.quality.report import layer_report, write_report
 
     held = take(cal.rest, opts.report_batches) if opts.report_data is None else list(
@@ -341,13 +343,18 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
     if improvement is not None:  # what each improvement did (dB on its held-out rows) and cost (s)
         meta["improve"] = improvement
     write_report(files["report"], stats, meta)
-    return stats
+    files["html_report"] = plan.staged["html_report"]
+    page = write_job_html(files["html_report"], opts, cal.graph, records, stats,
+                          {k: plan.finals[k] for k in files}, timings or {}, fused=cal.graph.fused,
+                          samples_used=cal.keeper.samples, samples_total=cal.count, batch_size=cal.batch_size,
+                          held_out=held_out, batches=len(held), improvement=improvement, device=plan.device)
+    return stats, page
 
 
 def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:
     """kind → final path of every file ``quantize`` may write under the prefix ``output``."""
     kinds = ["config", "record"] + (model_kinds(save_type) if save_type is not None else [])
-    kinds += (["onnx_float", "onnx"] if onnx else []) + (["report"] if report else [])
+    kinds += (["onnx_float", "onnx"] if onnx else []) + (["report", "html_report"] if report else [])
     return {k: os.path.abspath(output_path(output, k)) for k in kinds}
 
 

@@ -1,8 +1,9 @@
 """What the one-call job returns."""
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -40,6 +41,23 @@ class QuantizeResult:
     removed: list[str] = field(default_factory=list)
     #: with ``improve``: what each improvement stage did and cost (``Improvement.summary()``)
     improvement: Optional[dict] = None
+    #: what the visual report (``files["html_report"]``) shows (``html_report.ReportInputs``)
+    report_page: Any = field(default=None, repr=False, compare=False)
+
+    def report_html(self, accuracy: Optional[Sequence[tuple[str, float, float]]] = None) -> str:
+        """The visual report as an HTML fragment; ``accuracy``: (metric, float, int8) rows to
+        show in its accuracy section (e.g. top-1 of both models on a labelled test set)."""
+        from amct_torch.quality.html_report import render
+        if self.report_page is None:
+            return ("<p>amct_torch: no report for this run (report=False); files: "
+                    + html.escape(", ".join(sorted(self.files))) + "</p>")
+        if accuracy is not None:
+            self.report_page.accuracy = list(accuracy)
+        return render(self.report_page)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the visual report inline."""
+        return self.report_html()
 
 
 class Deferred:

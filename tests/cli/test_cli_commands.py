@@ -18,7 +18,7 @@ from helpers.runtimes import ort_optimized_ops, ort_run
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FILES = ("_record.txt", "_quant_config.json", "_fake_quant_model.prototxt",
                "_fake_quant_weights.caffemodel", "_deploy_model.prototxt",
-               "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json")
+               "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json", "_report.html")
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

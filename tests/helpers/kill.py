@@ -20,7 +20,7 @@ from typing import Optional
 
 SUFFIXES = ("_quant_config.json", "_record.txt", "_fake_quant_model.prototxt",
             "_fake_quant_weights.caffemodel", "_deploy_model.prototxt",
-            "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json")
+            "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json", "_report.html")
 
 _EVENTS = ("fsync", "replace", "rename", "mkdir", "rmdir", "unlink", "chmod")
 

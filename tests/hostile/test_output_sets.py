@@ -23,7 +23,7 @@ DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUFFIXES_WRITTEN_BY_ALL = ("_quant_config.json", "_record.txt", "_fake_quant_model.prototxt",
                            "_fake_quant_weights.caffemodel", "_deploy_model.prototxt",
-                           "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json",
+                           "_deploy_weights.caffemodel", "_quant.json", "_layer_report.json", "_report.html",
                            "_float.onnx", "_quant.onnx")
 
 
@@ -70,7 +70,7 @@ def test_rerun_removes_the_earlier_runs_files_it_does_not_write(tmp_path):
             "m_fake_quant_weights.caffemodel", "m_quant.json"}
     assert _names(out) == kept | {"notes.txt", "m_notes.txt", "other_quant.onnx"}
     gone = {"m_deploy_model.prototxt", "m_deploy_weights.caffemodel", "m_layer_report.json",
-            "m_float.onnx", "m_quant.onnx"}
+            "m_report.html", "m_float.onnx", "m_quant.onnx"}
     # the summary lists exactly what was removed
     listed = {os.path.basename(line.strip()) for line in second.stdout.split("removed", 1)[1].splitlines()[1:]
               if line.strip()}
@@ -85,7 +85,7 @@ def test_the_api_result_lists_what_was_removed(tmp_path):
     os.makedirs(prefix + "_quant.onnx")  # a folder with an output's name is never removed
     res = amct_torch.quantize(model, weights, DATA, output=prefix, device="cpu", quiet=True,
                               batch_num=1, report=False, save_type="Fakequant")
-    gone = ["m_deploy_model.prototxt", "m_deploy_weights.caffemodel", "m_layer_report.json"]
+    gone = ["m_deploy_model.prototxt", "m_deploy_weights.caffemodel", "m_layer_report.json", "m_report.html"]
     assert sorted(os.path.basename(p) for p in res.removed) == gone
     assert _names(tmp_path) == {os.path.basename(p) for p in res.files.values()} | {"m_quant.onnx"}
     assert os.path.isdir(prefix + "_quant.onnx")
