@@ -143,7 +143,8 @@ class CalibrationSession:
             summary = summarize(obs, float(scale), int(offset))
             for name in group.layers:
                 factors[name] = (float(scale), int(offset), c, h, w)
-                self.summaries[name] = summary
+                if summary is not None:
+                    self.summaries[name] = summary
         self.factors = factors
         self.observers = []  # free the statistics
         if self.on_finish is not None:

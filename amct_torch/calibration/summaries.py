@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -75,8 +75,9 @@ def _from_fine(positions: torch.Tensor, weights: torch.Tensor, edge_lo: float, e
     return int(weights[positions < edge_lo].sum()), int(weights[positions > edge_hi].sum())
 
 
-def summarize(obs: Any, scale: float, offset: int) -> ActivationSummary:
-    """The summary of an observer whose factors are ``scale``/``offset`` (after ``compute``)."""
+def summarize(obs: Any, scale: float, offset: int) -> Optional[ActivationSummary]:
+    """The summary of an observer whose factors are ``scale``/``offset`` (after ``compute``);
+    None for a stand-in without statistics (a group another process folded under torchrun)."""
     from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver
 
     edge_lo, edge_hi = _saturating(scale, offset)
@@ -118,4 +119,4 @@ def summarize(obs: Any, scale: float, offset: int) -> ActivationSummary:
         low, high = _from_fine(pos, w, edge_lo, edge_hi)
         edges, counts = _display(pos, w, lo, hi)
         return ActivationSummary("hfmg", int(w.sum()), lo, hi, edges, counts, scale, offset, low, high)
-    raise TypeError(f"no summary for {type(obs).__name__}")
+    return None
