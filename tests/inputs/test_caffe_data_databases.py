@@ -172,3 +172,18 @@ def test_reading_data_layers_needs_no_torch():
             "assert is_data_layer('Data')\nprint(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) is False
+
+
+def test_order_does_not_depend_on_the_threads(tmp_path):
+    imgs = sized_images(9, (36, 36))
+    write_lmdb(str(tmp_path / "db"), imageset_records([encoded_datum(im, i) for i, im in enumerate(imgs)]))
+    runs = []
+    for threads in (1, 4):
+        with open_data_layer(data_layer("db", 2, crop_size=30), base_dir=str(tmp_path),
+                             threads=threads) as src:
+            it = src.batches()
+            runs.append([next(it) for _ in range(6)])  # 12 items: wraps round once
+    for a, b in zip(*runs):
+        assert np.array_equal(a["data"], b["data"]) and np.array_equal(a["label"], b["label"])
+    labels = np.concatenate([b["label"] for b in runs[0]]).tolist()
+    assert labels == [float(i % 9) for i in range(12)]
