@@ -295,10 +295,9 @@ def _summary(result, out=None) -> None:
     for r in rows:
         print(fmt.format(*r), file=out)
     imp = getattr(result, "improvement", None)
-    if imp:  # what each improvement stage gave (held-out worst-output SQNR) and cost
-        stages = ", ".join(f"{s['name']} {s['worst_output_sqnr_db']:.2f} dB ({s['gain_db']:+.2f}, {s['seconds']:.1f} s)"
-                           for s in imp["stages"])
-        print(f"improve: kept {imp['kept']}; held-out worst-output SQNR: {stages}", file=out)
+    if imp:  # what was kept, on how many rows, each stage's per-output gain ± error and cost
+        from amct_torch.improve.pipeline import summary_line
+        print(summary_line(imp), file=out)
 
 
 def _print_report(result, rows: int) -> None:

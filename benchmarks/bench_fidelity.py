@@ -55,6 +55,7 @@ Real Caffe models (``--caffe NAME=PROTOTXT,CAFFEMODEL[,mean=M[:M:M]][,scale=S][,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -317,6 +318,22 @@ def ablate(proto, weights, calib, held, args, tmp) -> None:
 
 
 # -- models: a family built by code, or a real Caffe model from paths (--caffe) ---------------
+@contextlib.contextmanager
+def forced_refining(on: bool):
+    """Method ``forced``: ``--improve all`` with its last stage (the refining pass) kept whatever
+    the stage guard says -- what the guard chooses from, measured on the held-out inputs."""
+    if not on:
+        yield
+        return
+    from amct_torch.improve import pipeline
+    real = pipeline._choose
+    pipeline._choose = lambda stages: stages[-1]
+    try:
+        yield
+    finally:
+        pipeline._choose = real
+
+
 def ours_methods() -> tuple[str, ...]:
     """default, every improvement ``quantize(improve=...)`` knows (read at run time, so a new
     one is benched as soon as it lands), and all."""
@@ -580,32 +597,35 @@ def nncf_peers(float_path, calib, held, ref, blobs, tmp, presets, model, inp, ba
     return peers
 
 
-def family_model(fam: str, imgs, n_calib: int, n_held: int, tmp: str) -> dict:
+def family_model(fam: str, imgs, n_calib: int, n_held: int, tmp: str, n_beyond: int = 0) -> dict:
     """A model spec (name, files, calibration and held-out inputs) of a --families name."""
     if fam == "nsfw":
         proto, weights = nsfw_files()
         return {"name": fam, "proto": proto, "weights": weights, "calib": crops(imgs, n_calib, seed=1),
-                "held": crops(imgs, n_held, seed=2), "outputs": None}
+                "held": crops(imgs, n_held, seed=2), "beyond": crops(imgs, n_beyond, seed=3), "outputs": None}
     if fam == "example":
         from amct_torch.examples import example_data, example_model
         proto, weights = example_model()
+        test = example_data("test")[0]
         return {"name": fam, "proto": proto, "weights": weights, "calib": example_data("calib")[0][:n_calib],
-                "held": example_data("test")[0][:n_held], "outputs": None}
+                "held": test[:n_held], "beyond": test[n_held:][:n_beyond], "outputs": None}
     import fidelity_nets
     size = fidelity_nets.input_size(fam)
     proto, weights, _ = fidelity_nets.build(fam, os.path.join(tmp, fam), crops(imgs, 64, seed=5, size=size))
     return {"name": fam, "proto": proto, "weights": weights, "outputs": None,
             "calib": crops(imgs, n_calib, seed=1, size=size) / 64.0,
-            "held": crops(imgs, n_held, seed=2, size=size) / 64.0}
+            "held": crops(imgs, n_held, seed=2, size=size) / 64.0,
+            "beyond": crops(imgs, n_beyond, seed=3, size=size) / 64.0}
 
 
-def caffe_model(spec: dict, imgs, n_calib: int, n_held: int) -> dict:
+def caffe_model(spec: dict, imgs, n_calib: int, n_held: int, n_beyond: int = 0) -> dict:
     """A model spec of a --caffe model: its preprocessing applied to the natural-image crops."""
     parsed = net_layers(spec["proto"])
     h, w = spec["size"] or tuple(parsed.inputs[0][1][2:4])
     kw = {k: spec[k] for k in ("mean", "scale", "rgb", "transpose")}
     return {**spec, "calib": image_inputs(imgs, n_calib, 1, h, w, **kw),
-            "held": image_inputs(imgs, n_held, 2, h, w, **kw)}
+            "held": image_inputs(imgs, n_held, 2, h, w, **kw),
+            "beyond": image_inputs(imgs, n_beyond, 3, h, w, **kw)}
 
 
 def run_model(spec: dict, args, tmp: str) -> dict:
@@ -618,6 +638,8 @@ def run_model(spec: dict, args, tmp: str) -> dict:
     work = os.path.join(tmp, fam)
     os.makedirs(work, exist_ok=True)
     calib, held = spec["calib"].astype(np.float32), spec["held"].astype(np.float32)
+    # the job's data: its calibration rows, then the rows beyond them it may judge on (never scored)
+    job_data = np.concatenate([calib, spec["beyond"].astype(np.float32)]) if len(spec.get("beyond", ())) else calib
     parsed = net_layers(proto)
     blobs = spec.get("outputs") or scored_outputs(parsed)
     producers = blob_producers(parsed)
@@ -646,10 +668,11 @@ def run_model(spec: dict, args, tmp: str) -> dict:
                 kw["config"] = os.path.join(os.path.dirname(prefix), "hfmg.cfg")
                 with open(kw["config"], "w") as f:
                     f.write(HFMG_CFG)
-            r = amct_torch.quantize(proto, weights, calib, output=prefix,
-                                    batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
-                                    save_type=None, report=False, quiet=True, device="cpu",
-                                    improve=None if m in ("default", "hfmg") else m, **kw)
+            with forced_refining(m == "forced"):
+                r = amct_torch.quantize(proto, weights, job_data, output=prefix,
+                                        batch_num=max(1, len(calib) // args.batch), batch_size=args.batch,
+                                        save_type=None, report=False, quiet=True, device="cpu",
+                                        improve={"default": None, "hfmg": None, "forced": "all"}.get(m, m), **kw)
             cost[m] = time.time() - t
             torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, ib, blobs, producers))
         except Exception as e:  # noqa: BLE001 - reported, the other methods still run
@@ -661,7 +684,9 @@ def run_model(spec: dict, args, tmp: str) -> dict:
             fused = r.float_model  # the default's BN-fused float model (an improvement may change it)
         row = {"bench": "fidelity", "model": fam, "method": f"ours_{m}", "torch_fake_quant_db": torch_db[m],
                "torch_per_output": per, "job_s": round(cost[m], 2), "kept": (r.improvement or {}).get("kept"),
-               "stages": [(s["name"], s["gain_db"], s["seconds"]) for s in (r.improvement or {}).get("stages", [])]}
+               "stages": [(s["name"], s["output_gain_db"], s["output_error_db"], s["passed"], s["seconds"])
+                          for s in (r.improvement or {}).get("stages", [])],
+               "guard_rows": (r.improvement or {}).get("rows")}
         res[m] = torch_db[m]
         if args.ours_onnx:  # the QDQ model the job wrote, run by ONNX Runtime as the peers are
             try:
@@ -754,6 +779,9 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16, help="calibration batch size")
     ap.add_argument("--infer-batch", type=int, default=25)
+    ap.add_argument("--beyond", type=int, default=0,
+                    help="models mode: samples handed to the job after its calibration ones (other crops, never "
+                         "scored): the data beyond batch_num x batch_size its --improve guard judges on")
     ap.add_argument("--ort", default="MinMax,Percentile,Entropy")
     ap.add_argument("--ort-types", default="U8S8,S8S8,U8S8_noout,S8S8_noout",
                     help="activation/weight types; _noout: the scored outputs left unquantized")
@@ -792,9 +820,9 @@ def main() -> None:
             imgs = natural_images()
             summaries = []
             for fam in fams:
-                summaries.append(run_model(family_model(fam, imgs, args.calib, args.n, tmp), args, tmp))
+                summaries.append(run_model(family_model(fam, imgs, args.calib, args.n, tmp, args.beyond), args, tmp))
             for spec in specs:
-                summaries.append(run_model(caffe_model(spec, imgs, args.calib, args.n), args, tmp))
+                summaries.append(run_model(caffe_model(spec, imgs, args.calib, args.n, args.beyond), args, tmp))
         seen = [m for s in summaries for m in s.get("ours", {})]
         cols = [m for m in methods if m in seen] + [m for m in dict.fromkeys(seen) if m not in methods]
         text = table(summaries, cols) + "\nJob seconds (CPU, shared machine):\n\n" + cost_table(summaries, cols)

@@ -1,42 +1,32 @@
-"""Cross-fitted judging of the improvement stages, for nets whose outputs have few positions.
+"""Cross-fitting of the refining stage over the calibration rows, for the stage guard.
 
-Why: the stage guard (``pipeline._better``) compares per-output SQNR on the held-out rows. On
-a net whose outputs are one position per sample (a classifier's logits, the 1x1 heads of a
-cascade detector such as MTCNN's), a held-out batch of 16 crops gives 16 values per output
-channel, and each half of it 8: the SQNR of a stage then moves by about half a dB from one
-draw of crops to the next, more than the gains judged (measured on the MTCNN nets: the bias
-correction of the 48-px net scored -0.27 dB on its 16 held-out crops and +0.23 dB on 200
-others). Holding out more rows would starve the fitting, which has only the other batches.
+Why: the stage guard (``pipeline.py``) judges each candidate on rows that no fitting has seen.
+The job hands it the data beyond the calibration batches first; where the data has too few
+such rows, every calibration row is judged once by a model fitted without it: the rows are cut
+into ``k`` contiguous blocks, and for each block the refining pass is fitted on the other
+blocks (their last quarter its per-layer guard rows) and scored on that block. The model kept
+is the pass fitted on all calibration rows, so the guard judges the procedure, not the exact
+model; ``k`` is ``FOLDS_SMALL`` on a small net and ``FOLDS_LARGE`` on a large one (cost).
 
-What: the rows are used twice with the roles swapped. Fold 1 is the pipeline's own split (fit
-on the first rows, held out the last batch); fold 2 fits on fold 1's held-out rows and holds
-out fold 1's fitting rows. Each candidate is fitted once per fold, and scored on that fold's
-held-out rows only, so every calibration row is judged by a model that was not fitted on it
-and the guard sees twice the rows; its two "halves" are the two folds. The model kept is one
-fold's (``pipeline._better``: fold 1's if it gains the margin on its own held-out rows, else
-fold 2's if that one does), so it is never worse than the default on the rows it was not
-fitted on, and the other fold adds the evidence that the same procedure, fitted on other rows,
-does not lose.
-
-When: only where an output has fewer than ``MIN_HELD_VALUES`` held-out values per channel
-and the net is small (at most ``MAX_INPUT`` input values per sample and ``MAX_PARAMS``
-parameters): the refining pass runs twice, affordable on such nets (MTCNN's jobs take 0.1-0.4
-s) but not on a large one (a face-embedding net with a small input and 20 M weights).
+Also here: whether a net's outputs are starved of held-out values (one position per row, few
+rows) and the net small enough that its range search is limited to widening AMCT's clip
+(``refine.WIDER``).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-#: an output with fewer held-out values per channel (rows x its positions) than this starves
-#: the stage guard
+#: an output with fewer held-out values per channel (rows x its positions) than this is starved
 MIN_HELD_VALUES = 256
-#: the cross-fitting's cost guard: input values per sample at most this (MTCNN's 48x48x3 = 6912;
-#: a 224x224x3 classifier's 150528 stays with the single split)
+#: small nets: input values per sample at most this (MTCNN's 48x48x3 = 6912; a 224x224x3
+#: classifier's 150528 is large) ...
 MAX_INPUT = 1 << 15
-#: and parameters at most this (MTCNN's 48-px net: 0.39 M)
+#: ... and parameters at most this (MTCNN's 48-px net: 0.39 M)
 MAX_PARAMS = 1 << 21
+#: folds of the cross-fitting on a small net (each fold's pass is cheap there)
+FOLDS_SMALL = 4
+#: and on a large one: the pass runs once per fold and once more on all rows (cost)
+FOLDS_LARGE = 2
 
 
 def values_per_channel(ref: list[torch.Tensor]) -> int:
@@ -46,16 +36,31 @@ def values_per_channel(ref: list[torch.Tensor]) -> int:
     return min(counts) if counts else 0
 
 
-def other_fold(data: tuple, n_fit: int, ref: list[torch.Tensor],
-               max_fit: int, max_held: int, params: int = 0) -> Optional[tuple[tuple, int]]:
-    """The second fold (its rows as ``split`` lays them out: fitting rows then held-out rows,
-    and the number of fitting rows) when the held-out outputs ``ref`` are starved and the net
-    (``params`` parameters) is small; else None (the single split)."""
-    n_held = int(data[0].shape[0]) - n_fit
-    if n_fit < 2 or n_held < 2 or values_per_channel(ref) >= MIN_HELD_VALUES:
-        return None
-    if data[0][0].numel() > MAX_INPUT or params > MAX_PARAMS:
-        return None
-    fit2 = tuple(t[n_fit:][:max_fit] for t in data)
-    held2 = tuple(t[:n_fit][:max_held] for t in data)
-    return tuple(torch.cat([f, h]) for f, h in zip(fit2, held2)), int(fit2[0].shape[0])
+def small_net(sample: torch.Tensor, params: int) -> bool:
+    """At most ``MAX_INPUT`` input values per sample and ``MAX_PARAMS`` parameters."""
+    return sample.numel() <= MAX_INPUT and params <= MAX_PARAMS
+
+
+def widen_only(ref_held: list[torch.Tensor], sample: torch.Tensor, params: int) -> bool:
+    """The range search only widens AMCT's clips: a small net whose outputs on the per-layer
+    guard rows (``ref_held``) are starved. A tighter clip trades the rare large values for the
+    common small ones, and a few calibration rows rarely hold the rare ones."""
+    return values_per_channel(ref_held) < MIN_HELD_VALUES and small_net(sample, params)
+
+
+def blocks(n: int, k: int) -> list[torch.Tensor]:
+    """``n`` row indices cut into ``k`` contiguous blocks (fewer when ``n < k``)."""
+    return [b for b in torch.arange(n).chunk(min(k, n)) if b.numel()]
+
+
+def fold_data(data: tuple, block: torch.Tensor) -> tuple[tuple, int]:
+    """The refining pass's input for the fold that holds out ``block``: the other rows in
+    order, their last quarter (at least one row) as the per-layer guard rows; and the number
+    of fitting rows."""
+    n = int(data[0].shape[0])
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[block] = False
+    idx = torch.nonzero(keep).flatten()
+    rows = tuple(t[idx.to(t.device)] for t in data)
+    m = int(idx.numel())
+    return rows, m - max(1, m // 4)

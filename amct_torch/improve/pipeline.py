@@ -3,22 +3,16 @@
 Order (``output_names.IMPROVEMENTS``): cross-layer equalization first (it changes the weights,
 so the weight factors and the activation calibration are computed again on the equalized
 model), then one sequential pass that refines each layer in graph order: the output-error
-activation range, the learned weight rounding (``adaround.py``, on the input quantized with
-that range) and the bias correction (it must see the final range and weights).
+activation range, the learned weight rounding (``adaround.py``) and the bias correction.
 
-Data: the calibration batches the job kept. The last batch is held out from every fitting
-(a single batch is split: its last quarter); the fitting rows are the other batches' first
-``max_fit`` samples, the held-out rows at most ``max_held``. Guards (docs/algorithms.md):
-per layer inside the refining pass (``refine.py``); per model for equalization (its pairs
-change the calibrated ranges of the layers around them, so it is judged on the net outputs);
-and at the end on the net outputs: of the stages (AMCT's default, + equalization, + refining)
-the one kept has the best worst-output SQNR against the float model on the held-out rows among
-those where no output is worse than the default's, neither on all held-out rows nor on either
-half of them, and whose worst output gains at least ``MARGIN_DB`` -- so the result is never
-worse than AMCT's on any output of the held-out data, and a gain carried by a few rows is
-not taken. On a small net whose outputs have few positions, the stages are judged on two
-folds with the fitting and held-out roles swapped (``folds.py``), and its range search only
-widens AMCT's clips (``refine.WIDER``).
+Fitting data: the calibration batches the job kept; the last batch (a single batch: its last
+quarter) is the refining pass's per-layer guard rows, the others' first ``max_fit`` rows fit.
+Stage guard (docs/algorithms.md): each stage is judged against AMCT's default on rows no
+fitting saw -- the data beyond the calibration batches (``held``), and where it has fewer than
+``HELD_ROWS`` rows also every calibration row, cross-fitted (``folds.py``) -- by a paired
+statistic per net output: each row's error power, default minus candidate. A stage is kept
+when no output's lower confidence bound (mean − ``Z`` standard errors) is below zero and its
+worst output's SQNR gains; of those kept, the best worst output wins.
 """
 from __future__ import annotations
 
@@ -27,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import fx
@@ -38,25 +32,31 @@ log = logging.getLogger("amct_torch")
 
 Recalibrate = Callable[[fx.GraphModule], dict]
 
-
-#: a stage replaces the default only when its worst-output SQNR on the held-out rows is at
-#: least this much higher (the held-out rows are few: smaller gains are mostly noise)
-MARGIN_DB = 0.2
+#: one-sided confidence of the stage guard: every output's mean gain must be at least this many
+#: standard errors above zero (95 %)
+Z = 1.645
+#: rows the guard wants beyond the calibration batches; with fewer it also cross-fits the
+#: calibration rows
+HELD_ROWS = 64
+#: most rows beyond the calibration batches the guard reads (each stage's model runs on them)
+MAX_HELD = 256
+#: fewest rows the paired statistic is computed on; with fewer the improvements are skipped
+MIN_ROWS = 8
 
 
 @dataclass
 class Stage:
-    """One candidate model: its name, per-output SQNR (dB) on the held-out rows (``sqnr_db``)
-    and on each half of them (``halves``), and cost."""
+    """One candidate model: per-output SQNR (dB) on the judged rows, per-output gain over the
+    default (dB, of the mean error powers), its standard error and its lower confidence bound
+    (dB), whether the guard passed it, and cost."""
 
     name: str
     sqnr_db: list[float]
     seconds: float = 0.0
-    halves: list[list[float]] = field(default_factory=list)
-    #: cross-fitted with one model per fold (``folds.py``): ``halves`` are the folds, each
-    #: scored on its own model; ``_better`` sets ``fold`` to the fold whose model may be kept
-    per_fold: bool = False
-    fold: int = 0
+    gain_db: list[float] = field(default_factory=list)
+    error_db: list[float] = field(default_factory=list)
+    lower_db: list[float] = field(default_factory=list)
+    passed: bool = False
 
     @property
     def worst_db(self) -> float:
@@ -68,8 +68,8 @@ class Improvement:
     """The model to write (``fused``, ``records``), the float model (unchanged, BN-fused), the
     float model in the kept model's channel scaling (``reference``: the equalized float model
     when equalization was kept, else ``float_model``; its layer outputs are what the kept
-    model's layers approximate, so the per-layer report compares with it) and what each stage
-    did and cost."""
+    model's layers approximate, so the per-layer report compares with it), what each stage
+    did and cost, and the rows the guard judged on."""
 
     fused: fx.GraphModule
     records: dict[str, LayerRecord]
@@ -79,31 +79,64 @@ class Improvement:
     kept: str = "default"
     layers: dict[str, dict] = field(default_factory=dict)
     pairs: int = 0
-    #: the stages were judged on two folds with swapped roles (``folds.py``)
-    cross_fitted: bool = False
+    #: rows judged beyond the calibration batches, and calibration rows cross-fitted (in folds)
+    held_rows: int = 0
+    cross_rows: int = 0
+    folds: int = 0
+    #: why the improvements were skipped (too few rows), else None
+    skipped: Optional[str] = None
 
     def summary(self) -> dict:
-        """JSON-able: per stage the worst-output SQNR and seconds, the one kept, per layer changes."""
+        """JSON-able: the rows judged, per stage the worst-output SQNR, per-output gain ±
+        standard error, verdict and seconds, the stage kept, per layer changes."""
         base = self.stages[0].worst_db if self.stages else math.nan
-        return {"kept": self.kept, "equalized_pairs": self.pairs, "cross_fitted": self.cross_fitted,
+        return {"kept": self.kept, "skipped": self.skipped, "equalized_pairs": self.pairs,
+                "rows": self.held_rows + self.cross_rows, "held_out_rows": self.held_rows,
+                "cross_fitted_rows": self.cross_rows, "folds": self.folds,
+                "cross_fitted": self.cross_rows > 0,
                 "stages": [{"name": s.name, "worst_output_sqnr_db": round(s.worst_db, 3),
-                            "gain_db": round(s.worst_db - base, 3), "seconds": round(s.seconds, 3),
-                            **({"fold": s.fold} if s.per_fold else {})}
+                            "gain_db": round(s.worst_db - base, 3),
+                            "output_gain_db": [round(g, 3) for g in s.gain_db],
+                            "output_error_db": [round(e, 3) for e in s.error_db],
+                            "passed": s.passed, "seconds": round(s.seconds, 3)}
                            for s in self.stages],
                 "layers": self.layers}
 
     def line(self) -> str:
         """One line for the job's summary."""
-        parts = [f"{s.name} {s.worst_db:.2f} dB ({s.seconds:.1f} s)" for s in self.stages]
-        return f"improve: kept {self.kept}; held-out worst-output SQNR: " + ", ".join(parts)
+        return summary_line(self.summary())
+
+
+def summary_line(s: Mapping[str, Any]) -> str:
+    """The ``improve:`` line of a summary (``Improvement.summary``): what was kept, on how many
+    rows, and per stage each output's gain ± standard error and the verdict."""
+    if not s["stages"]:
+        return f"improve: kept {s['kept']}; {s.get('skipped')}"
+    rows = f"{s['rows']} rows ({s['held_out_rows']} beyond calibration"
+    rows += f", {s['cross_fitted_rows']} calibration rows cross-fitted in {s['folds']} folds)" \
+        if s["cross_fitted_rows"] else ")"
+    parts = []
+    for st in s["stages"][1:]:
+        gains = " / ".join(f"{g:+.2f} ± {e:.2f}" for g, e in zip(st["output_gain_db"], st["output_error_db"]))
+        parts.append(f"{st['name']} {gains} dB {'passed' if st['passed'] else 'rejected'} ({st['seconds']:.1f} s)")
+    worst = s["stages"][0]["worst_output_sqnr_db"] if s["stages"] else math.nan
+    if s.get("skipped"):
+        parts.append(str(s["skipped"]))
+    return (f"improve: kept {s['kept']} on {rows}; default worst output {worst:.2f} dB; "
+            + ("; ".join(parts) or "no candidate"))
 
 
 def _rows(batches: Sequence[Any]) -> list[tuple]:
     return [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches]
 
 
+def _count(batches: Sequence[Any]) -> int:
+    return sum(int(torch.as_tensor(r[0]).shape[0]) if torch.as_tensor(r[0]).dim() else 1 for r in _rows(batches))
+
+
 def split(batches: Sequence[Any], max_fit: int = 32, max_held: int = 64) -> tuple[tuple, int]:
-    """(fit rows then held-out rows, as one tuple of tensors; the number of fit rows)."""
+    """(fit rows then the refining pass's per-layer guard rows, as one tuple of tensors; the
+    number of fit rows): the last batch is the guard rows (a single batch: its last quarter)."""
     rows = _rows(batches)
     if not rows:
         raise ValueError("the improvements need calibration batches")
@@ -118,6 +151,14 @@ def split(batches: Sequence[Any], max_fit: int = 32, max_held: int = 64) -> tupl
     fit = tuple(torch.cat([torch.as_tensor(p[i]) for p in fit_parts])[:max_fit] for i in range(len(held)))
     held = tuple(torch.as_tensor(t)[:max_held] for t in held)
     return tuple(torch.cat([f, h]) for f, h in zip(fit, held)), int(fit[0].shape[0])
+
+
+def _concat(batches: Sequence[Any], limit: int) -> tuple:
+    """The rows of ``batches`` as one tuple of tensors (at most ``limit`` rows), or ()."""
+    rows = _rows(batches)
+    if not rows:
+        return ()
+    return tuple(torch.cat([torch.as_tensor(r[i]) for r in rows])[:limit] for i in range(len(rows[0])))
 
 
 def _outputs(y: Any) -> list[torch.Tensor]:
@@ -155,76 +196,137 @@ def _db(p: float, e: float) -> float:
     return 10 * math.log10(max(p, 1e-30) / max(e, 1e-30))
 
 
-def _row_powers(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple) -> list[torch.Tensor]:
-    """Per scored output, [2, rows] float64: each row's signal power (``ref``) and the power of
-    ``model``'s error against it (``net_outputs`` on ``data``); device tensors, no host read."""
+def _row_powers(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple) -> list[Optional[torch.Tensor]]:
+    """Per output, [2, rows] float64: each row's signal power (``ref``) and the power of
+    ``model``'s error against it (``net_outputs`` on ``data``); None for an output whose shape
+    depends on the data (DetectionOutput). Device tensors, no host read."""
     out = net_outputs(model, data)
-    res = []
+    res: list[Optional[torch.Tensor]] = []
     for q, r in zip(out, ref):
-        if q.shape != r.shape or q.shape[0] < 1:  # a data-dependent output (DetectionOutput)
+        if q.shape != r.shape or q.shape[0] < 1:
+            res.append(None)
             continue
         r64, q64 = r.double().reshape(r.shape[0], -1), q.double().reshape(q.shape[0], -1)
         res.append(torch.stack([r64.pow(2).sum(dim=1), (q64 - r64).pow(2).sum(dim=1)]))
     return res
 
 
-def scored(parts: list[list[torch.Tensor]], name: str = "", seconds: float = 0.0) -> Stage:
-    """The stage of per-part row powers (``_row_powers``, the same outputs in each part): SQNR
-    (dB) of each output over all parts, and on each part alone (``halves``; one host read)."""
-    n_out = min(len(p) for p in parts) if parts else 0
-    if n_out == 0:
+class Judge:
+    """The rows the stages are judged on: those beyond the calibration batches (``held``),
+    then the calibration rows ``data`` block by block (``blocks``; none when not cross-fitted),
+    with the float model's outputs on each."""
+
+    def __init__(self, float_model: fx.GraphModule, held: tuple, data: tuple, blocks: list[torch.Tensor]) -> None:
+        self.parts = ([held] if held else []) + [tuple(t[b.to(t.device)] for t in data) for b in blocks]
+        self.n_held = 1 if held else 0
+        self.refs = [net_outputs(float_model, p) for p in self.parts]
+
+    def rows(self, model: fx.GraphModule, per_block: Optional[Callable[[int], fx.GraphModule]] = None
+             ) -> list[Optional[torch.Tensor]]:
+        """Per output, [2, rows] (``_row_powers``) over every part: ``model`` on the held rows,
+        and on each block ``per_block(j)`` (the model fitted without block j) or ``model``."""
+        parts = []
+        for i, (p, r) in enumerate(zip(self.parts, self.refs)):
+            j = i - self.n_held
+            m = per_block(j) if per_block is not None and j >= 0 else model
+            parts.append(_row_powers(m, r, p))
+        n_out = min(len(p) for p in parts) if parts else 0
+        return [None if any(p[o] is None for p in parts) else torch.cat([p[o] for p in parts], dim=1)  # type: ignore[misc]
+                for o in range(n_out)]
+
+
+def compare(name: str, base: list[Optional[torch.Tensor]], cand: list[Optional[torch.Tensor]],
+            seconds: float = 0.0) -> Stage:
+    """The stage of ``cand``'s row powers against the default's (``base``, the same rows): per
+    output the SQNR, and from the per-row differences of error power (default − candidate)
+    their mean and standard error, as the gain in dB of the mean error power ± its standard
+    error and the gain at the lower confidence bound (mean − ``Z`` standard errors). One host read."""
+    pairs = [(b, c) for b, c in zip(base, cand) if b is not None and c is not None]
+    if not pairs:
         return Stage(name, [], seconds)
-    sums = torch.stack([torch.stack([p[o].sum(dim=1) for p in parts]) for o in range(n_out)]).cpu().tolist()
-    st = Stage(name, [_db(sum(v[0] for v in out), sum(v[1] for v in out)) for out in sums], seconds)
-    st.halves = [[_db(out[k][0], out[k][1]) for out in sums] for k in range(len(parts))]
+    n = int(pairs[0][0].shape[1])
+    stats = []
+    for b, c in pairs:
+        d = b[1] - c[1]
+        sd = d.std() if n > 1 else torch.zeros((), dtype=d.dtype, device=d.device)
+        stats.append(torch.stack([b[0].sum(), b[1].sum(), c[1].sum(), d.mean(), sd]))
+    st = Stage(name, [], seconds)
+    for p, e_b, e_c, mean_d, sd in torch.stack(stats).cpu().tolist():
+        se = sd / math.sqrt(n)
+        mean_b, mean_c = e_b / n, e_c / n
+        st.sqnr_db.append(_db(p, e_c))
+        st.gain_db.append(_db(e_b, e_c))
+        st.error_db.append(10 / math.log(10) * se / max(mean_c, 1e-30))
+        low = mean_d - Z * se   # the candidate's mean error at the bound: mean_b − low
+        st.lower_db.append(math.inf if mean_b - low <= 0 else _db(mean_b, mean_b - low))
     return st
 
 
-def output_sqnr(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple,
-                name: str = "", seconds: float = 0.0) -> Stage:
-    """The stage of ``model``: SQNR (dB) of each output (``net_outputs``) on ``data`` against
-    ``ref``, on all rows and on each half of them (one host read)."""
-    rows = _row_powers(model, ref, data)
-    n = int(data[0].shape[0])
-    if n < 2:
-        st = scored([rows], name, seconds)
-        st.halves = []
-        return st
-    h = max(1, n // 2)
-    return scored([[t[:, :h] for t in rows], [t[:, h:] for t in rows]], name, seconds)
+def _keep(stage: Stage, default: Stage) -> bool:
+    """The guard: ``stage`` may replace the default when no output's lower confidence bound of
+    the gain is below zero and its worst output's SQNR is higher than the default's."""
+    return (0 < len(stage.sqnr_db) == len(default.sqnr_db) and all(lo >= 0 for lo in stage.lower_db)
+            and stage.worst_db > default.worst_db)
+
+
+def _choose(stages: list[Stage]) -> Stage:
+    """The stage kept: of the default and the stages that passed, the best worst output."""
+    return max((s for s in stages if s is stages[0] or s.passed), key=lambda s: s.worst_db)
+
+
+def _too_few(names: Sequence[str], n_cal: int, n_rows: int, n_held: int) -> str:
+    return (f"{', '.join(names)} not applied: {n_rows} row(s) to judge them on ({n_cal} calibration "
+            f"sample(s), {n_held} beyond them), the guard needs at least {MIN_ROWS}; give more samples "
+            f"than batch_num × batch_size")
 
 
 def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], batches: Sequence[Any],
                   device: torch.device, names: Sequence[str], recalibrate: Recalibrate,
-                  quant_layers: Sequence[str], max_fit: int = 32, max_held: int = 64) -> Improvement:
+                  quant_layers: Sequence[str], held: Sequence[Any] = (), max_fit: int = 32,
+                  max_held: int = 64) -> Improvement:
     """Apply ``names`` (a subset of ``IMPROVEMENTS``) to the calibrated ``fused``/``records``
-    and return the guarded result; ``fused`` itself is never changed. ``recalibrate(gm)``: the
-    full record (weight + activation factors) of an equalized copy, calibrated as AMCT does."""
+    and return the guarded result; ``fused`` itself is never changed. ``held``: batches of the
+    data beyond the calibration ones (judged on first). ``recalibrate(gm)``: the full record
+    (weight + activation factors) of an equalized copy, calibrated as AMCT does. Too few rows
+    for the guard: a warning, and AMCT's result (``Improvement.skipped`` says why)."""
     from amct_torch.export import fake_quant_graph
+    from amct_torch.improve import folds
     from amct_torch.improve.cle import equalize, find_pairs
-    from amct_torch.improve.folds import other_fold
     from amct_torch.improve.refine import MULTIPLIERS, WIDER, refine
 
-    data, n_fit = split(batches, max_fit, max_held)
-    data = tuple(t.to(device) for t in data)
-    held = tuple(t[n_fit:] for t in data)
-    float_model = fused
-    ref = net_outputs(float_model, held)
-    fold2 = other_fold(data, n_fit, ref, max_fit, max_held, sum(p.numel() for p in fused.parameters()))
-    held2 = tuple(t[fold2[1]:] for t in fold2[0]) if fold2 else ()
-    ref2 = net_outputs(float_model, held2) if fold2 else []
-
-    def judge(models: list[fx.GraphModule], name: str, seconds: float = 0.0) -> Stage:
-        """The stage of ``models`` (one per fold: fold 1's, then fold 2's where cross-fitted)."""
-        if not fold2:
-            return output_sqnr(models[0], ref, held, name, seconds)
-        st = scored([_row_powers(models[0], ref, held), _row_powers(models[-1], ref2, held2)], name, seconds)
-        st.per_fold = len(models) > 1
-        return st
-
-    default = judge([fake_quant_graph(fused, records).to(device)], "default")
-    imp = Improvement(fused=fused, records=dict(records), float_model=float_model, stages=[default],
-                      cross_fitted=fold2 is not None)
+    imp = Improvement(fused=fused, records=dict(records), float_model=fused, reference=fused)
+    ext = tuple(t.to(device) for t in _concat(held, MAX_HELD))
+    n_ext = int(ext[0].shape[0]) if ext else 0
+    refining = [n for n in names if n != "cle"]
+    n_cal = _count(batches)
+    fit_ok = n_cal >= 2
+    data: tuple = ()
+    n_fit = 0
+    if fit_ok:
+        data, n_fit = split(batches, max_fit, max_held)
+        data = tuple(t.to(device) for t in data)
+    params = sum(p.numel() for p in fused.parameters())
+    blocks: list[torch.Tensor] = []
+    if data and n_ext < HELD_ROWS:
+        k = folds.FOLDS_SMALL if folds.small_net(data[0][0], params) else folds.FOLDS_LARGE
+        blocks = folds.blocks(int(data[0].shape[0]), k)
+        if any(int(data[0].shape[0]) - b.numel() < 2 for b in blocks):
+            blocks = []   # a fold with fewer than 2 rows to fit on
+    n_cross = sum(b.numel() for b in blocks)
+    if n_ext + n_cross < MIN_ROWS:
+        imp.skipped = _too_few(names, n_cal, n_ext + n_cross, n_ext)
+        log.warning("improve: %s", imp.skipped)
+        return imp
+    if refining and not fit_ok:
+        imp.skipped = (f"{', '.join(refining)} not applied: the refining pass needs at least 2 "
+                       "calibration samples (one fits, one guards)")
+        log.warning("improve: %s", imp.skipped)
+        refining = []
+    imp.held_rows, imp.cross_rows, imp.folds = n_ext, n_cross, len(blocks)
+    judge = Judge(fused, ext, data, blocks)
+    base = judge.rows(fake_quant_graph(fused, records).to(device))
+    default = compare("default", base, base)
+    imp.stages = [default]
     candidates = {"default": (fused, dict(records), fused)}
     cur_gm, cur_rec = fused, dict(records)
     if "cle" in names:
@@ -234,36 +336,38 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
         imp.pairs = len(pairs)
         if pairs:  # nothing fitted on rows (the recalibration is AMCT's on every batch): one model
             rec = recalibrate(gm)
-            st = judge([fake_quant_graph(gm, rec).to(device)], "cle", time.perf_counter() - t0)
+            st = compare("cle", base, judge.rows(fake_quant_graph(gm, rec).to(device)), time.perf_counter() - t0)
+            st.passed = _keep(st, default)
             imp.stages.append(st)
             candidates["cle"] = (gm, rec, gm)
-            if _better(st, default):
+            if st.passed:
                 cur_gm, cur_rec = gm, rec
-    ranges, rounding, bias = "output_ranges" in names, "adaround" in names, "bias_correction" in names
-    if ranges or rounding or bias:
+    if refining:
         t0 = time.perf_counter()
-        mults = WIDER if fold2 else MULTIPLIERS   # few held-out values: the clip only widens
-        runs = [refine(cur_gm, cur_rec, data, n_fit, ranges=ranges, bias=bias, rounding=rounding,
-                       multipliers=mults)]
-        if fold2:
-            runs.append(refine(cur_gm, cur_rec, fold2[0], fold2[1], ranges=ranges, bias=bias,
-                               rounding=rounding, multipliers=mults))
-        gms = [_refined_model(cur_gm, r, device) for r in runs]
+        widen = folds.widen_only(net_outputs(fused, tuple(t[n_fit:] for t in data)), data[0][0], params)
+        opts: dict[str, Any] = dict(ranges="output_ranges" in names, bias="bias_correction" in names,
+                    rounding="adaround" in names, multipliers=WIDER if widen else MULTIPLIERS)
+        res = refine(cur_gm, cur_rec, data, n_fit, **opts)
+        gm = _refined_model(cur_gm, res, device)
+
+        def fold_model(j: int) -> fx.GraphModule:   # the pass fitted without block j
+            rows, nf = folds.fold_data(data, blocks[j])
+            r = refine(cur_gm, cur_rec, rows, nf, **opts)
+            return fake_quant_graph(_refined_model(cur_gm, r, device), r.records).to(device)
+
         label = "+".join(n for n in ("output_ranges", "adaround", "bias_correction") if n in names)
         label = ("cle+" + label) if cur_gm is not fused else label
-        st = judge([fake_quant_graph(g, r.records).to(device) for g, r in zip(gms, runs)], label,
-                   time.perf_counter() - t0)
+        rows = judge.rows(fake_quant_graph(gm, res.records).to(device), fold_model if blocks else None)
+        st = compare(label, base, rows, time.perf_counter() - t0)
+        st.passed = _keep(st, default)
         imp.stages.append(st)
-        k = st.fold if _better(st, default) else 0  # the model of the fold that passed
-        res = runs[k]
-        candidates[label] = (gms[k], res.records, cur_gm)
+        candidates[label] = (gm, res.records, cur_gm)
         imp.layers = {n: {"range_multiplier": c.multiplier, "range_db": round(c.range_db, 3),
                           "rounding_kept": c.rounding_kept, "rounding_db": round(c.rounding_db, 3),
                           "bias_kept": c.bias_kept, "bias_mean_error_db": round(c.bias_db, 3)}
                       for n, c in res.changes.items()}
-    best = max((s for s in imp.stages if s is default or _better(s, default)), key=lambda s: s.worst_db)
-    imp.kept = best.name
-    imp.fused, rec, imp.reference = candidates[best.name]
+    imp.kept = _choose(imp.stages).name
+    imp.fused, rec, imp.reference = candidates[imp.kept]
     imp.records = dict(rec)
     log.info("%s", imp.line())
     return imp
@@ -282,41 +386,19 @@ def _refined_model(base: fx.GraphModule, res: Any, device: torch.device) -> fx.G
     return gm
 
 
-def _better(stage: Stage, default: Stage) -> bool:
-    """``stage`` may replace the default: no output below the default's SQNR on the held-out
-    rows, and the worst output at least ``MARGIN_DB`` higher; and a gain carried by a few rows
-    is not kept: with one model, no output below the default on either half of the held-out
-    rows (either fold where cross-fitted); with one model per fold (``folds.py``), the model
-    kept has no output below the default on its own held-out rows and its worst output at least
-    ``MARGIN_DB`` higher there (fold 1's when it does; ``stage.fold`` is set to it), the other
-    fold having judged the same procedure on other rows through the totals."""
-    if len(stage.sqnr_db) != len(default.sqnr_db):
-        return False
-    if not (all(s >= d for s, d in zip(stage.sqnr_db, default.sqnr_db))
-            and stage.worst_db >= default.worst_db + MARGIN_DB):
-        return False
-    halves = list(zip(stage.halves, default.halves))
-    ok = [all(s >= d for s, d in zip(a, b)) for a, b in halves]
-    if not stage.per_fold:
-        return all(ok)
-    # the model kept must itself gain the margin on its own held-out rows (fold 1's first)
-    passing = [k for k, (a, b) in enumerate(halves) if ok[k] and a and b and min(a) >= min(b) + MARGIN_DB]
-    if not passing:
-        return False
-    stage.fold = passing[0]
-    return True
-
-
 def improve_graph(graph: Any, records: Mapping[str, LayerRecord], batches: Sequence[Any],
-                  device: torch.device, names: Sequence[str], ifmr_mode: str = "streaming") -> Improvement:
+                  device: torch.device, names: Sequence[str], ifmr_mode: str = "streaming",
+                  held: Sequence[Any] = ()) -> Improvement:
     """The job's step: ``improve_model`` on the calibrated ``graph`` (a ``QuantGraph``), whose
     ``fused`` becomes the model kept (what the record, the Caffe models and the QDQ ONNX are
     written from); ``Improvement.float_model`` is the unchanged fused float model (the float
-    ONNX, the report's and the caller's reference)."""
+    ONNX, the report's and the caller's reference). ``held``: the batches after the
+    calibration ones that the job read for the guard (and the per-layer report)."""
     from amct_torch.improve.recalibrate import recalibrate
 
     batches = list(batches)
     imp = improve_model(graph.fused, records, batches, device, names,
-                        lambda gm: recalibrate(graph, gm, batches, device, ifmr_mode), graph.quant_layers)
+                        lambda gm: recalibrate(graph, gm, batches, device, ifmr_mode), graph.quant_layers,
+                        held=list(held))
     graph.fused = imp.fused
     return imp

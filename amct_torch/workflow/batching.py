@@ -6,13 +6,17 @@ later steps read again, and tells the user how many samples calibrated.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from amct_torch.inputs.data import IMAGE_EXTS, Preprocess, check_resize
 
 log = logging.getLogger("amct_torch")
+
+#: samples beyond the calibration batches read for the improvements' guard (where the data has them)
+HELD_ROWS = 64
 
 #: most samples in one batch when the batch size is derived from the data (documented in
 #: docs/workflow.md): beyond it the remaining samples stay unused, with a warning
@@ -76,3 +80,20 @@ def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[
                     batch_num, bs, count - keeper.samples)
     else:
         log.info("calibrated on all %d samples", count)
+
+
+def held_out(rest: Iterator[Any], batches: int, rows: int = HELD_ROWS) -> tuple[list, Iterator[Any]]:
+    """The batches after the calibration ones that the improvements' guard judges on: at least
+    ``batches`` of them (what the per-layer report reads) and enough for ``rows`` samples, where
+    the data has them; and ``rest`` again from its start (the same batches first, so the
+    report reads the rows the guard saw)."""
+    taken: list = []
+    seen = 0
+    while len(taken) < batches or seen < rows:
+        b = next(rest, None)
+        if b is None:
+            break
+        taken.append(b)
+        first = b[0] if isinstance(b, tuple) else b
+        seen += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
+    return taken, itertools.chain(taken, rest)

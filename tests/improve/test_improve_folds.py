@@ -1,62 +1,47 @@
-"""The cross-fitted stage guard (``improve/folds.py``, ``pipeline._better``): on a net whose
-outputs have few positions, the stages are judged on both folds of the calibration rows (each
-row scored by a model not fitted on it); the model kept is never worse than AMCT's default on
-its own held-out rows, and a large-output or large-input net keeps the single split."""
+"""The stage guard's rows (``improve/pipeline.py``, ``improve/folds.py``): the job judges the
+stages on the data beyond its calibration batches where it has at least ``HELD_ROWS`` such
+rows (the refining pass then runs once), else on every calibration row cross-fitted (each row
+scored by a pass fitted without it, the model kept fitted on all rows); with too few rows the
+improvements are skipped with a warning, never an exception."""
 from __future__ import annotations
 
+import logging
 import math
+import os
 
 import numpy as np
 import torch
 
 import amct_torch
-from amct_torch.improve import folds
-from amct_torch.improve.pipeline import MARGIN_DB, Stage, _better
+from amct_torch.improve import folds, pipeline
+from amct_torch.workflow.batching import held_out
 from helpers.caffe_nets import rand
 from helpers.improve_nets import conv_fc_net
 
-
-def test_other_fold_swaps_the_roles_only_when_starved_and_small():
-    x = torch.arange(32 * 3 * 4 * 4, dtype=torch.float32).reshape(32, 3, 4, 4)
-    one_position = [torch.zeros(16, 4)]          # 16 held-out values per channel
-    data, n_fit = folds.other_fold((x,), 16, one_position, 32, 64)
-    assert n_fit == 16
-    assert torch.equal(data[0], torch.cat([x[16:], x[:16]]))   # fit on the held-out rows and back
-    # an uneven split (a single batch's last quarter held out): the roles swap all the same
-    data, n_fit = folds.other_fold((x,), 24, [torch.zeros(8, 4)], 32, 64)
-    assert n_fit == 8 and torch.equal(data[0], torch.cat([x[24:], x[:24]]))
-    # an output with 16 x 4 x 4 = 256 held-out values per channel: enough, the single split
-    assert folds.other_fold((x,), 16, [torch.zeros(16, 4, 4, 4)], 32, 64) is None
-    assert folds.values_per_channel([torch.zeros(16, 4, 4, 4), torch.zeros(16, 2)]) == 16
-    # a large input (above MAX_INPUT values per sample): the refining pass would run twice, not here
-    big = torch.zeros(4, 3, 128, 128)
-    assert 3 * 128 * 128 > folds.MAX_INPUT
-    assert folds.other_fold((big,), 2, [torch.zeros(2, 4)], 32, 64) is None
+KW = dict(save_type=None, report=False, quiet=True, device="cpu")
 
 
-def stage(total, fold1, fold2, per_fold=True):
-    st = Stage("s", list(total), halves=[list(fold1), list(fold2)])
-    st.per_fold = per_fold
-    return st
+def test_blocks_hold_out_every_row_once_and_the_fold_fits_on_the_others():
+    x = torch.arange(10, dtype=torch.float32).reshape(10, 1)
+    bl = folds.blocks(10, 4)
+    assert sorted(torch.cat(bl).tolist()) == list(range(10)) and len(bl) == 4
+    (rows,), n_fit = folds.fold_data((x,), bl[1])
+    others = [v for v in range(10) if v not in bl[1].tolist()]
+    assert rows.flatten().tolist() == others          # the other rows, in order
+    assert n_fit == len(others) - len(others) // 4    # their last quarter guards the pass
+    assert len(folds.blocks(3, 4)) == 3               # never an empty block
 
 
-def test_guard_with_one_model_per_fold():
-    default = stage([20.0, 30.0], [19.0, 29.0], [21.0, 31.0], per_fold=False)
-    m = MARGIN_DB
-    # fold 1's model loses an output on its own rows, fold 2's does not: fold 2's may be kept
-    st = stage([20.0 + m, 30.5], [18.9, 29.5], [21.5, 31.2])
-    assert _better(st, default) and st.fold == 1
-    # both folds' models fine on their own rows: fold 1's (the single split's model) is kept
-    st = stage([20.0 + m, 30.5], [19.5, 29.5], [21.5, 31.2])
-    assert _better(st, default) and st.fold == 0
-    # each fold's model loses an output on its own rows: rejected though the totals gain
-    assert not _better(stage([21.0, 31.0], [18.9, 29.5], [21.5, 30.9]), default)
-    # an output below the default on all held-out rows, or a worst-output gain under the margin
-    assert not _better(stage([21.0, 29.9], [19.5, 29.5], [21.5, 31.2]), default)
-    assert not _better(stage([20.0 + m / 2, 30.5], [19.5, 29.5], [21.5, 31.2]), default)
-    # one model for both folds (equalization): both folds are its held-out rows, both must hold
-    assert not _better(stage([21.0, 31.0], [18.9, 29.5], [21.5, 31.2], per_fold=False), default)
-    assert _better(stage([21.0, 31.0], [19.5, 29.5], [21.5, 31.2], per_fold=False), default)
+def test_held_out_batches_are_read_again_by_the_report():
+    batches = iter([torch.full((8, 1), float(i)) for i in range(12)])
+    taken, rest = held_out(batches, 2)
+    assert len(taken) == 8                            # 64 rows: 8 batches of 8
+    again = list(rest)
+    assert [float(b[0, 0]) for b in again] == list(range(12))   # the same batches first, then the rest
+    taken, rest = held_out(iter([torch.zeros(40, 1)] * 3), 2)
+    assert len(taken) == 2                            # the report's 2 batches already hold 64 rows
+    taken, _ = held_out(iter([torch.zeros(8, 1)] * 3), 0)
+    assert len(taken) == 3                            # fewer rows than wanted: all there are
 
 
 def sqnr(ref: np.ndarray, q: np.ndarray) -> float:
@@ -64,57 +49,106 @@ def sqnr(ref: np.ndarray, q: np.ndarray) -> float:
     return 10 * math.log10((ref ** 2).sum() / ((q - ref) ** 2).sum())
 
 
-def test_job_judges_on_every_calibration_row_and_keeps_a_model_not_worse_on_its_own(tmp_path, monkeypatch):
+def outputs(model, rows: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        out = model(torch.from_numpy(rows))
+    return (next(iter(out.values())) if isinstance(out, dict) else out).numpy()
+
+
+def spy_refine(monkeypatch) -> list:
     from amct_torch.improve import refine as refine_mod
     calls = []
     real = refine_mod.refine
 
-    def spy(*a, **kw):   # each fold's pass, with the range candidates it was given
-        calls.append((int(a[3]), kw.get("multipliers")))
+    def spy(*a, **kw):   # each pass: its rows and fitting rows
+        calls.append((int(a[2][0].shape[0]), int(a[3])))
         return real(*a, **kw)
     monkeypatch.setattr(refine_mod, "refine", spy)
+    return calls
+
+
+def test_job_judges_on_the_rows_beyond_calibration(tmp_path, monkeypatch):
+    calls = spy_refine(monkeypatch)
+    proto, weights = conv_fc_net(tmp_path, convs=1, size=8)
+    x = rand(32 + 80, 3, 8, 8, seed=7) + 0.5       # 32 calibrate (4 x 8), 80 beyond
+    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), batch_num=4,
+                               batch_size=8, **KW)
+    res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "b" / "m"), batch_num=4,
+                              batch_size=8, improve="bias_correction", **KW)
+    imp = res.improvement
+    # 64 rows beyond calibration: 8 batches of 8; no cross-fitting, the pass runs once
+    assert (imp["held_out_rows"], imp["cross_fitted_rows"], imp["rows"]) == (64, 0, 64)
+    assert calls == [(32, 24)]
+    held = x[32:96]
+    ref = outputs(base.float_model, held)
+    d0 = sqnr(ref, outputs(base.quant_model, held))
+    assert abs(imp["stages"][0]["worst_output_sqnr_db"] - d0) < 2e-3
+    st = imp["stages"][1]
+    d1 = sqnr(ref, outputs(res.quant_model if imp["kept"] != "default" else
+                           pipeline_model(proto, weights, x, tmp_path), held))
+    assert abs(st["worst_output_sqnr_db"] - d1) < 2e-3
+    assert abs(st["output_gain_db"][0] - (d1 - d0)) < 2e-3   # one output: its gain is the SQNR's
+    assert st["passed"] == (imp["kept"] == "bias_correction")
+
+
+def pipeline_model(proto, weights, x, tmp_path):
+    """The refined model whatever the guard says (its choice forced)."""
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "_choose", lambda stages: stages[-1])
+        return amct_torch.quantize(proto, weights, x, output=str(tmp_path / "f" / "m"), batch_num=4,
+                                   batch_size=8, improve="bias_correction", **KW).quant_model
+
+
+def test_job_cross_fits_every_calibration_row_when_no_more_data(tmp_path, monkeypatch):
+    calls = spy_refine(monkeypatch)
     proto, weights = conv_fc_net(tmp_path, convs=1, size=8)
     x = rand(32, 3, 8, 8, seed=7) + 0.5
-    kw = dict(batch_num=2, batch_size=16, save_type=None, report=False, quiet=True, device="cpu")
-    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), **kw)
-    res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "b" / "m"), improve="bias_correction", **kw)
+    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), batch_num=2,
+                               batch_size=16, **KW)
+    res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "b" / "m"), batch_num=2,
+                              batch_size=16, improve="bias_correction", **KW)
     imp = res.improvement
-    assert imp["cross_fitted"] is True          # one position per row, 8x8x3 input
-    # two passes (fold 1 fits on the first batch, fold 2 on the second), the clip only widening
-    assert [c[0] for c in calls] == [16, 16] and all(c[1] == refine_mod.WIDER for c in calls)
-
-    def outputs(model, rows):
-        with torch.no_grad():
-            out = model(torch.from_numpy(rows))
-        return (next(iter(out.values())) if isinstance(out, dict) else out).numpy()
-
+    assert (imp["held_out_rows"], imp["cross_fitted_rows"], imp["folds"]) == (0, 32, folds.FOLDS_SMALL)
+    # the model kept: fitted on all rows (16 fit, the last batch guards); then one pass per
+    # fold on the 24 other rows (18 fit, 6 guard)
+    assert calls == [(32, 16)] + [(24, 18)] * folds.FOLDS_SMALL
     ref = outputs(base.float_model, x)
-    q0 = outputs(base.quant_model, x)
-    # the default's score: its fake-quant model on all 32 calibration rows (both folds' held-out)
-    assert abs(imp["stages"][0]["worst_output_sqnr_db"] - sqnr(ref, q0)) < 2e-3
-    refined = imp["stages"][1]
-    assert refined["name"] == "bias_correction" and "fold" in refined
-    # these rows' means differ from zero: the correction gains and is kept
-    assert imp["kept"] == "bias_correction"
-    rows = slice(16, 32) if refined["fold"] == 0 else slice(0, 16)   # the kept model's held-out rows
-    q1 = outputs(res.quant_model, x)
-    assert sqnr(ref[rows], q1[rows]) >= sqnr(ref[rows], q0[rows])
-    assert refined["gain_db"] >= MARGIN_DB
+    assert abs(imp["stages"][0]["worst_output_sqnr_db"] - sqnr(ref, outputs(base.quant_model, x))) < 2e-3
 
 
-def test_the_fold_kept_must_gain_the_margin_on_its_own_rows():
-    """Pooled over both folds a stage may pass while the model kept gains nothing on the rows
-    it was not fitted on: then it is not kept; a fold that gains the margin itself is."""
-    default = Stage("default", [20.0, 30.0], halves=[[20.0, 30.0], [20.0, 30.0]])
-    flat_then_small = Stage("x", [20.0 + MARGIN_DB, 30.5],
-                            halves=[[20.0, 30.2], [20.0 + MARGIN_DB / 2, 30.8]], per_fold=True)
-    assert not _better(flat_then_small, default)
-    second_gains = Stage("y", [20.0 + MARGIN_DB, 30.5],
-                         halves=[[20.0, 30.2], [20.0 + 2 * MARGIN_DB, 30.8]], per_fold=True)
-    assert _better(second_gains, default) and second_gains.fold == 1
-    both_gain = Stage("z", [20.0 + 2 * MARGIN_DB, 30.5],
-                      halves=[[20.0 + MARGIN_DB, 30.2], [20.0 + 3 * MARGIN_DB, 30.8]], per_fold=True)
-    assert _better(both_gain, default) and both_gain.fold == 0
-    one_output_worse = Stage("w", [20.0 + MARGIN_DB, 30.5],
-                             halves=[[20.0 + MARGIN_DB, 29.9], [20.0 + 2 * MARGIN_DB, 30.8]], per_fold=True)
-    assert _better(one_output_worse, default) and one_output_worse.fold == 1
+def test_too_few_rows_warn_and_keep_the_default(tmp_path, caplog):
+    proto, weights = conv_fc_net(tmp_path, convs=1, size=8)
+    x = rand(4, 3, 8, 8, seed=7)
+    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), batch_num=4,
+                               batch_size=1, **KW)
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "a" / "m"), batch_num=4,
+                                  batch_size=1, improve="all", **KW)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "not applied" in warned[0] and "4 row(s)" in warned[0] and "4 calibration" in warned[0]
+    assert "cle, output_ranges, adaround, bias_correction" in warned[0] and "\n" not in warned[0]
+    assert res.improvement["kept"] == "default" and res.improvement["stages"] == []
+    assert open(res.files["record"], "rb").read() == open(base.files["record"], "rb").read()
+    # one calibration sample and rows beyond it: equalization is judged, the refining pass
+    # (which needs a row to fit and one to guard) is skipped with the reason
+    y = rand(1 + 64, 3, 8, 8, seed=8)
+    res = amct_torch.quantize(proto, weights, y, output=str(tmp_path / "o" / "m"), batch_num=1,
+                              batch_size=1, improve="all", **KW)
+    assert "at least 2 calibration samples" in res.improvement["skipped"]
+    assert [s["name"] for s in res.improvement["stages"]] in (["default"], ["default", "cle"])
+    assert pipeline.summary_line(res.improvement).startswith("improve: kept ")
+
+
+def test_cli_improve_with_batch_size_one_warns_in_one_line(tmp_path, capsys):
+    from amct_torch.cli import main
+    proto, weights = conv_fc_net(tmp_path, convs=1, size=8)
+    np.save(tmp_path / "one.npy", rand(1, 3, 8, 8, seed=9))
+    code = main(["calibrate", proto, weights, str(tmp_path / "one.npy"), "--batch-size", "1", "--batch-num", "1",
+                 "--improve", "all", "--device", "cpu", "--output", str(tmp_path / "out" / "m")])
+    err = capsys.readouterr()
+    assert code == 0, err.err
+    assert "Traceback" not in err.err + err.out
+    lines = [ln for ln in (err.err + err.out).splitlines() if "not applied" in ln]
+    assert len(lines) >= 1 and all("1 calibration sample(s), 0 beyond" in ln and "cle, output_ranges" in ln for ln in lines)
+    assert os.path.exists(str(tmp_path / "out" / "m") + "_record.txt")
