@@ -82,7 +82,7 @@ def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[
         log.info("calibrated on all %d samples", count)
 
 
-def held_out(rest: Iterator[Any], batches: int, rows: int = HELD_ROWS) -> tuple[list, Iterator[Any]]:
+def held_out_batches(rest: Iterator[Any], batches: int, rows: int = HELD_ROWS) -> tuple[list, Iterator[Any]]:
     """The batches after the calibration ones that the improvements' guard judges on: at least
     ``batches`` of them (what the per-layer report reads) and enough for ``rows`` samples, where
     the data has them; and ``rest`` again from its start (the same batches first, so the

@@ -39,7 +39,7 @@ from amct_torch.steps import (
     write_records,
 )
 from amct_torch.transaction import OutputTransaction, check_outputs, user_path, write_error
-from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, held_out, report_use
+from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, held_out_batches, report_use
 from amct_torch.workflow.options import QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
 from amct_torch.workflow.side_by_side import side_by_side
@@ -273,7 +273,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     if opts.improve:  # graph.fused becomes the improved model; model stays the float one
         from amct_torch.improve.pipeline import improve_graph
         prog.start("improving: " + ", ".join(opts.improve))
-        held, cal.rest = held_out(cal.rest, opts.report_batches if opts.report else 0)
+        held, cal.rest = held_out_batches(cal.rest, opts.report_batches if opts.report else 0)
         improved = improve_graph(graph, records, cal.keeper.cache, plan.device, opts.improve, opts.ifmr_mode,
                                  held)
         records = check_records(graph, improved.records, None)
