@@ -58,6 +58,7 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import os
 import sys
 import tempfile
@@ -657,9 +658,10 @@ def run_model(spec: dict, args, tmp: str) -> dict:
     res: dict[str, float] = {}
     torch_db: dict[str, float] = {}
     cost: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     fused = None
     for m in [x for x in args.methods.split(",") if x]:
-        t = time.time()
+        t, c0 = time.time(), time.process_time()
         try:
             prefix = os.path.join(work, m, "m")
             kw = {"onnx": True, "onnx_outputs": blobs} if args.ours_onnx else {}
@@ -674,6 +676,7 @@ def run_model(spec: dict, args, tmp: str) -> dict:
                                         save_type=None, report=False, quiet=True, device="cpu",
                                         improve={"default": None, "hfmg": None, "forced": "all"}.get(m, m), **kw)
             cost[m] = time.time() - t
+            cpu[m] = time.process_time() - c0   # every thread's CPU seconds: steadier than wall on a busy machine
             torch_db[m], per = worst(ref, outputs_of(r.quant_model, held, ib, blobs, producers))
         except Exception as e:  # noqa: BLE001 - reported, the other methods still run
             import traceback
@@ -683,7 +686,7 @@ def run_model(spec: dict, args, tmp: str) -> dict:
         if fused is None or m == "default":
             fused = r.float_model  # the default's BN-fused float model (an improvement may change it)
         row = {"bench": "fidelity", "model": fam, "method": f"ours_{m}", "torch_fake_quant_db": torch_db[m],
-               "torch_per_output": per, "job_s": round(cost[m], 2), "kept": (r.improvement or {}).get("kept"),
+               "torch_per_output": per, "job_s": round(cost[m], 2), "job_cpu_s": round(cpu[m], 2), "kept": (r.improvement or {}).get("kept"),
                "stages": [(s["name"], s["output_gain_db"], s["output_error_db"], s["passed"], s["seconds"])
                           for s in (r.improvement or {}).get("stages", [])],
                "guard_rows": (r.improvement or {}).get("rows")}
@@ -720,6 +723,7 @@ def run_model(spec: dict, args, tmp: str) -> dict:
     summary = {"bench": "fidelity_summary", "model": fam, "outputs": blobs, "n_calib": len(calib),
                "n_heldout": len(held), "ours": res, "ours_torch_fake_quant": torch_db,
                "ours_s": {k: round(v, 2) for k, v in cost.items()},
+               "ours_cpu_s": {k: round(v, 2) for k, v in cpu.items()},
                "peers": peers}
     if best:
         summary.update(best_peer=best, best_peer_db=peers[best],
@@ -753,11 +757,12 @@ def table(summaries: list[dict], methods: list[str]) -> str:
 
 def cost_table(summaries: list[dict], methods: list[str]) -> str:
     """Seconds of each of our jobs (calibration, the improvements, the exports) per model."""
-    head = ["model"] + [f"{m} s" for m in methods]
+    head = ["model"] + [f"{m} s (CPU s)" for m in methods]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
-        c = s.get("ours_s", {})
-        lines.append("| " + " | ".join([s["model"]] + ["—" if m not in c else f"{c[m]:.1f}" for m in methods]) + " |")
+        c, u = s.get("ours_s", {}), s.get("ours_cpu_s", {})
+        lines.append("| " + " | ".join([s["model"]] + ["—" if m not in c else f"{c[m]:.1f} ({u.get(m, math.nan):.1f})"
+                                                        for m in methods]) + " |")
     return "\n".join(lines) + "\n"
 
 
