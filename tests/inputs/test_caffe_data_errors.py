@@ -103,3 +103,13 @@ def test_backend_mismatch_and_missing_extra(tmp_path, imgs, monkeypatch):
     (tmp_path / "ldb").mkdir()
     monkeypatch.setitem(sys.modules, "plyvel", None)
     fails(data_layer("ldb", 2, backend="LEVELDB"), str(tmp_path), "amct_torch[leveldb]")
+
+
+def test_a_refused_leveldb_is_closed_again(tmp_path, imgs):
+    """LevelDB locks its folder while open: a source refused after opening it must close it,
+    so that the corrected net opens the same database in the same process."""
+    from helpers.caffe_dbs import write_leveldb
+    write_leveldb(str(tmp_path / "ldb"), imageset_records([raw_datum(im, 0) for im in imgs]))
+    fails(data_layer("ldb", 2, backend="LEVELDB", crop_size=64), str(tmp_path), "smaller than the crop")
+    with open_data_layer(data_layer("ldb", 2, backend="LEVELDB"), base_dir=str(tmp_path)) as src:
+        assert next(src.batches())["data"].shape == (2, 3, 20, 24)

@@ -36,8 +36,17 @@ class DatumSource(RecordSource):
             raise DataError("data_param batch_size is not given", layer=layer.name)
         backend = pb.DataParameter.DB.Name(dp.backend)
         self.db: Database = open_database(path, backend, layer.name)
-        super().__init__(layer.name, tops, dp.batch_size, self.db.count, file=path,
-                         threads=threads)
+        try:
+            self._setup(layer, path, transformer, annotated, threads)
+        except BaseException:
+            self.db.close()  # a LevelDB stays locked while open
+            raise
+
+    def _setup(self, layer: pb.LayerParameter, path: str, transformer: DataTransformer,
+               annotated: bool, threads: Optional[int]) -> None:
+        tops = tuple(layer.top)
+        super().__init__(layer.name, tops, layer.data_param.batch_size, self.db.count,
+                         file=path, threads=threads)
         self.transformer, self.annotated = transformer, annotated
         self._rows: dict[tuple[int, int], list[list[float]]] = {}
         key, value = self.db.first_value()

@@ -40,6 +40,16 @@ class Hdf5Source(RecordSource):
         if not tops:
             raise DataError("an HDF5Data layer needs at least one top", layer=layer.name)
         self.files: list[Any] = []
+        try:
+            self._open_all(h5py, names, tops, layer, path, base_dir, threads)
+        except BaseException:
+            for h5 in self.files:
+                h5.close()
+            raise
+
+    def _open_all(self, h5py: Any, names: list[str], tops: tuple[str, ...],
+                  layer: pb.LayerParameter, path: str, base_dir: Optional[str],
+                  threads: Optional[int]) -> None:
         self.rows: list[int] = []
         item_shapes: Optional[list[tuple[int, ...]]] = None
         for name in names:
