@@ -205,9 +205,6 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
     work: with ``onnx``, the ONNX preflight builds both models in memory as the exporter will
     (layer mappings, ``onnx_outputs`` blob names, the QDQ form, the checker); a problem is an
     ``ExportError`` naming the model file, and nothing of the run is published."""
-    from amct_torch.export.onnx.preflight import preflight_onnx
-    from amct_torch.export.onnx.targets import check_config as check_target_config
-
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
                        opts.batch_num or 1, opts.activation_offset)
@@ -217,7 +214,10 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
         if err.file == cfg and cfg != opts.config:  # the JSON this run made from the user's quant.cfg
             raise err.with_file(opts.config) from None
         raise
-    if opts.onnx:
+    if opts.onnx:  # imported only here: a run without ONNX output never loads onnx
+        from amct_torch.export.onnx.preflight import preflight_onnx
+        from amct_torch.export.onnx.targets import check_config as check_target_config
+
         check_target_config(opts.onnx_target, graph.config, opts.config)  # names the config file
         preflight_onnx(graph.model, graph.config, activations=opts.onnx_activations, outputs=opts.onnx_outputs,
                        model_file=opts.model_file, speed=opts.onnx_speed, target=opts.onnx_target)
