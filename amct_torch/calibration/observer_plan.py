@@ -14,19 +14,11 @@ from typing import Mapping, Optional
 from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.config.act_algos import act_key
 from amct_torch.config.types import LayerQuantConfig
 
 #: Caffe EltwiseParameter.operation value of SUM (the default)
 ELTWISE_SUM = 1
-
-
-def act_key(cfg: LayerQuantConfig) -> tuple:
-    """The fields that decide an activation calibration (two layers with equal keys reading the
-    same blob get the same factors)."""
-    if cfg.act_algo == "hfmg":
-        return ("hfmg", cfg.num_of_bins, cfg.asymmetric)
-    return ("ifmr", cfg.max_percentile, cfg.min_percentile, tuple(cfg.search_range or ()),
-            cfg.search_step, cfg.asymmetric)
 
 
 @dataclass

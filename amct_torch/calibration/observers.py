@@ -24,6 +24,7 @@ from amct_torch.algorithms import hfmg, histogram
 from amct_torch.algorithms.ifmr import ifmr_exact, ifmr_from_histogram
 from amct_torch.algorithms.streaming import StreamState
 from amct_torch.calibration.backends import backend_for, cpu_threads
+from amct_torch.config.act_algos import ACT_ALGORITHMS, DEFAULT
 from amct_torch.errors import CalibrationError
 
 #: exact top-k/bottom-k buffer size of streaming IFMR (covers k ≤ 1024, i.e. L ≤ ~1e9 at p = 0.999999)
@@ -450,15 +451,13 @@ def make_observer(layer_name: str, cfg, ifmr_mode: str = "streaming") -> Observe
     """Observer for one quantized input from a per-layer config (attributes act_algo,
     max_percentile, min_percentile, search_range, search_step, num_of_bins, asymmetric);
     ``ifmr_mode`` "streaming" (default, memory-bounded) or "exact" (AMCT's store-everything)."""
-    algo = getattr(cfg, "act_algo", "ifmr")
-    if algo == "hfmg":
-        return HfmgObserver(layer_name, num_of_bins=cfg.num_of_bins, asymmetric=cfg.asymmetric)
-    if algo != "ifmr":
-        raise CalibrationError(f"unknown activation algorithm {algo!r}", layer=layer_name)
-    kw = dict(max_percentile=cfg.max_percentile, min_percentile=cfg.min_percentile,
-              search_range=tuple(cfg.search_range), search_step=cfg.search_step, asymmetric=cfg.asymmetric)
-    if ifmr_mode == "exact":
-        return IfmrExactObserver(layer_name, **kw)
-    if ifmr_mode != "streaming":
-        raise CalibrationError(f"unknown IFMR mode {ifmr_mode!r}", layer=layer_name)
-    return IfmrStreamingObserver(layer_name, **kw)
+    name = getattr(cfg, "act_algo", DEFAULT.name)
+    algo = ACT_ALGORITHMS.get(name)
+    if algo is None:
+        raise CalibrationError(f"unknown activation algorithm {name!r}", layer=layer_name)
+    cls = algo.observer_class(ifmr_mode)
+    if cls is None:
+        raise CalibrationError(f"unknown {algo.title} mode {ifmr_mode!r}", layer=layer_name)
+    kw = {f.name: tuple(getattr(cfg, f.name)) if f.kind == "range" else getattr(cfg, f.name)
+          for f in algo.fields}
+    return globals()[cls](layer_name, asymmetric=cfg.asymmetric, **kw)

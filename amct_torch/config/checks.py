@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from amct_torch.config.types import HFMG_BINS
+#: the histogram sizes HFMG supports
+HFMG_BINS = (1024, 2048, 4096, 8192)
 
 #: most IFMR candidates a search grid may have (the default 0.7..1.3 step 0.01 has 60): the
 #: search keeps one loss per candidate, so a tiny search_step in a small file would otherwise

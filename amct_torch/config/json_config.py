@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence, cast
 
 from amct_torch.atomic import atomic_write_text
 from amct_torch.caffe.layers.traits import is_channel_wise
-from amct_torch.config.checks import check_bins, check_percentile, check_search
+from amct_torch.config.act_algos import ACT_ALGORITHMS, DEFAULT, Field
 from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.types import (
-    ACT_ALGOS,
-    HFMG_DEFAULT_BINS,
-    IFMR_DEFAULTS,
     JSON_VERSION,
     NUM_BITS,
     WTS_ALGO,
@@ -27,7 +24,6 @@ from amct_torch.errors import ConfigError
 GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                "skip_fusion_layers")
 _LAYER_KEYS = ("quant_enable", "activation_quant_params", "weight_quant_params")
-_IFMR_KEYS = ("max_percentile", "min_percentile", "search_range", "search_step")
 _ACT_COMMON = ("num_bits", "act_algo", "asymmetric")
 _WTS_KEYS = ("num_bits", "wts_algo", "channel_wise")
 
@@ -35,12 +31,9 @@ _WTS_KEYS = ("num_bits", "wts_algo", "channel_wise")
 def layer_config_to_json(c: LayerQuantConfig) -> dict:
     """The JSON object of one layer (key order as in docs/config_and_record.md, "JSON quant config")."""
     act: dict[str, Any] = {"num_bits": c.num_bits, "act_algo": c.act_algo}
-    if c.act_algo == "hfmg":
-        act["num_of_bins"] = c.num_of_bins
-    else:
-        act.update(max_percentile=c.max_percentile, min_percentile=c.min_percentile,
-                   search_range=list(c.search_range) if c.search_range else None,
-                   search_step=c.search_step)
+    for f in ACT_ALGORITHMS[c.act_algo].fields:
+        v = getattr(c, f.name)
+        act[f.name] = (list(v) if v else None) if f.kind == "range" else v
     act["asymmetric"] = c.asymmetric
     return {"quant_enable": c.quant_enable, "activation_quant_params": act,
             "weight_quant_params": {"num_bits": c.num_bits, "wts_algo": c.wts_algo,
@@ -87,15 +80,16 @@ class _Reader:
         self.by_name = {l.name: l for l in layers}
         self.quantizable = quantizable_layers(layers)
 
-    def fail(self, text: str, layer: Optional[str] = None) -> None:
+    def fail(self, text: str, layer: Optional[str] = None) -> NoReturn:
         raise ConfigError(text, file=self.path, layer=layer)
 
     def obj(self, value: Any, where: str, layer: Optional[str] = None) -> "_Obj":
         if not isinstance(value, dict):
             self.fail(f"{where} must be a JSON object, got {_kind(value)}", layer)
-        if getattr(value, "duplicates", None):
-            self.fail(f"duplicate key '{value.duplicates[0]}' in {where}", layer)
-        return value
+        duplicates = getattr(value, "duplicates", None)
+        if duplicates:
+            self.fail(f"duplicate key '{duplicates[0]}' in {where}", layer)
+        return cast(_Obj, value)
 
     def known(self, obj: dict, allowed: Sequence[str], where: str, layer: Optional[str]) -> None:
         for k in obj:
@@ -153,12 +147,13 @@ class _Reader:
         wts = self.obj(obj.get("weight_quant_params", _Obj.from_pairs([])),
                        "weight_quant_params", name)
         a, w = "activation_quant_params.", "weight_quant_params."
-        algo = act.get("act_algo", "ifmr")
-        if algo not in ACT_ALGOS:
-            self.fail(f"{a}act_algo must be one of {', '.join(ACT_ALGOS)}, got {json.dumps(algo)}",
-                      name)
-        allowed = _ACT_COMMON + (("num_of_bins",) if algo == "hfmg" else _IFMR_KEYS)
-        self.known(act, allowed, f"activation_quant_params ({algo})", name)
+        algo_name = act.get("act_algo", DEFAULT.name)
+        algo = ACT_ALGORITHMS.get(algo_name) if isinstance(algo_name, str) else None
+        if algo is None:
+            self.fail(f"{a}act_algo must be one of {', '.join(ACT_ALGORITHMS)}, got "
+                      f"{json.dumps(algo_name)}", name)
+        allowed = _ACT_COMMON + tuple(f.name for f in algo.fields)
+        self.known(act, allowed, f"activation_quant_params ({algo.name})", name)
         self.known(wts, _WTS_KEYS, "weight_quant_params", name)
         for where, params in ((a, act), (w, wts)):
             bits = self.integer(params, "num_bits", NUM_BITS, where, name)
@@ -172,35 +167,31 @@ class _Reader:
             self.fail(f"{w}channel_wise: true is only allowed for Convolution/Deconvolution, "
                       f"layer type is {info.type}", name)
         asym = self.boolean(act, "asymmetric", activation_offset, a, name)
-        if algo == "hfmg":
-            bins = self.integer(act, "num_of_bins", HFMG_DEFAULT_BINS, a, name)
-            err = check_bins(bins)
-            if err:
-                self.fail(a + err, name)
-            return LayerQuantConfig(quant_enable=enable, act_algo="hfmg", max_percentile=None,
-                                    min_percentile=None, search_range=None, search_step=None,
-                                    num_of_bins=bins, asymmetric=asym, channel_wise=channel_wise)
-        pct = {}
-        for key in ("max_percentile", "min_percentile"):
-            pct[key] = self.number(act, key, IFMR_DEFAULTS[key], a, name)
-            err = check_percentile(key, pct[key])
-            if err:
-                self.fail(a + err, name)
-        rng = act.get("search_range", [IFMR_DEFAULTS["search_range_start"],
-                                       IFMR_DEFAULTS["search_range_end"]])
-        if not (isinstance(rng, list) and len(rng) == 2 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in rng)):
-            self.fail(f"{a}search_range must be a list of two numbers [start, end], got "
-                      f"{json.dumps(rng)}", name)
-        step = self.number(act, "search_step", IFMR_DEFAULTS["search_step"], a, name)
-        err = check_search(float(rng[0]), float(rng[1]), step)
+        values = {f.name: self.act_field(act, f, a, name) for f in algo.fields}
+        err = algo.check(values) if algo.check else None
         if err:
             self.fail(a + err, name)
-        return LayerQuantConfig(quant_enable=enable, act_algo="ifmr",
-                                max_percentile=pct["max_percentile"],
-                                min_percentile=pct["min_percentile"],
-                                search_range=(float(rng[0]), float(rng[1])), search_step=step,
-                                num_of_bins=None, asymmetric=asym, channel_wise=channel_wise)
+        return LayerQuantConfig(quant_enable=enable, act_algo=algo.name, asymmetric=asym,
+                                channel_wise=channel_wise, **algo.layer_fields(values))
+
+    def act_field(self, act: dict, f: Field, where: str, layer: str) -> Any:
+        """One field of the layer's activation algorithm: read (its default when absent),
+        type-checked and range-checked."""
+        if f.kind == "integer":
+            v: Any = self.integer(act, f.name, f.default, where, layer)
+        elif f.kind == "number":
+            v = self.number(act, f.name, f.default, where, layer)
+        else:
+            rng = act.get(f.name, list(f.default))
+            if not (isinstance(rng, list) and len(rng) == 2 and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)):
+                self.fail(f"{where}{f.name} must be a list of two numbers [start, end], got "
+                          f"{json.dumps(rng)}", layer)
+            v = (float(rng[0]), float(rng[1]))
+        err = f.check(f.name, v) if f.check else None
+        if err:
+            self.fail(where + err, layer)
+        return v
 
     def read(self, doc: Any) -> QuantConfig:
         doc = self.obj(doc, "the top level")

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from amct_torch.caffe.layers.traits import is_channel_wise, quantizable_types
-from amct_torch.config.checks import check_bins, check_percentile, check_search
+from amct_torch.config.act_algos import DEFAULT, ActAlgorithm, by_proto_field
 from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.config.types import LayerQuantConfig, QuantConfig
@@ -59,21 +59,31 @@ def _check_calibration(cc: Any, where: str, path: str, layer: Optional[str],
     if cc.HasField("arq_quantize") and cc.arq_quantize.channel_wise and not channel_wise_allowed:
         fail("arq_quantize.channel_wise: true is only allowed for Convolution/Deconvolution "
              "(InnerProduct and Pooling are quantized per tensor); set channel_wise: false")
-    algo = cc.WhichOneof("acts_quant_algo")
-    if algo == "ifmr_quantize":
-        q = cc.ifmr_quantize
-        for name in ("max_percentile", "min_percentile"):
-            err = check_percentile(name, proto_float(getattr(q, name)))
-            if err:
-                fail(f"ifmr_quantize.{err}")
-        err = check_search(proto_float(q.search_range_start), proto_float(q.search_range_end),
-                           proto_float(q.search_step))
+    algo = by_proto_field(cc.WhichOneof("acts_quant_algo"))
+    if algo is None:
+        return
+    values = _proto_values(algo, getattr(cc, algo.proto_field))
+    for f in algo.fields:
+        err = f.check(f.name, values[f.name]) if f.check else None
         if err:
-            fail(f"ifmr_quantize: {err}")
-    elif algo == "hfmg_quantize":
-        err = check_bins(cc.hfmg_quantize.num_of_bins)
-        if err:
-            fail(f"hfmg_quantize.{err}")
+            fail(f"{algo.proto_field}.{err}")
+    err = algo.check(values) if algo.check else None
+    if err:
+        fail(f"{algo.proto_field}: {err}")
+
+
+def _proto_values(algo: ActAlgorithm, msg: Any) -> dict[str, Any]:
+    """The algorithm's fields from its quant.cfg message (floats as the user wrote them)."""
+    out: dict[str, Any] = {}
+    for f in algo.fields:
+        values = [getattr(msg, p) for p in f.proto]
+        if f.kind == "integer":
+            out[f.name] = int(values[0])
+        elif f.kind == "range":
+            out[f.name] = tuple(proto_float(v) for v in values)
+        else:
+            out[f.name] = proto_float(values[0])
+    return out
 
 
 def _asymmetric_of(cc: Any) -> Optional[bool]:
@@ -89,19 +99,13 @@ def _layer_config(cc: Optional[Any], layer: LayerInfo, asymmetric: bool) -> Laye
     channel_wise = cw_default
     if cc is not None and cc.HasField("arq_quantize") and cc.arq_quantize.HasField("channel_wise"):
         channel_wise = bool(cc.arq_quantize.channel_wise) and cw_default
-    algo = cc.WhichOneof("acts_quant_algo") if cc is not None else None
-    if cc is not None and algo == "hfmg_quantize":
-        return LayerQuantConfig(act_algo="hfmg", max_percentile=None, min_percentile=None,
-                                search_range=None, search_step=None,
-                                num_of_bins=int(cc.hfmg_quantize.num_of_bins),
-                                asymmetric=asymmetric, channel_wise=channel_wise)
-    q = cc.ifmr_quantize if cc is not None and algo == "ifmr_quantize" else calibration_config_pb2.FMRQuantize()
-    return LayerQuantConfig(act_algo="ifmr", max_percentile=proto_float(q.max_percentile),
-                            min_percentile=proto_float(q.min_percentile),
-                            search_range=(proto_float(q.search_range_start),
-                                          proto_float(q.search_range_end)),
-                            search_step=proto_float(q.search_step), num_of_bins=None,
-                            asymmetric=asymmetric, channel_wise=channel_wise)
+    algo = by_proto_field(cc.WhichOneof("acts_quant_algo")) if cc is not None else None
+    if algo is None:  # no algorithm given: the default's message with the proto's defaults
+        algo, msg = DEFAULT, getattr(calibration_config_pb2.CalibrationConfig(), DEFAULT.proto_field)
+    else:
+        msg = getattr(cc, algo.proto_field)
+    return LayerQuantConfig(act_algo=algo.name, asymmetric=asymmetric, channel_wise=channel_wise,
+                            **algo.layer_fields(_proto_values(algo, msg)))
 
 
 def _repeated_check(items: Sequence[str], what: str, path: str) -> None:

@@ -6,35 +6,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# Defaults of AMCT's quant.cfg (docs/config_and_record.md, "quant.cfg resolution").
-IFMR_DEFAULTS = {"search_range_start": 0.7, "search_range_end": 1.3, "search_step": 0.01,
-                 "max_percentile": 0.999999, "min_percentile": 0.999999}
-HFMG_DEFAULT_BINS = 4096
-HFMG_BINS = (1024, 2048, 4096, 8192)
+from amct_torch.config.act_algos import DEFAULT
+
 NUM_BITS = 8
 WTS_ALGO = "arq_quantize"
-ACT_ALGOS = ("ifmr", "hfmg")
 JSON_VERSION = 1
+_D = DEFAULT.defaults()
 
 
 @dataclass(frozen=True)
 class LayerQuantConfig:
     """How one layer is quantized.
 
-    IFMR layers carry ``max_percentile``, ``min_percentile``, ``search_range`` (start, end) and
-    ``search_step``; HFMG layers carry ``num_of_bins``; the fields of the other algorithm are
-    ``None``. Floats read from quant.cfg (float32 there) are turned into the shortest decimal
-    that denotes the same float32 (``0.999999``, not ``0.9999989867``), as AMCT does, so a
+    Each activation algorithm's fields (``config/act_algos.py``: IFMR ``max_percentile``,
+    ``min_percentile``, ``search_range`` (start, end), ``search_step``; HFMG ``num_of_bins``)
+    are set for the layer's ``act_algo`` and ``None`` for the others (the default: IFMR's).
+    Floats read from quant.cfg (float32 there) are turned into the shortest decimal that
+    denotes the same float32 (``0.999999``, not ``0.9999989867``), as AMCT does, so a
     config read from quant.cfg, written to JSON and read back compares equal.
     """
 
     quant_enable: bool = True
-    act_algo: str = "ifmr"
-    max_percentile: Optional[float] = 0.999999
-    min_percentile: Optional[float] = 0.999999
-    search_range: Optional[tuple[float, float]] = (0.7, 1.3)
-    search_step: Optional[float] = 0.01
-    num_of_bins: Optional[int] = None
+    act_algo: str = DEFAULT.name
+    max_percentile: Optional[float] = _D["max_percentile"]
+    min_percentile: Optional[float] = _D["min_percentile"]
+    search_range: Optional[tuple[float, float]] = _D["search_range"]
+    search_step: Optional[float] = _D["search_step"]
+    num_of_bins: Optional[int] = _D.get("num_of_bins")
     asymmetric: bool = True
     wts_algo: str = WTS_ALGO
     channel_wise: bool = True
