@@ -33,6 +33,7 @@ _LAZY = {
     "read_record": "amct_torch.record", "write_record": "amct_torch.record",
     "LayerStat": "amct_torch.quality.report", "format_table": "amct_torch.quality.report",
     "layer_report": "amct_torch.quality.report",
+    "caffe_test": "amct_torch.quality.net_scores",
 }
 
 __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportError",
@@ -42,7 +43,7 @@ __all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportE
            "accuracy_based_auto_calibration", "AutoCalibrationEvaluatorBase",
            "quantize", "QuantizeOptions", "Preprocess", "QuantGraph", "QuantizeResult",
            "export_onnx", "fake_quant_graph", "fuse_bn", "read_record", "write_record",
-           "LayerStat", "format_table", "layer_report"]
+           "LayerStat", "format_table", "layer_report", "caffe_test"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.fusion import fuse_bn
     from amct_torch.inputs.data import Preprocess
     from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
+    from amct_torch.quality.net_scores import caffe_test
     from amct_torch.quality.report import LayerStat, format_table, layer_report
     from amct_torch.record import read_record, write_record
     from amct_torch.workflow import QuantizeOptions, QuantizeResult, quantize

@@ -125,7 +125,7 @@ def _model_command(sub: Any, name: str, examples: str, **texts: str) -> argparse
     ``examples`` after the options, as written) with the deploy prototxt and the caffemodel as
     its first arguments, the same for every such command."""
     p = sub.add_parser(name, epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter, **texts)
-    p.add_argument("model", help="deploy prototxt")
+    p.add_argument("model", help="deploy, test or train_val prototxt")
     p.add_argument("weights", help="caffemodel")
     add_allow_unknown_fields(p)
     return p
@@ -154,12 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calibrate a Caffe model on data and write the quantized models",
                        description="Fuse BN, quantize weights (ARQ) and calibrate activations "
                                    "(IFMR/HFMG) on your data; write the record and the models.")
-    c.add_argument("data", help="calibration data: a folder of images, a folder of .npy/.npz, or one .npy/.npz file")
+    c.add_argument("data", nargs="?",
+                   help="calibration data: a folder of images, a folder of .npy/.npz, or one .npy/.npz "
+                        "file; left out: the TEST-phase data layer of a train/test prototxt")
     c.add_argument("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; "
                                           "default: quantize every quantizable layer with IFMR + ARQ")
     c.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
     c.add_argument("--batch-size", type=_positive,
-                   help="samples per batch (default: spread the data over batch-num batches)")
+                   help="samples per batch (default: spread the data over batch-num batches; "
+                        "without DATA the data layer's batch_size)")
     c.add_argument("--batch-num", type=_positive, help="calibration batches (default: the config's batch_num)")
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     c.add_argument("--channel-order", choices=("bgr", "rgb"), default="bgr",
@@ -251,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
     from amct_torch.inspect_model import add_parser as add_inspect
     add_inspect(sub)  # amct_torch/inspect_model.py: its own options
+    from amct_torch.quality.net_scores import add_parser as add_test
+    add_test(sub)  # amct_torch/quality/net_scores.py: its own options
     return parser
 
 
@@ -395,13 +400,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_test(args: argparse.Namespace) -> int:
+    from amct_torch.quality.net_scores import cmd_test as run
+    return run(args)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from amct_torch.inspect_model import cmd_inspect as run
     return run(args)
 
 
 COMMANDS = {"calibrate": cmd_calibrate, "convert": cmd_convert, "config": cmd_config, "demo": cmd_demo,
-            "build-kernels": cmd_build_kernels, "evaluate": cmd_evaluate, "inspect": cmd_inspect}
+            "build-kernels": cmd_build_kernels, "evaluate": cmd_evaluate, "inspect": cmd_inspect,
+            "test": cmd_test}
 
 
 def _inputs_of(args: argparse.Namespace) -> str:

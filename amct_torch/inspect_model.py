@@ -54,6 +54,9 @@ class Inspection:
     onnx_ok: Optional[bool] = None
     onnx_message: str = ""
     seconds: float = 0.0
+    #: a train/test net's data layers (data sources) and metric/loss layers (never quantized)
+    data_layers: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    head_layers: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -72,6 +75,8 @@ class Inspection:
             "unknown_fields": [{"layer": f.layer, "field": f.where(), "text": f.text}
                                for f in self.unknown_fields],
             "onnx": {"ok": self.onnx_ok, "message": self.onnx_message},
+            "data_layers": [{"layer": n, "type": t, "tops": tops} for n, t, tops in self.data_layers],
+            "metric_loss_layers": [{"layer": n, "type": t} for n, t in self.head_layers],
             "supported": self.exit_code == EXIT_OK, "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
         }
@@ -93,6 +98,12 @@ class Inspection:
                      f"({self.config})" + (": " + ", ".join(self.quantized) if self.quantized else ""))
         if skipped:
             lines.append(f"not quantized {', '.join(skipped)}")
+        if self.data_layers:
+            lines.append("data         " + "; ".join(f"{n} ({t}): {', '.join(tops)}"
+                                                     for n, t, tops in self.data_layers))
+        if self.head_layers:
+            lines.append("metric/loss  " + ", ".join(f"{n} ({t})" for n, t in self.head_layers)
+                         + ": run in torch, not quantized")
         if self.unsupported:
             lines.append(f"unsupported  {len(self.unsupported)} layer(s):")
             lines += [f"  layer '{u.layer}' (type {u.type}): {u.reason}" for u in self.unsupported]
@@ -157,6 +168,11 @@ def _shared_names(parsed: Any, quantized: list[str]) -> list[Unsupported]:
     return out
 
 
+def _is_head(type_name: str) -> bool:
+    from amct_torch.caffe.layers.traits import is_net_head
+    return is_net_head(type_name)
+
+
 def _config(path: Optional[str], infos: list, model_file: str) -> Any:
     """The QuantConfig: defaults, or the user's quant.cfg / JSON config."""
     from amct_torch.config import default_quant_config, parse_quant_cfg, read_quant_config_json, resolve_quant_cfg
@@ -203,12 +219,24 @@ def inspect_model(model_file: str, weights_file: Optional[str] = None,
         unsupported=_unsupported(parsed) + _shared_names(parsed, qc.enabled_layers()),
         unknown_fields=unknown_fields(parsed.net),
         allow_unknown_fields=allow_unknown_fields)
+    res.data_layers = [(l.name, l.type, list(l.top)) for l in parsed.data_layers]
+    res.head_layers = [(l.name, l.type) for l in parsed.layers if _is_head(l.type)]
     if res.unsupported:
         res.onnx_message = "the model has unsupported layers"
     else:
         from amct_torch.caffe.graph import build_graph
         from amct_torch.caffe.layers.quant import mark_integer_quants
-        gm = build_graph(parsed, allow_unknown_fields=True)  # listed above
+        from amct_torch.errors import ModelError
+        try:
+            gm = build_graph(parsed, allow_unknown_fields=True)  # listed above
+        except ModelError:
+            if weights_file is not None or not any(not s for _, s in parsed.inputs):
+                raise
+            # a train/test net whose data cannot be read here: its input shapes are unknown
+            res.onnx_message = ("not checked: the data layers' sources cannot be read, so the "
+                                "input shapes are unknown without weights")
+            res.seconds = time.perf_counter() - t0
+            return res
         mark_integer_quants(gm)
         res.outputs = _outputs(gm)
         if onnx:
@@ -247,7 +275,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        epilog="examples:\n  amct-torch inspect deploy.prototxt weights.caffemodel\n"
                               "  amct-torch inspect deploy.prototxt --config quant.cfg --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="deploy prototxt")
+    p.add_argument("model", help="deploy, test or train_val prototxt")
     p.add_argument("weights", nargs="?", default=None,
                    help="caffemodel (optional: without it the structure and shapes are checked with zero weights)")
     p.add_argument("--config", default=None,

@@ -23,6 +23,7 @@ from torch.func import functional_call
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
 from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
+from amct_torch.caffe.layers.traits import is_net_head
 from amct_torch.caffe.layers.conv import _ConvBase
 from amct_torch.caffe.layers.quant import DeQuantLayer
 from amct_torch.caffe.unknown_fields import refuse_unknown_fields
@@ -99,6 +100,10 @@ class _Build:
     values: dict[str, fx.Node] = field(default_factory=dict)  # blob name -> node of its value
     shapes: dict[str, Optional[tuple[int, ...]]] = field(default_factory=dict)
     available: dict[str, None] = field(default_factory=dict)  # Caffe's available_blobs (ordered)
+    head: list[Any] = field(default_factory=list)  # the metric/loss layers, in Caffe's order
+    head_reads: dict[str, fx.Node] = field(default_factory=dict)  # graph values the head reads
+    head_tops: dict[str, str] = field(default_factory=dict)  # a head layer's top -> that layer
+    data_tops: set[str] = field(default_factory=set)  # every data layer's top (labels too)
 
     @property
     def model_file(self) -> Optional[str]:
@@ -128,6 +133,9 @@ def build_graph(parsed: Any, *, check_shapes: bool = True,
     producers = index_producers(parsed.layers)
     for i, layer in enumerate(parsed.layers):
         cls = layer_class_of(layer, build.model_file)
+        if cls.net_head:
+            add_head_layer(build, i, layer, producers)
+            continue
         check_bottoms_exist(build, i, layer, producers)
         bshapes = known_bottom_shapes(build, layer)
         blobs = layer_blobs(build, layer, cls, bshapes)
@@ -168,10 +176,20 @@ def check_unique_tops(parsed: Any) -> None:
 
 
 def add_inputs(build: _Build) -> None:
-    """One placeholder per declared input, in Caffe's order, with its declared shape."""
+    """One placeholder per declared input, in Caffe's order, with its declared shape; a data
+    layer's top becomes one only when the inference part reads it (a label read only by the
+    metric/loss layers is not a graph input)."""
     input_layer = {top: layer.name for layer in build.parsed.net.layer if layer.type == "Input"
                    for top in layer.top}
+    data_layers = getattr(build.parsed, "data_layers", [])
+    for layer in data_layers:
+        for top in layer.top:
+            input_layer[top] = layer.name
+            build.data_tops.add(top)
+    read = {b for layer in build.parsed.layers if not is_net_head(layer.type) for b in layer.bottom}
     for name, shape in build.parsed.inputs:
+        if name in build.data_tops and name not in read:
+            continue
         node = build.graph.placeholder(sanitize_name(name, build.taken))
         node.meta["caffe_layer"] = input_layer.get(name, name)
         node.meta["caffe_type"] = "Input"
@@ -180,6 +198,32 @@ def add_inputs(build: _Build) -> None:
         node.meta["caffe_shape"] = build.shapes[name]
         build.values[name] = node
         build.available[name] = None
+
+
+def add_head_layer(build: _Build, i: int, layer: Any, producers: dict[str, list[int]]) -> None:
+    """A metric/loss layer: no graph node; the graph values it reads become graph outputs
+    (named by their blob), data tops and earlier head tops are read from the batch and the
+    head itself (caffe/head.py)."""
+    _construct(build, layer_class_of(layer, build.model_file), layer, None, None)  # params checked
+    for b in layer.bottom:
+        if b in build.head_tops or (b in build.data_tops and b not in build.values):
+            continue
+        if b not in build.values:
+            check_bottoms_exist(build, i, layer, producers)
+        if build.values[b].op != "placeholder":  # a net input: the head reads it from the batch
+            build.head_reads[b] = build.values[b]
+    for top in layer.top:
+        build.head_tops[top] = layer.name
+    build.head.append(layer)
+
+
+def refuse_reading_head(build: _Build, layer: Any) -> None:
+    """Only metric/loss layers may read a metric/loss layer's top."""
+    for b in layer.bottom:
+        if b in build.head_tops:
+            raise ModelError(f"reads '{b}', the top of {build.head_tops[b]!r}, a metric/loss layer; "
+                             "only metric and loss layers may follow them",
+                             file=build.model_file, layer=layer.name)
 
 
 def index_producers(layers: Sequence[Any]) -> dict[str, list[int]]:
@@ -201,6 +245,7 @@ def layer_class_of(layer: Any, model_file: Optional[str]) -> type[CaffeLayer]:
 
 def check_bottoms_exist(build: _Build, i: int, layer: Any, producers: dict[str, list[int]]) -> None:
     """Every bottom must be an input or a top of an earlier layer (Caffe's order)."""
+    refuse_reading_head(build, layer)
     for b in layer.bottom:
         if b in build.values:
             continue
@@ -340,15 +385,24 @@ def add_layer_node(build: _Build, layer: Any, module: CaffeLayer,
 def finish_graph(build: _Build) -> CaffeGraphModule:
     """The output dict (tops no layer consumes, those read only by Silence/metric/loss layers
     included; a net input is never an output), the in-place flags and the GraphModule."""
-    if not build.available:
+    outputs = {name: build.values[name] for name in build.available}
+    for name, node in build.head_reads.items():
+        if outputs.setdefault(name, node) is not node:
+            raise ModelError(f"blob '{name}' is read by a metric/loss layer and later changed in "
+                             "place by another layer; give the changed value its own top name",
+                             file=build.model_file, layer=build.values[name].meta.get("caffe_layer"))
+    if not outputs:
         raise ModelError("the net has no output blob", file=build.model_file)
-    out = build.graph.output({name: build.values[name] for name in build.available})
+    out = build.graph.output(outputs)
     out.meta["caffe_layer"] = None
     out.meta["caffe_type"] = None
     _mark_inplace(build.graph, build.root)
     gm = CaffeGraphModule(build.root, build.graph, class_name="CaffeNet")
     gm.caffe_net = build.parsed.net
-    gm.caffe_inputs = [(n, list(s)) for n, s in build.parsed.inputs]
+    gm.caffe_inputs = [(n, list(s)) for n, s in build.parsed.inputs
+                       if n not in build.data_tops or n in build.values]
+    gm.meta["caffe_data_layers"] = list(getattr(build.parsed, "data_layers", []))
+    gm.meta["caffe_head"] = list(build.head)
     gm.eval()
     return gm
 

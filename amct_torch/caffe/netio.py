@@ -39,7 +39,8 @@ class ParsedNet:
 
     ``net``: the NetParameter in new ``layer`` format with only TEST-phase layers and no blobs;
     ``inputs``: ``(blob name, shape)`` in Caffe's order (``input`` fields first, then Input
-    layers); ``layers``: the layers after phase filtering, Input layers left out; ``blobs``:
+    layers, then the data layers' tops, shape [] when unknown); ``layers``: the layers after
+    phase filtering, Input and data layers left out; ``blobs``:
     float32 arrays by layer name, from the caffemodel (or from the prototxt if it has any).
     """
     net: pb.NetParameter
@@ -48,6 +49,8 @@ class ParsedNet:
     blobs: dict[str, list[np.ndarray]] = field(default_factory=dict)
     model_file: Optional[str] = None
     weights_file: Optional[str] = None
+    #: a train/test net's data layers (left out of ``layers``; their tops are in ``inputs``)
+    data_layers: list[pb.LayerParameter] = field(default_factory=list)
 
 
 def _read_bytes(path: str) -> bytes:
@@ -293,16 +296,28 @@ def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) ->
     return out
 
 
-def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
-    """Read a deploy prototxt (and optionally its caffemodel) into a ``ParsedNet``.
-
-    The prototxt drives the topology (V1 upgraded, TEST phase kept); blobs are matched by layer
-    name; layers only in the caffemodel are ignored. Errors name the file and the layer."""
-    model_file = os.fspath(model_file)
-    net = upgrade_v1(parse_prototxt(model_file), model_file)
+def test_state(net: pb.NetParameter) -> pb.NetState:
+    """The NetState ``caffe test`` builds a net in: phase TEST, level 0 (Caffe's Net
+    constructor sets both, over the prototxt's ``state``), the prototxt's stages."""
     state = pb.NetState()
     state.CopyFrom(net.state)
     state.phase = pb.TEST
+    state.level = 0
+    return state
+
+
+def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
+    """Read a deploy, test or train_val prototxt (and optionally its caffemodel) into a
+    ``ParsedNet``.
+
+    The prototxt drives the topology (V1 upgraded, the layers of the TEST phase kept by Caffe's
+    include/exclude rules); a data layer's tops become inputs; blobs are matched by layer
+    name; layers only in the caffemodel are ignored. Errors name the file and the layer."""
+    from amct_torch.caffe.data_layers import data_top_shapes, is_data_layer
+
+    model_file = os.fspath(model_file)
+    net = upgrade_v1(parse_prototxt(model_file), model_file)
+    state = test_state(net)
     kept = [l for l in net.layer if layer_included(l, state, model_file)]
     rename_duplicates(kept)  # Caffe allows shared names; ours are distinct (duplicate_names.py)
     blobs: dict[str, list[np.ndarray]] = {}
@@ -322,9 +337,11 @@ def read_net(model_file: str, weights_file: Optional[str] = None) -> ParsedNet:
         weights_file = os.fspath(weights_file)
         blobs.update(_trained_blobs(weights_file, set(names)))
     inputs = _inputs(deploy, list(deploy.layer), model_file)
-    layers = [l for l in deploy.layer if l.type != "Input"]
+    data_layers = [l for l in deploy.layer if is_data_layer(l.type)]
+    inputs += data_top_shapes(data_layers, model_file)
+    layers = [l for l in deploy.layer if l.type != "Input" and not is_data_layer(l.type)]
     return ParsedNet(net=deploy, inputs=inputs, layers=layers, blobs=blobs,
-                     model_file=model_file, weights_file=weights_file)
+                     model_file=model_file, weights_file=weights_file, data_layers=data_layers)
 
 
 def _trained_blobs(weights_file: str, wanted: set[str]) -> dict[str, list[np.ndarray]]:
@@ -415,16 +432,18 @@ def _graph_layers(gm: Any) -> list[Any]:
 
 
 def graph_to_net(gm: Any) -> pb.NetParameter:
-    """A NetParameter from a graph: the header and Input layers of ``gm.caffe_net``, then each
-    layer module's ``layer_param`` with ``caffe_blobs()`` as blobs."""
+    """A NetParameter from a graph: the header, Input and data layers of ``gm.caffe_net``, then
+    each layer module's ``layer_param`` with ``caffe_blobs()`` as blobs, then the metric and
+    loss layers."""
     base: pb.NetParameter = gm.caffe_net
     mods = _graph_layers(gm)
     module_names = {m.layer_param.name for m in mods}
     net = pb.NetParameter()
     net.CopyFrom(base)
     net.ClearField("layer")
+    data = {layer.name for layer in gm.meta.get("caffe_data_layers", [])}
     for layer in base.layer:
-        if layer.type == "Input" and layer.name not in module_names:
+        if (layer.type == "Input" or layer.name in data) and layer.name not in module_names:
             net.layer.add().CopyFrom(layer)
     for mod in mods:
         layer = net.layer.add()
@@ -434,6 +453,8 @@ def graph_to_net(gm: Any) -> pb.NetParameter:
             if hasattr(arr, "detach"):
                 arr = arr.detach().cpu().numpy()
             array_to_blob(arr, layer.blobs.add())
+    for head in gm.meta.get("caffe_head", []):  # a train/test net's metric and loss layers
+        net.layer.add().CopyFrom(head)
     return net
 
 

@@ -97,3 +97,46 @@ def held_out_batches(rest: Iterator[Any], batches: int, rows: int = HELD_ROWS) -
         first = b[0] if isinstance(b, tuple) else b
         seen += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
     return taken, itertools.chain(taken, rest)
+
+
+class NetData:
+    """A train/test net's own TEST-phase data layers as calibration batches (``calibrate``
+    without DATA): the layers' batches (their ``batch_size``, or ``batch_size`` rows when
+    given), each a tensor, or a tuple in the graph's input order for several inputs; endless
+    (the sources wrap round as Caffe's do), so the batches after the calibration's are the
+    held-out ones."""
+
+    def __init__(self, gm: Any, model_file: str, batch_size: Optional[int] = None) -> None:
+        from amct_torch.errors import DataError
+        from amct_torch.quality.net_scores import PhaseData
+
+        layers = gm.meta.get("caffe_data_layers", [])
+        if not layers:
+            raise DataError("no calibration data given and the net has no data layer in the TEST "
+                            "phase: give DATA (images, .npy/.npz) or a train/test prototxt",
+                            file=model_file)
+        self.data = PhaseData(layers, model_file)
+        self.names = [n for n, _ in gm.caffe_inputs]
+        self.batch_size = int(batch_size) if batch_size is not None else self.data.batch_size
+        sizes = [getattr(s, "num_samples", None) for s in self.data.sources]
+        self.count: Optional[int] = min(sizes) if sizes and all(sizes) else None
+
+    def batches(self) -> Iterable[Any]:
+        import numpy as np
+        import torch
+
+        pending: list[dict] = []
+        rows = 0
+        try:
+            for batch in self.data.batches():
+                pending.append(batch)
+                rows += int(next(iter(batch.values())).shape[0])
+                while rows >= self.batch_size:
+                    joined = {n: np.concatenate([b[n] for b in pending]) for n in self.names}
+                    out = tuple(torch.from_numpy(joined[n][:self.batch_size].copy()) for n in self.names)
+                    rest = {n: joined[n][self.batch_size:] for n in self.names}
+                    rows -= self.batch_size
+                    pending = [rest] if rows else []
+                    yield out[0] if len(out) == 1 else out
+        finally:
+            self.data.close()

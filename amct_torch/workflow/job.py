@@ -39,7 +39,14 @@ from amct_torch.steps import (
     write_records,
 )
 from amct_torch.transaction import OutputTransaction, check_outputs, user_path, write_error
-from amct_torch.workflow.batching import Keep, check_data_settings, default_batch_size, held_out_batches, report_use
+from amct_torch.workflow.batching import (
+    Keep,
+    NetData,
+    check_data_settings,
+    default_batch_size,
+    held_out_batches,
+    report_use,
+)
 from amct_torch.workflow.options import QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
 from amct_torch.workflow.side_by_side import side_by_side
@@ -47,7 +54,7 @@ from amct_torch.workflow.side_by_side import side_by_side
 log = logging.getLogger("amct_torch")
 
 
-def quantize(model_file: str, weights_file: str, calibration_data: Any,
+def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
              config: Optional[str] = None, output: str = "amct_output/model", *,
              batch_num: Optional[int] = None, batch_size: Optional[int] = None,
              device: Optional[str] = None, preprocess: Optional[Preprocess] = None,
@@ -63,7 +70,9 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any,
 
     ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
     or a path (folder of images or .npy/.npz files, or one .npy/.npz file; images are
-    preprocessed by ``preprocess``). ``config``: None (defaults), a quant.cfg or a JSON quant
+    preprocessed by ``preprocess``); None: the net's own TEST-phase data layers (a train/test
+    prototxt), ``batch_num`` batches of the layer's batch_size (or ``batch_size``), the
+    report's held-out batches the ones after them. ``config``: None (defaults), a quant.cfg or a JSON quant
     config. ``batch_num`` overrides the config's; for an array or folder the default
     ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
     when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` (True, "int8" or
@@ -241,11 +250,17 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
     inputs_decl = graph.model.caffe_inputs
-    count = count_samples(opts.calibration_data, inputs_decl)
-    bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
-    check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device)  # before any batch
-    check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
-    batches = calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess)
+    if opts.calibration_data is None:  # the net's own TEST data layers
+        own = NetData(graph.model, opts.model_file, opts.batch_size)
+        count, bs = None, own.batch_size
+        check_activation_memory(graph.model, bs, opts.model_file, plan.device)  # before any batch
+        batches: Any = iter(own.batches())
+    else:
+        count = count_samples(opts.calibration_data, inputs_decl)
+        bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
+        check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device)  # before any batch
+        check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
+        batches = calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess)
     # all calibration batches only for what reads them again (bias correction, ONNX);
     # otherwise the report's fallback at most: 256 images at 224x224 are 154 MB
     keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))

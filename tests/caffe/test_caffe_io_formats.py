@@ -152,7 +152,8 @@ def test_phase_rules(tmp_path):
     path.write_text(PHASES)
     names = [l.name for l in netio.read_net(str(path)).layers]
     assert names == ["test_only", "not_train", "always"]
-    # the net's own state (stage, level) is honoured; the phase is always TEST
+    # the net's own stages are honoured; the phase is always TEST and the level 0, as Caffe's
+    # Net(file, TEST) constructor (caffe test, pycaffe) sets them over the prototxt's state
     path.write_text(PHASES + 'state { phase: TRAIN level: 3 stage: "deploy" }\n')
     names = [l.name for l in netio.read_net(str(path)).layers]
-    assert names == ["test_only", "not_train", "always", "staged", "leveled"]
+    assert names == ["test_only", "not_train", "always", "staged"]

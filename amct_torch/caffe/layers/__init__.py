@@ -5,6 +5,7 @@ from amct_torch.caffe.layers import (  # noqa: F401
     activations,
     conv,
     interp,
+    metrics,
     mobile,
     norm,
     pooling,

@@ -99,6 +99,10 @@ class CaffeLayer(nn.Module):
     #: why the type has no ONNX form (non-empty: the ONNX exporter refuses it with this reason);
     #: every other type registers its mapping in ``export/onnx`` for its class
     no_onnx_form: ClassVar[str] = ""
+    #: a metric or loss layer (Accuracy, SoftmaxWithLoss...): not part of the inference graph;
+    #: it runs after it, on the graph's outputs and the data layers' labels (caffe/head.py),
+    #: and is never quantized nor exported to ONNX
+    net_head: ClassVar[bool] = False
     # The parameters of the weighted layers (Convolution, Deconvolution, InnerProduct, Scale,
     # Bias, PReLU, Normalize...), declared here so that code reading them through a CaffeLayer
     # is type-checked; a layer without them simply does not set them (``getattr(m, "weight", None)``).

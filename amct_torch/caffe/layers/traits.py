@@ -33,6 +33,12 @@ def is_quantizable_type(x: TypeOrModule) -> bool:
     return cls is not None and cls.quantizable_type
 
 
+def is_net_head(x: TypeOrModule) -> bool:
+    """A metric or loss layer: run after the inference graph (caffe/head.py), never quantized."""
+    cls = layer_type(x)
+    return cls is not None and cls.net_head
+
+
 def quantizable_param(x: TypeOrModule, layer_param: Any) -> bool:
     """Whether a layer of this type with these params is quantized."""
     cls = layer_type(x)

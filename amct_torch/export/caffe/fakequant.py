@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
+from amct_torch.caffe.data_layers import is_data_layer
 from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
 from amct_torch.caffe.layers.base import taking_blobs
@@ -85,8 +86,10 @@ def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
     clean.CopyFrom(net)
     for l in clean.layer:
         l.ClearField("blobs")
+    data = [l for l in clean.layer if is_data_layer(l.type)]
     parsed = ParsedNet(net=clean, inputs=[(n, list(s)) for n, s in inputs],
-                       layers=[l for l in clean.layer if l.type != "Input"],
+                       layers=[l for l in clean.layer if l.type != "Input" and not is_data_layer(l.type)],
+                       data_layers=data,
                        blobs=blobs,  # type: ignore[arg-type]  # the builder only reads it
                        model_file=model_file, weights_file=None)
     if isinstance(blobs, _LayerByLayer):

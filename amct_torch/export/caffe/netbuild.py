@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -96,7 +96,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
     then only needs the factors) no blob is made here: ``EmittedNet.deferred`` makes each
     layer's from ``full`` when ``layer_blobs`` reaches it."""
     base = gm.caffe_net
-    out = EmittedNet(_net_with_inputs(base), [], {}, {})
+    out = EmittedNet(_net_with_inputs(base, gm.meta.get("caffe_data_layers", [])), [], {}, {})
     taken_layers = _layer_names(gm, base)
     names = _BlobNames(gm, base)
     quants = _QuantLayers(out, taken_layers, names.taken)
@@ -120,7 +120,21 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
             else:
                 dname = _add_dequant(out, layer, mod.caffe_name, [], taken_layers)
                 out.deferred[dname] = _deferred_dequant(dequant_blobs, full, mod.caffe_name)
+    _add_head(out.net, gm, names)
     return out
+
+
+def _add_head(net: pb.NetParameter, gm: fx.GraphModule, names: "_BlobNames") -> None:
+    """A train/test net's metric and loss layers after the inference part, as the user wrote
+    them, each bottom read from the blob now holding that value (a graph output keeps its name)."""
+    by_key = {key: names.name_of.get(node, key) for node, key in names.outputs.items()}
+    for head in gm.meta.get("caffe_head", []):
+        layer = net.layer.add()
+        layer.CopyFrom(head)
+        layer.ClearField("blobs")
+        bottoms = [by_key.get(b, b) for b in layer.bottom]
+        layer.ClearField("bottom")
+        layer.bottom.extend(bottoms)
 
 
 def _numpy(arrays: list) -> list[np.ndarray]:
@@ -141,13 +155,15 @@ def _deferred_dequant(dequant_blobs: Callable[[LayerQuant], list[np.ndarray]],
     return lambda: list(dequant_blobs(full[name]))
 
 
-def _net_with_inputs(base: pb.NetParameter) -> pb.NetParameter:
-    """``base``'s net settings and Input layers, no other layer."""
+def _net_with_inputs(base: pb.NetParameter, data_layers: Sequence[pb.LayerParameter] = ()) -> pb.NetParameter:
+    """``base``'s net settings, Input layers and data layers (a train/test net's, written back
+    as the user wrote them), no other layer."""
     net = pb.NetParameter()
     net.CopyFrom(base)
     net.ClearField("layer")
+    data = {layer.name for layer in data_layers}
     for layer in base.layer:
-        if layer.type == "Input":
+        if layer.type == "Input" or layer.name in data:
             net.layer.add().CopyFrom(layer)
     return net
 
