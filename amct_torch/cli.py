@@ -213,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out batches for the per-layer report (0: none)")
     c.add_argument("--report-rows", type=_non_negative, default=15,
                    help="rows of the per-layer table printed (default: %(default)s)")
+    c.add_argument("--max-accuracy-drop", type=float, metavar="POINTS",
+                   help="accuracy-driven calibration of a train/test net with an Accuracy layer (no "
+                        "DATA: its own TEST data): keep the fewest most sensitive layers in float so "
+                        "that the int8 model loses at most POINTS percentage points of accuracy")
+    c.add_argument("--iterations", type=_positive, default=50,
+                   help="with --max-accuracy-drop: batches each accuracy is averaged over (default: "
+                        "%(default)s, as caffe test)")
     _common(c)
 
     v = _model_command(sub, "convert", CONVERT_EXAMPLES,
@@ -254,9 +261,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
     from amct_torch.inspect_model import add_parser as add_inspect
     add_inspect(sub)  # amct_torch/inspect_model.py: its own options
-    from amct_torch.quality.net_scores import add_parser as add_test
-    add_test(sub)  # amct_torch/quality/net_scores.py: its own options
+    _add_test(sub)
     return parser
+
+
+TEST_EXAMPLES = """examples:
+  # caffe test -model train_val.prototxt -weights w.caffemodel -iterations 100, without Caffe
+  amct-torch test train_val.prototxt w.caffemodel --iterations 100
+
+  # the float model and every quantized form calibrate wrote under out/model, side by side
+  amct-torch calibrate train_val.prototxt w.caffemodel --output out/model --onnx
+  amct-torch test train_val.prototxt w.caffemodel --quantized out/model --json
+"""
+
+
+def _add_test(sub: Any) -> argparse.ArgumentParser:
+    """The ``test`` command's parser (``quality/net_scores.py`` runs it)."""
+    p = sub.add_parser("test", epilog=TEST_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       help="caffe test: average the net's accuracy and loss over N batches of its "
+                            "TEST data, float and quantized side by side",
+                       description="N iterations of the TEST phase of a train/test net (its data "
+                                   "layers' data, its metric and loss layers), every scalar output "
+                                   "averaged as caffe test prints it; with --quantized, also each "
+                                   "quantized form calibrate wrote under that prefix, with the drop.")
+    p.add_argument("model", help="train_val or test prototxt (with data layers)")
+    p.add_argument("weights", help="float caffemodel")
+    p.add_argument("--iterations", type=_positive, default=50, help="batches (default: %(default)s, as caffe test)")
+    p.add_argument("--quantized", metavar="PREFIX",
+                   help="a calibrate --output prefix: also score its fake-quant and deploy Caffe "
+                        "models and its QDQ ONNX model (ONNX Runtime)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+    return p
+
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -326,6 +365,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.distributed:  # the model is read while torch is imported (caffe/read_ahead.py)
         from amct_torch.caffe import read_ahead
         read_ahead.start(args.model, args.weights)
+    if args.max_accuracy_drop is not None:
+        return _calibrate_to_accuracy(args)
     from amct_torch.inputs.data import Preprocess
     from amct_torch.workflow import quantize
 
@@ -350,6 +391,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print("\nremoved (an earlier run's files of this prefix that this run does not write):")
         for p in result.removed:
             print(f"  {p}")
+    return 0
+
+
+def _calibrate_to_accuracy(args: argparse.Namespace) -> int:
+    """``calibrate --max-accuracy-drop``: AMCT's accuracy-based auto calibration judged by the
+    net's own TEST data and Accuracy layer."""
+    from amct_torch.config import create_quant_config
+    from amct_torch.output_names import output_path
+    from amct_torch.quality.auto_calibration import accuracy_based_auto_calibration
+    from amct_torch.transaction import check_outputs, make_folder
+
+    if args.data is not None:
+        raise AmctError("--max-accuracy-drop judges the model on the net's own TEST data and Accuracy "
+                        "layer: leave DATA out", file=args.data)
+    if not args.max_accuracy_drop >= 0:
+        raise AmctError(f"--max-accuracy-drop must be >= 0 points, got {args.max_accuracy_drop}")
+    for p, what in ((args.model, "model file"), (args.weights, "weights file")):
+        if not os.path.isfile(p):
+            raise AmctError(f"{what} not found", file=p)
+    config, record = output_path(args.output, "config"), output_path(args.output, "record")
+    check_outputs([config, record], [args.model, args.weights, args.config])
+    make_folder(os.path.dirname(os.path.abspath(args.output)))
+    if args.config is not None and args.config.lower().endswith(".json"):
+        config = args.config
+    else:
+        create_quant_config(config, args.model, args.weights, skip_layers=args.skip_layers,
+                            batch_num=args.batch_num or 1, activation_offset=not args.no_activation_offset,
+                            config_defination=args.config)
+    res = accuracy_based_auto_calibration(args.model, args.weights, None, config, record, args.output,
+                                          max_accuracy_drop=args.max_accuracy_drop, iterations=args.iterations,
+                                          device=args.device, quiet=args.quiet)
+    print(f"\naccuracy: float {res.original_metric:.6g}, int8 {res.final_metric:.6g} "
+          f"(drop {100 * (res.original_metric - res.final_metric):.3g} points, allowed {args.max_accuracy_drop:g})")
+    print(f"left in float: {', '.join(res.float_layers) if res.float_layers else 'none'}")
+    _print_files(res.files)
     return 0
 
 

@@ -32,7 +32,7 @@ class NetHead:
 
     def __init__(self, layers: Sequence[Any], file: Optional[str] = None) -> None:
         self.file = file
-        self.modules = []
+        self.modules: list[Any] = []
         for layer in layers:
             cls = layer_class(layer.type)
             if cls is None or not is_net_head(cls):

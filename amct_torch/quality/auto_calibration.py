@@ -155,7 +155,9 @@ def _metric(ev: Any, model: nn.Module) -> float:
 def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_evaluator: Any,
                                     config_file: str, record_file: str, save_dir: str,
                                     strategy: Union[str, Any] = "BinarySearch",
-                                    sensitivity: Union[str, Any] = "CosineSimilarity"
+                                    sensitivity: Union[str, Any] = "CosineSimilarity", *,
+                                    max_accuracy_drop: float = 0.5, iterations: int = 50,
+                                    device: Optional[str] = None, quiet: bool = True
                                     ) -> AutoCalibrationResult:
     """Calibrate ``model_file``/``weights_file`` with ``config_file`` (JSON quant config), then
     leave the fewest most-sensitive layers in float that make ``model_evaluator.metric_eval``
@@ -167,8 +169,40 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     ``_auto_calibration_history.json`` and the fake-quant/deploy models. ``strategy``:
     "BinarySearch" or an object with ``search(n, passes) -> k``;
     ``sensitivity``: "CosineSimilarity" or an object with ``rank(float_model, quant_model,
-    batches, layers, records) -> [(layer, value)]`` worst first."""
+    batches, layers, records) -> [(layer, value)]`` worst first.
+
+    ``model_evaluator`` None: a train/test net judges itself (``net_accuracy.py``): it
+    calibrates on the first ``batch_num`` batches of its TEST data layers, its metric is its
+    first Accuracy top over ``iterations`` batches (as ``caffe test``), and a model passes when
+    it loses at most ``max_accuracy_drop`` percentage points; ``device`` and ``quiet`` (no
+    progress bar) apply to it."""
     from amct_torch.api import init
+
+    if model_evaluator is not None:
+        _check_evaluator(model_evaluator)
+    search = _resolve("strategy", strategy, {"BinarySearch": BinarySearchStrategy}, "search")
+    sens = _resolve("sensitivity", sensitivity, {"CosineSimilarity": CosineSimilaritySensitivity}, "rank")
+    save_dir = os.fspath(save_dir)
+    folder = os.path.dirname(os.path.abspath(save_dir))
+    if not os.path.isdir(folder):
+        raise AmctError(f"cannot write the outputs: folder {folder} does not exist", file=save_dir)
+    graph = init(config_file, model_file, weights_file, record_file)
+    own = None
+    if model_evaluator is None:  # the net's own data and Accuracy layer
+        from amct_torch.quality.net_accuracy import NetAccuracyEvaluator
+        own = model_evaluator = NetAccuracyEvaluator(
+            model_file, weights_file, batch_num=graph.config.batch_num, max_drop_points=max_accuracy_drop,
+            iterations=iterations, device=device, quiet=quiet)
+    try:
+        return _auto_calibrate(graph, model_file, weights_file, model_evaluator, save_dir, search, sens)
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evaluator: Any, save_dir: str,
+                    search: Any, sens: Any) -> AutoCalibrationResult:
+    """The calibration, the search and the outputs (``accuracy_based_auto_calibration``)."""
     from amct_torch.atomic import atomic_write_text
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.config.json_config import write_quant_config_json
@@ -176,16 +210,7 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     from amct_torch.record import write_record
     from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
 
-    _check_evaluator(model_evaluator)
-    search = _resolve("strategy", strategy, {"BinarySearch": BinarySearchStrategy}, "search")
-    sens = _resolve("sensitivity", sensitivity, {"CosineSimilarity": CosineSimilaritySensitivity}, "rank")
-    save_dir = os.fspath(save_dir)
-    folder = os.path.dirname(os.path.abspath(save_dir))
-    if not os.path.isdir(folder):
-        raise AmctError(f"cannot write the outputs: folder {folder} does not exist", file=save_dir)
     dev = torch.device(getattr(model_evaluator, "device", "cpu"))
-
-    graph = init(config_file, model_file, weights_file, record_file)
     original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
     quantize_weights(graph)  # in memory: the record file is written once, with the outputs
     start_calibration(graph)

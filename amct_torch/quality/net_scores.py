@@ -243,13 +243,16 @@ def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quan
         sums, images, secs = score(forward, head, outputs, data, iterations, FORMS[form], quiet)
         result.forms.append(FormScores(form, files, sums.means(), sums.mean_loss(), images, secs))
 
-    run("float", [model_file, weights_file], torch_forward(gm, dev))
-    del gm
-    for form, files in forms:
-        if form == "onnx":
-            run(form, files, onnx_forward(files[0], dev))
-        else:
-            run(form, files, torch_forward(load_caffe(files[0], files[1]), dev))
+    try:
+        run("float", [model_file, weights_file], torch_forward(gm, dev))
+        del gm
+        for form, files in forms:
+            if form == "onnx":
+                run(form, files, onnx_forward(files[0], dev))
+            else:
+                run(form, files, torch_forward(load_caffe(files[0], files[1]), dev))
+    finally:
+        data.close()
     result.outputs = [o for o in outputs if o.name in result.forms[0].outputs]
     return result
 
@@ -270,50 +273,6 @@ def format_result(result: CaffeTestResult) -> str:
     lines = [f"{result.iterations} iteration(s) of {result.batch_size} image(s)", fmt.format(*head)]
     lines += [fmt.format(*r) for r in rows]
     return "\n".join(lines)
-
-
-TEST_EXAMPLES = """examples:
-  # caffe test -model train_val.prototxt -weights w.caffemodel -iterations 100, without Caffe
-  amct-torch test train_val.prototxt w.caffemodel --iterations 100
-
-  # the float model and every quantized form calibrate wrote under out/model, side by side
-  amct-torch calibrate train_val.prototxt w.caffemodel --output out/model --onnx
-  amct-torch test train_val.prototxt w.caffemodel --quantized out/model --json
-"""
-
-
-def add_parser(sub: Any) -> Any:
-    """The ``test`` command's parser."""
-    import argparse
-    p = sub.add_parser("test", epilog=TEST_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       help="caffe test: average the net's accuracy and loss over N batches of its "
-                            "TEST data, float and quantized side by side",
-                       description="N iterations of the TEST phase of a train/test net (its data "
-                                   "layers' data, its metric and loss layers), every scalar output "
-                                   "averaged as caffe test prints it; with --quantized, also each "
-                                   "quantized form calibrate wrote under that prefix, with the drop.")
-    p.add_argument("model", help="train_val or test prototxt (with data layers)")
-    p.add_argument("weights", help="float caffemodel")
-    p.add_argument("--iterations", type=_positive, default=50, help="batches (default: %(default)s, as caffe test)")
-    p.add_argument("--quantized", metavar="PREFIX",
-                   help="a calibrate --output prefix: also score its fake-quant and deploy Caffe "
-                        "models and its QDQ ONNX model (ONNX Runtime)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
-    return p
-
-
-def _positive(text: str) -> int:
-    import argparse
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def cmd_test(args: Any) -> int:

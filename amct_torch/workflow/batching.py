@@ -118,8 +118,6 @@ class NetData:
         self.data = PhaseData(layers, model_file)
         self.names = [n for n, _ in gm.caffe_inputs]
         self.batch_size = int(batch_size) if batch_size is not None else self.data.batch_size
-        sizes = [getattr(s, "num_samples", None) for s in self.data.sources]
-        self.count: Optional[int] = min(sizes) if sizes and all(sizes) else None
 
     def batches(self) -> Iterable[Any]:
         import numpy as np

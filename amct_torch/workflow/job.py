@@ -250,6 +250,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
     inputs_decl = graph.model.caffe_inputs
+    bs: Optional[int]
     if opts.calibration_data is None:  # the net's own TEST data layers
         own = NetData(graph.model, opts.model_file, opts.batch_size)
         count, bs = None, own.batch_size

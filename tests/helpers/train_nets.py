@@ -6,9 +6,11 @@ weights built by code, and databases written the way Caffe's tools write them (L
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from helpers.caffe_dbs import raw_datum, write_lmdb
 
 #: BVLC Caffe examples/mnist/lenet_train_test.prototxt, as published
 LENET_TRAIN_TEST = """\
@@ -450,62 +452,6 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc8" bottom: "label" top: 
 """
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    v &= (1 << 64) - 1
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def datum_bytes(pixels: Optional[np.ndarray] = None, label: int = 0, *, encoded: Optional[bytes] = None,
-                channels: int = 0, height: int = 0, width: int = 0) -> bytes:
-    """A serialized caffe.Datum written field by field (channels 1, height 2, width 3, data 4,
-    label 5, encoded 7): raw uint8 CHW ``pixels``, or ``encoded`` image bytes (JPEG/PNG) as
-    ``convert_imageset --encoded`` writes them."""
-    if pixels is not None:
-        channels, height, width = pixels.shape
-        data = np.ascontiguousarray(pixels, np.uint8).tobytes()
-    else:
-        assert encoded is not None
-        data = encoded
-    out = b"\x08" + _varint(channels) + b"\x10" + _varint(height) + b"\x18" + _varint(width)
-    out += b"\x22" + _varint(len(data)) + data + b"\x28" + _varint(label)
-    if encoded is not None:
-        out += b"\x38\x01"
-    return out
-
-
-def write_lmdb(path: str, records: Sequence[bytes]) -> None:
-    """An LMDB of serialized Datums under Caffe's keys (``%08d``, in order), as
-    convert_mnist_data / convert_cifar_data write them."""
-    import lmdb
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    env = lmdb.open(path, map_size=1 << 30)
-    with env.begin(write=True) as txn:
-        for i, rec in enumerate(records):
-            txn.put(b"%08d" % i, rec)
-    env.close()
-
-
-def write_mean_binaryproto(path: str, mean: np.ndarray) -> None:
-    """``mean`` (C, H, W) as compute_image_mean writes it: a BlobProto with num 1, channels,
-    height, width (fields 1-4) and the packed float data (field 5)."""
-    c, h, w = mean.shape
-    raw = np.ascontiguousarray(mean, "<f4").tobytes()
-    body = b"\x08\x01\x10" + _varint(c) + b"\x18" + _varint(h) + b"\x20" + _varint(w)
-    body += b"\x2a" + _varint(len(raw)) + raw
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(body)
-
-
 def random_weights(prototxt: str, caffemodel: str, seed: int = 0, std: float = 0.1) -> None:
     """A caffemodel for ``prototxt`` (its TEST data must exist: the shapes come from it) with
     Gaussian weights of standard deviation ``std`` and biases 0.1 x Gaussian."""
@@ -525,9 +471,17 @@ def random_weights(prototxt: str, caffemodel: str, seed: int = 0, std: float = 0
 
 
 def digits_lmdb(path: str, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """An MNIST-like LMDB (1x28x28 uint8 images, labels 0-9) at ``path``: (images, labels)."""
+    """An MNIST-like LMDB (1x28x28 uint8 images, labels 0-9) at ``path`` as convert_mnist_data
+    writes it (raw Datums under ``%08d`` keys): (images N x 1 x 28 x 28, labels)."""
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, size=(count, 1, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, size=count)
-    write_lmdb(path, [datum_bytes(im, int(lab)) for im, lab in zip(images, labels)])
+    write_records(path, images, labels)
     return images, labels
+
+
+def write_records(path: str, images: np.ndarray, labels: Sequence[int]) -> None:
+    """An LMDB of raw Datums (``images`` N x C x H x W uint8) under ``%08d`` keys."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_lmdb(path, [(b"%08d" % i, raw_datum(im.transpose(1, 2, 0), int(lab)).SerializeToString())
+                      for i, (im, lab) in enumerate(zip(images, labels))])

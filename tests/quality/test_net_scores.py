@@ -10,21 +10,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.train_nets import (
-    IMAGENET_STYLE_TRAIN_VAL,
-    LENET_TRAIN_TEST,
-    datum_bytes,
-    digits_lmdb,
-    random_weights,
-    write_lmdb,
-    write_mean_binaryproto,
-)
 
 from amct_torch.caffe.netio import read_net
 from amct_torch.cli import main
 from amct_torch.errors import DataError
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.quality.net_scores import caffe_test
+from helpers.caffe_dbs import write_mean
+from helpers.train_nets import (
+    IMAGENET_STYLE_TRAIN_VAL,
+    LENET_TRAIN_TEST,
+    digits_lmdb,
+    random_weights,
+    write_records,
+)
 
 pytest.importorskip("lmdb")
 
@@ -152,9 +151,9 @@ def test_imagenet_style_mean_file_crop_and_top5(tmp_path):
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, size=(20, 3, 28, 30), dtype=np.uint8)
     labels = rng.integers(0, 10, size=20)
-    write_lmdb(str(d / "examples/imagenet/val_lmdb"), [datum_bytes(i, int(l)) for i, l in zip(images, labels)])
+    write_records(str(d / "examples/imagenet/val_lmdb"), images, labels)
     mean = rng.uniform(0, 255, size=(3, 28, 30)).astype(np.float32)
-    write_mean_binaryproto(str(d / "data/imagenet_mean.binaryproto"), mean)
+    write_mean(str(d / "data/imagenet_mean.binaryproto"), mean)
     random_weights(str(d / "train_val.prototxt"), str(d / "w.caffemodel"), std=0.02)
     res = caffe_test(str(d / "train_val.prototxt"), str(d / "w.caffemodel"), iterations=2, device="cpu", quiet=True)
     w = _blobs(str(d / "w.caffemodel"))
@@ -180,9 +179,9 @@ def test_label_out_of_range_is_one_line_naming_the_layer(tmp_path, capsys):
     d.mkdir()
     (d / "lenet_train_test.prototxt").write_text(LENET_TRAIN_TEST)
     rng = np.random.default_rng(0)
-    recs = [datum_bytes(rng.integers(0, 256, (1, 28, 28), dtype=np.uint8), 3) for _ in range(99)]
-    recs.append(datum_bytes(np.zeros((1, 28, 28), np.uint8), 12))  # 12 of 10 classes
-    write_lmdb(str(d / "examples/mnist/mnist_test_lmdb"), recs)
+    labels = [3] * 99 + [12]  # 12 of 10 classes
+    write_records(str(d / "examples/mnist/mnist_test_lmdb"), rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8),
+                  labels)
     random_weights(str(d / "lenet_train_test.prototxt"), str(d / "w.caffemodel"))
     with pytest.raises(DataError, match="label 12 is out of range") as err:
         caffe_test(str(d / "lenet_train_test.prototxt"), str(d / "w.caffemodel"), iterations=1, device="cpu",
@@ -201,3 +200,26 @@ def test_quantize_api_without_data(tmp_path):
                    device="cpu", quiet=True, report_batches=1)
     assert res.samples_used == 100  # 2 batches of --batch-size 50, not the layer's 100
     assert os.path.isfile(str(tmp_path / "o" / "m_fake_quant_model.prototxt"))
+
+
+def test_accuracy_driven_calibration_uses_the_net_accuracy(tmp_path, capsys):
+    from amct_torch import accuracy_based_auto_calibration
+    from amct_torch.config import create_quant_config
+    model, weights, _, _ = _lenet(tmp_path)
+    float_acc = caffe_test(model, weights, iterations=2, device="cpu", quiet=True).forms[0].outputs["accuracy"]
+    cfg = str(tmp_path / "cfg.json")
+    create_quant_config(cfg, model, weights, batch_num=2)
+    res = accuracy_based_auto_calibration(model, weights, None, cfg, str(tmp_path / "rec.txt"),
+                                          str(tmp_path / "auto"), max_accuracy_drop=0.0, iterations=2)
+    assert res.original_metric == float_acc  # the Accuracy top, averaged as caffe test does
+    assert 100 * (res.original_metric - res.final_metric) <= 0.0
+    for h in res.history:  # each evaluation judged by the allowed drop in points
+        assert h["passed"] == (100 * (res.original_metric - h["metric"]) <= 1e-9)
+    assert any(h["passed"] and h["float_layers"] == res.float_layers for h in res.history)
+    # the command: a generous allowance keeps every layer quantized
+    out = str(tmp_path / "cli" / "m")
+    assert main(["calibrate", model, weights, "--max-accuracy-drop", "100", "--batch-num", "2", "--iterations",
+                 "2", "-o", out, "-q", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "left in float: none" in text and os.path.isfile(out + "_record.txt")
+    assert main(["calibrate", model, weights, "data/", "--max-accuracy-drop", "1", "-o", out, "-q"]) == 2
