@@ -50,6 +50,22 @@ class HeadLayer(CaffeLayer):
         return labels.reshape(-1).to(torch.int64)
 
 
+    def class_labels(self, scores: torch.Tensor, labels: torch.Tensor, axis: int, ignore: Optional[int]):
+        """(axis, outer, classes, inner, labels (outer, inner), not-ignored mask) of class
+        scores along ``axis``; a label not ignored outside [0, classes) is a DataError."""
+        ax = canonical_axis(axis, scores.dim(), self)
+        classes = int(scores.shape[ax])
+        outer = int(torch.tensor(scores.shape[:ax]).prod()) if ax else 1
+        inner = scores.numel() // max(outer * classes, 1)
+        lab = self.labels_of(labels, outer * inner).reshape(outer, inner)
+        valid = torch.ones_like(lab, dtype=torch.bool) if ignore is None else lab != ignore
+        bad = valid & ((lab < 0) | (lab >= classes))
+        if bool(bad.any()):
+            value = int(lab[bad][0])
+            self.data_fail(f"label {value} is out of range for {classes} classes (0..{classes - 1})")
+        return ax, outer, classes, inner, lab, valid
+
+
 def _normalization(p: pb.LossParameter, default: int) -> int:
     """Caffe's rule: ``normalization`` when given; else the legacy ``normalize`` (true: VALID,
     false: BATCH_SIZE); else the layer's default."""
@@ -89,18 +105,9 @@ class AccuracyLayer(HeadLayer):
         self.ignore: Optional[int] = int(p.ignore_label) if p.HasField("ignore_label") else None
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
-        ax = canonical_axis(self.axis, scores.dim(), self)
-        classes = int(scores.shape[ax])
-        outer = int(torch.tensor(scores.shape[:ax]).prod()) if ax else 1
-        inner = scores.numel() // max(outer * classes, 1)
         if self.top_k > scores.numel() // max(labels.numel(), 1):
             self.data_fail(f"top_k {self.top_k} exceeds the number of classes")
-        lab = self.labels_of(labels, outer * inner).reshape(outer, inner)
-        valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore is None else lab != self.ignore
-        bad = valid & ((lab < 0) | (lab >= classes))
-        if bool(bad.any()):
-            value = int(lab[bad][0])
-            self.data_fail(f"label {value} is out of range for {classes} classes (0..{classes - 1})")
+        ax, outer, classes, inner, lab, valid = self.class_labels(scores, labels, self.axis, self.ignore)
         x = scores.reshape(outer, classes, inner)
         true = x.gather(1, lab.clamp(0, classes - 1).unsqueeze(1))
         better = (x >= true).sum(dim=1) - 1  # the true class counts itself once
@@ -135,16 +142,7 @@ class SoftmaxWithLossLayer(HeadLayer):
         self.mode = _normalization(p, pb.LossParameter.VALID)
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor):
-        ax = canonical_axis(self.axis, scores.dim(), self)
-        classes = int(scores.shape[ax])
-        outer = int(torch.tensor(scores.shape[:ax]).prod()) if ax else 1
-        inner = scores.numel() // max(outer * classes, 1)
-        lab = self.labels_of(labels, outer * inner).reshape(outer, inner)
-        valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore is None else lab != self.ignore
-        bad = valid & ((lab < 0) | (lab >= classes))
-        if bool(bad.any()):
-            value = int(lab[bad][0])
-            self.data_fail(f"label {value} is out of range for {classes} classes (0..{classes - 1})")
+        ax, outer, classes, inner, lab, valid = self.class_labels(scores, labels, self.axis, self.ignore)
         prob = F.softmax(scores, dim=ax)
         p_true = prob.reshape(outer, classes, inner).gather(1, lab.clamp(0, classes - 1).unsqueeze(1)).squeeze(1)
         nll = -torch.log(torch.clamp(p_true, min=FLT_MIN))
