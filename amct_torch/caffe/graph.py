@@ -23,9 +23,9 @@ from torch.func import functional_call
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
 from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
-from amct_torch.caffe.layers.traits import is_net_head
 from amct_torch.caffe.layers.conv import _ConvBase
 from amct_torch.caffe.layers.quant import DeQuantLayer
+from amct_torch.caffe.layers.traits import is_net_head
 from amct_torch.caffe.unknown_fields import refuse_unknown_fields
 from amct_torch.errors import AmctError, ModelError
 
@@ -133,7 +133,7 @@ def build_graph(parsed: Any, *, check_shapes: bool = True,
     producers = index_producers(parsed.layers)
     for i, layer in enumerate(parsed.layers):
         cls = layer_class_of(layer, build.model_file)
-        if cls.net_head:
+        if is_net_head(cls):
             add_head_layer(build, i, layer, producers)
             continue
         check_bottoms_exist(build, i, layer, producers)
