@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
+import numpy as np
 
 from amct_torch.algorithms.quant import QMAX, QMIN
 
@@ -60,17 +60,15 @@ def _saturating(scale: float, offset: int) -> tuple[float, float]:
     return (QMIN - 0.5 - offset) * scale, (QMAX + 0.5 - offset) * scale
 
 
-def _display(positions: torch.Tensor, weights: torch.Tensor, lo: float, hi: float) -> tuple[list, list]:
-    """Weighted values rebinned onto ``BINS`` equal bins over [lo, hi] (float64, host)."""
+def _display(positions: np.ndarray, weights: np.ndarray, lo: float, hi: float) -> tuple[list, list]:
+    """Weighted values rebinned onto ``BINS`` equal bins over [lo, hi]."""
     if not hi > lo:
         hi = lo + (abs(lo) or 1.0) * 1e-6
-    edges = torch.linspace(lo, hi, BINS + 1, dtype=torch.float64)
-    idx = torch.bucketize(positions.clamp(lo, hi), edges[1:-1], right=True)
-    counts = torch.zeros(BINS, dtype=torch.float64).index_add_(0, idx, weights.double())
-    return edges.tolist(), [int(round(c)) for c in counts.tolist()]
+    counts, edges = np.histogram(np.clip(positions, lo, hi), bins=BINS, range=(lo, hi), weights=weights)
+    return edges.tolist(), np.rint(counts).astype(np.int64).tolist()
 
 
-def _from_fine(positions: torch.Tensor, weights: torch.Tensor, edge_lo: float, edge_hi: float) -> tuple[int, int]:
+def _from_fine(positions: np.ndarray, weights: np.ndarray, edge_lo: float, edge_hi: float) -> tuple[int, int]:
     """Values beyond the clip edges, counted from a fine histogram's bin positions."""
     return int(weights[positions < edge_lo].sum()), int(weights[positions > edge_hi].sum())
 
@@ -82,40 +80,38 @@ def summarize(obs: Any, scale: float, offset: int) -> Optional[ActivationSummary
 
     edge_lo, edge_hi = _saturating(scale, offset)
     if isinstance(obs, IfmrExactObserver):
-        data = obs.data().detach().double().cpu()
+        data = obs.data().detach().cpu().numpy().astype(np.float64)
         lo, hi = float(data.min()), float(data.max())
-        edges, counts = _display(data, torch.ones_like(data), lo, hi)
+        edges, counts = _display(data, np.ones_like(data), lo, hi)
         low, high = int((data < edge_lo).sum()), int((data > edge_hi).sum())
-        return ActivationSummary("ifmr-exact", data.numel(), lo, hi, edges, counts, scale, offset, low, high)
+        return ActivationSummary("ifmr-exact", data.size, lo, hi, edges, counts, scale, offset, low, high)
     if isinstance(obs, IfmrStreamingObserver):
         st, fine, dsum = obs.state, obs.counts, obs.dsum
         assert st is not None and fine is not None and dsum is not None  # compute() succeeded
         e, base = obs.frame
         width = math.ldexp(1.0, e)
-        w = fine.cpu().double()
-        filled = w > 0
-        starts = (torch.arange(w.numel(), dtype=torch.float64) + base) * width
-        # each bin's values sit at its start plus their mean offset (the observer's dsum)
-        pos = (starts + dsum.cpu() / w.clamp(min=1) * width)[filled]
+        w = fine.cpu().numpy().astype(np.float64)
+        filled = np.flatnonzero(w)
         w = w[filled]
+        # each bin's values sit at its start plus their mean offset (the observer's dsum)
+        pos = (filled + base + dsum.cpu().numpy()[filled] / w) * width
         lo, hi = st.range.cpu().tolist()
-        top, bottom = st.top.cpu().double(), st.bottom.cpu().double()
+        top, bottom = st.top.cpu().numpy(), st.bottom.cpu().numpy()
         low, high = _from_fine(pos, w, edge_lo, edge_hi)
         # exact where the kept extremes reach past the edge (fewer beyond it than kept)
         n_top, n_bottom = int((top > edge_hi).sum()), int((bottom < edge_lo).sum())
-        if n_top < top.numel():
+        if n_top < top.size:
             high = n_top
-        if n_bottom < bottom.numel():
+        if n_bottom < bottom.size:
             low = n_bottom
         edges, counts = _display(pos, w, lo, hi)
         return ActivationSummary("ifmr", obs.count, lo, hi, edges, counts, scale, offset, low, high)
     if isinstance(obs, HfmgObserver):
         from amct_torch.algorithms.hfmg import bin_width
         assert obs.counts is not None  # compute() succeeded
-        w = obs.counts.cpu().double()
+        w = obs.counts.cpu().numpy().astype(np.float64)
         lo, hi = obs.mn, obs.mx
-        width = bin_width(lo, hi, w.numel())
-        pos = lo + (torch.arange(w.numel(), dtype=torch.float64) + 0.5) * width
+        pos = lo + (np.arange(w.size) + 0.5) * bin_width(lo, hi, w.size)
         low, high = _from_fine(pos, w, edge_lo, edge_hi)
         edges, counts = _display(pos, w, lo, hi)
         return ActivationSummary("hfmg", int(w.sum()), lo, hi, edges, counts, scale, offset, low, high)

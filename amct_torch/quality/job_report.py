@@ -49,13 +49,39 @@ def job_report_inputs(opts: Any, graph: Any, records: Mapping[str, Any], stats: 
         weights=weight_ranges(fused, records), floats=float_layers(graph, records), improvement=improvement)
 
 
-def write_job_html(path: str, opts: Any, graph: Any, records: Mapping[str, Any], stats: Sequence[Any],
-                   files: Mapping[str, str], timings: Mapping[str, float], **kw: Any) -> ReportInputs:
-    """Write the job's visual report at ``path`` (``files``: the final paths, this one
-    included); returns its inputs, charts drawn (the result's Jupyter view renders them again
-    without redrawing)."""
-    from amct_torch.quality.html_report import write_html
+class PendingReport:
+    """The job's visual report under way: its inputs gathered now (all but the per-layer
+    figures) and, on a helper thread, the layer charts drawn while the job computes those
+    figures (the float and fake-quant forwards mostly wait on torch's kernels, which leave
+    Python free). Over ``MAX_LAYER_CHARTS`` layers the charts wait for the figures, which pick
+    the worst layers to draw."""
 
-    inputs = job_report_inputs(opts, graph, records, stats, files, timings, **kw)
-    write_html(path, inputs)
-    return inputs
+    def __init__(self, opts: Any, graph: Any, records: Mapping[str, Any], files: Mapping[str, str],
+                 timings: Mapping[str, float], **kw: Any) -> None:
+        from amct_torch.helper_thread import HelperThread
+        from amct_torch.quality.html_report import MAX_LAYER_CHARTS, render_charts
+
+        self._timings = timings
+        self.inputs = job_report_inputs(opts, graph, records, (), files, timings, **kw)
+        self._thread = None
+        if len(records) <= MAX_LAYER_CHARTS:
+            self._thread = HelperThread(lambda: render_charts(self.inputs), "amct-report-charts")
+
+    def write(self, path: str, stats: Sequence[Any]) -> ReportInputs:
+        """Add the per-layer figures and write the page at ``path``; returns its inputs, charts
+        drawn (the result's Jupyter view renders them again without redrawing)."""
+        from amct_torch.quality import charts
+        from amct_torch.quality.html_report import COSINE_WARN, write_html
+
+        inp = self.inputs
+        if self._thread is not None:
+            self._thread.wait()  # before the figures go in: the thread reads the inputs
+            if self._thread.error is not None:
+                raise self._thread.error
+            inp.charts = self._thread.result
+        inp.stats, inp.timings = list(stats), dict(self._timings)
+        if self._thread is not None:
+            if inp.charts and inp.stats:
+                inp.charts["errors"] = charts.error_chart(inp.stats, [f[0] for f in inp.floats], COSINE_WARN)
+        write_html(path, inp)
+        return inp

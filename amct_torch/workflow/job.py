@@ -347,7 +347,7 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
             improvement: Optional[dict] = None, timings: Optional[dict] = None) -> tuple[list, Any]:
     """The per-layer report on held-out batches (else the calibration batches), written as
     JSON and as the visual report (returned for the result's Jupyter view)."""
-    from amct_torch.quality.job_report import write_job_html
+    from amct_torch.quality.job_report import PendingReport
     from amct_torch.quality.report import layer_report, write_report
 
     held = take(cal.rest, opts.report_batches) if opts.report_data is None else list(
@@ -355,18 +355,18 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
     held_out = bool(held) or opts.report_data is not None
     if not held:
         held = cal.keeper.cache[:opts.report_batches]
+    files["report"], files["html_report"] = plan.staged["report"], plan.staged["html_report"]
+    # the visual report's layer charts are drawn on a helper thread during the forwards below
+    page = PendingReport(opts, cal.graph, records, {k: plan.finals[k] for k in files}, timings or {},
+                         fused=cal.graph.fused, samples_used=cal.keeper.samples, samples_total=cal.count,
+                         batch_size=cal.batch_size, held_out=held_out, batches=len(held),
+                         improvement=improvement, device=plan.device)
     stats = layer_report(model, quant_model, held, list(records), device=plan.device)
-    files["report"] = plan.staged["report"]
     meta = {"model": opts.model_file, "held_out": held_out, "batches": len(held)}
     if improvement is not None:  # what each improvement did (dB on its held-out rows) and cost (s)
         meta["improve"] = improvement
     write_report(files["report"], stats, meta)
-    files["html_report"] = plan.staged["html_report"]
-    page = write_job_html(files["html_report"], opts, cal.graph, records, stats,
-                          {k: plan.finals[k] for k in files}, timings or {}, fused=cal.graph.fused,
-                          samples_used=cal.keeper.samples, samples_total=cal.count, batch_size=cal.batch_size,
-                          held_out=held_out, batches=len(held), improvement=improvement, device=plan.device)
-    return stats, page
+    return stats, page.write(files["html_report"], stats)
 
 
 def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:

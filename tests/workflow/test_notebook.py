@@ -1,5 +1,6 @@
 """The Jupyter quickstart runs top to bottom in a real kernel (nbclient; each cell within 120 s),
-and shows what it promises: a histogram image, the per-layer table, ONNX Runtime results.
+and shows what it promises: a histogram image, the per-layer table, the visual report inline
+(with its accuracy section filled), ONNX Runtime results.
 The notebook itself asserts that the record's conv2 factor is the IFMR result on the captured
 activations and that ONNX Runtime agrees with the torch fake-quant model."""
 from __future__ import annotations
@@ -26,5 +27,8 @@ def test_quickstart_runs(tmp_path, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no histogram image"
+    pages = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert any('data-section="layers"' in p and "top-1 accuracy %" in p and "<svg" in p for p in pages), \
+        "no visual report with charts and accuracy"
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "clip range" in text and "SQNR dB" in text and "ONNX Runtime int8" in text
