@@ -109,10 +109,10 @@ def summarize(obs: Any, scale: float, offset: int) -> Optional[ActivationSummary
     if isinstance(obs, HfmgObserver):
         from amct_torch.algorithms.hfmg import bin_width
         assert obs.counts is not None  # compute() succeeded
-        w = obs.counts.cpu().numpy().astype(np.float64)
+        hw = obs.counts.cpu().numpy().astype(np.float64)
         lo, hi = obs.mn, obs.mx
-        pos = lo + (np.arange(w.size) + 0.5) * bin_width(lo, hi, w.size)
-        low, high = _from_fine(pos, w, edge_lo, edge_hi)
-        edges, counts = _display(pos, w, lo, hi)
-        return ActivationSummary("hfmg", int(w.sum()), lo, hi, edges, counts, scale, offset, low, high)
+        centres = lo + (np.arange(hw.size) + 0.5) * bin_width(lo, hi, hw.size)
+        low, high = _from_fine(centres, hw, edge_lo, edge_hi)
+        edges, counts = _display(centres, hw, lo, hi)
+        return ActivationSummary("hfmg", int(hw.sum()), lo, hi, edges, counts, scale, offset, low, high)
     return None

@@ -31,6 +31,14 @@ class OutputStats:
     note: str = ""
 
 
+class Evaluation(list):
+    """``evaluate``'s result: the ``OutputStats`` rows (a list), shown by Jupyter as a table."""
+
+    def _repr_html_(self) -> str:
+        from amct_torch.quality.html_report import evaluation_html
+        return evaluation_html(self)
+
+
 class _Sums:
     """Running sums over batches, so that any number of batches takes constant memory."""
 
@@ -75,7 +83,7 @@ def data_dependent_outputs(gm: Any) -> set[str]:
 def evaluate(model_file: str, weights_file: str, data: Any,
              reference: Optional[Sequence[str]] = None, *, batch_size: Optional[int] = None,
              max_batches: Optional[int] = None, preprocess: Any = None,
-             device: Optional[str] = None) -> list[OutputStats]:
+             device: Optional[str] = None) -> Evaluation:
     """Run ``model_file``/``weights_file`` on ``data`` (what ``calibrate`` accepts: a folder of
     images or arrays, a .npy/.npz file, an array) and, with ``reference`` = (prototxt,
     caffemodel), compare every output blob the two models share."""
@@ -120,7 +128,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     for k, s in sums.items():
         if not stats[k].note:
             stats[k].sqnr_db, stats[k].cosine, stats[k].max_abs_diff = s.sqnr(), s.cosine(), s.maxdiff
-    return list(stats.values())
+    return Evaluation(stats.values())
 
 
 def format_stats(stats: Sequence[OutputStats]) -> str:

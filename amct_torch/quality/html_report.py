@@ -269,11 +269,19 @@ def _improvements(inp: ReportInputs) -> str:
     imp = inp.improvement
     if not imp:
         return "<p>No improvement ran (<code>--improve</code>): the record is AMCT's result.</p>"
-    rows = [(s["name"], _num(s.get("worst_output_sqnr_db"), ".2f"), _num(s.get("gain_db"), "+.2f"),
-             _num(s.get("seconds"), ".1f")) for s in imp.get("stages", [])]
-    text = (f"<p>Kept: <b>{_e(imp.get('kept'))}</b> (the stage with the best worst-output SQNR on the "
-            f"held-out rows that is nowhere worse than the default).</p>")
-    return text + _table(("stage", "worst output SQNR dB", "gain dB", "seconds"), rows)
+    from amct_torch.improve.pipeline import summary_line
+    rows = []
+    for st in imp.get("stages", []):
+        gains = " / ".join(f"{g:+.2f} ± {e:.2f}" for g, e in zip(st.get("output_gain_db", []),
+                                                                  st.get("output_error_db", [])))
+        verdict = "kept" if st["name"] == imp.get("kept") else ("passed" if st.get("passed") else "rejected")
+        rows.append((st["name"], _num(st.get("worst_output_sqnr_db"), ".2f"), _num(st.get("gain_db"), "+.2f"),
+                     gains or "–", verdict, _num(st.get("seconds"), ".1f")))
+    text = (f"<p>Kept: <b>{_e(imp.get('kept'))}</b>. Each stage is judged on the net outputs against the "
+            "float model on rows it was not fitted on; it is kept only where no output gets worse "
+            "(docs/algorithms.md).</p>")
+    head = ("stage", "worst output SQNR dB", "gain dB", "per-output gain ± error dB", "verdict", "seconds")
+    return text + _table(head, rows) + f"<p><code>{_e(summary_line(imp))}</code></p>"
 
 
 def _accuracy(inp: ReportInputs) -> str:
@@ -334,6 +342,17 @@ def render(inp: ReportInputs) -> str:
             _section("accuracy", "Accuracy: float vs int8", _accuracy(inp)),
             f"<script>{JS}</script>"]
     return '<div class="amct-report">' + "".join(body) + "</div>"
+
+
+def evaluation_html(stats: Sequence[Any]) -> str:
+    """``evaluate``'s rows (``OutputStats``) as a sortable table in the report's style."""
+    rows = [(s.name, str(list(s.shape)),
+             (_num(s.sqnr_db, ".2f"), _sortable(s.sqnr_db) if s.sqnr_db is not None else -1e9),
+             (_num(s.cosine, ".6f"), s.cosine if s.cosine is not None else -1),
+             _num(s.max_abs_diff, ".4g"), s.note) for s in stats]
+    table = _table(("output", "shape", "SQNR dB", "cosine", "max |diff|", "note"), rows, "sortable")
+    return (f'<div class="amct-report"><style>{CSS}</style><h3>amct-torch evaluate: each output against '
+            f"the reference</h3>{table}<script>{JS}</script></div>")
 
 
 def page(fragment: str, title: str = "amct-torch report") -> str:

@@ -21,6 +21,7 @@ from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, If
 from amct_torch.calibration.summaries import clip_range, summarize
 from amct_torch.examples import example_data, example_model
 from amct_torch.quality import charts
+from amct_torch.quality.evaluate import evaluate, format_stats
 from amct_torch.quality.html_report import SECTIONS, page, render
 from amct_torch.quality.report import format_table
 from amct_torch.record import read_record
@@ -150,12 +151,20 @@ def test_report_is_written_by_the_job_and_not_without_report(tmp_path):
     proto, weights = example_model()
     x, _ = example_data("calib")
     on = amct_torch.quantize(proto, weights, x[:40], output=str(tmp_path / "a" / "m"), batch_num=2,
-                             save_type=None, quiet=True, device="cpu")
+                             save_type="Fakequant", quiet=True, device="cpu")
     assert os.path.isfile(on.files["html_report"])
+    # evaluate's result: Jupyter shows its rows as the CLI's table has them
+    ev = evaluate(on.files["fake_quant_model"], on.files["fake_quant_weights"], x[:16], reference=(proto, weights))
+    cli_rows = {line.split()[0]: line.split() for line in format_stats(ev).splitlines()[1:]}
+    html_rows = [r for r in parse(ev._repr_html_()).rows if r[0] in cli_rows]
+    assert len(html_rows) == len(ev) >= 1
+    for r in html_rows:
+        assert r[2:5] == cli_rows[r[0]][-3:]
     off = amct_torch.quantize(proto, weights, x[:40], output=str(tmp_path / "b" / "m"), batch_num=2,
                               save_type=None, quiet=True, report=False, device="cpu")
     assert "html_report" not in off.files
     assert sorted(os.listdir(tmp_path / "b")) == ["m_quant_config.json", "m_record.txt"]
+    assert off.report_page is None
     assert "no report" in off._repr_html_()
     # the accuracy hook: figures given, a table with them and their difference
     doc = parse(on.report_html(accuracy=[("top-1 %", 97.25, 96.5)]))
@@ -200,3 +209,22 @@ def test_summary_counts_clipped_values_as_the_grid_does(kind):
         assert abs(s.clipped_low - low) + abs(s.clipped_high - high) <= 0.002 * x.size
     else:  # exact values kept (every value, or the top/bottom 1024)
         assert (s.clipped_low, s.clipped_high) == (low, high)
+
+
+@pytest.mark.slow
+def test_improvements_section_shows_each_stage_as_the_pipeline_reports_it(tmp_path):
+    from amct_torch.improve.pipeline import summary_line
+    proto, weights = example_model()
+    x, _ = example_data("calib")
+    res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "m"), batch_num=2, save_type=None,
+                              quiet=True, device="cpu", improve="bias_correction")
+    imp = res.improvement
+    doc = parse(res._repr_html_())
+    stages = {r[0]: r for r in doc.rows if len(r) == 6 and r[0] in {s["name"] for s in imp["stages"]}}
+    assert len(stages) == len(imp["stages"]) >= 1
+    for st in imp["stages"]:
+        row = stages[st["name"]]
+        assert float(row[1]) == pytest.approx(st["worst_output_sqnr_db"], abs=0.005)
+        assert float(row[2]) == pytest.approx(st["gain_db"], abs=0.005)
+        assert row[4] == ("kept" if st["name"] == imp["kept"] else "passed" if st["passed"] else "rejected")
+    assert summary_line(imp) in res.report_html().replace("&#x27;", "'").replace("&quot;", '"')
