@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, ModelError, RecordError
+from amct_torch.errors import (
+    AmctError,
+    ArgumentError,
+    CalibrationError,
+    ConfigError,
+    DataError,
+    ExportError,
+    ModelError,
+    RecordError,
+)
 from amct_torch.lazy_names import lazy_names
 
 __version__ = "0.1.0"
@@ -36,7 +45,7 @@ _LAZY = {
     "caffe_test": "amct_torch.quality.net_scores",
 }
 
-__all__ = ["AmctError", "CalibrationError", "ConfigError", "DataError", "ExportError",
+__all__ = ["AmctError", "ArgumentError", "CalibrationError", "ConfigError", "DataError", "ExportError",
            "ModelError", "RecordError", "__version__",
            "load_caffe", "save_caffe", "write_net",
            "create_quant_config", "init", "quantize_model", "save_model", "convert_model",

@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from amct_torch.arguments import checked, instance, one_of, opt, path_arg
 from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
@@ -59,6 +60,8 @@ def _check_graph(graph: object, caller: str) -> QuantGraph:
     return graph
 
 
+@checked(config_file=path_arg, model_file=path_arg, weights_file=path_arg,
+         scale_offset_record_file=path_arg)
 def init(config_file: str, model_file: str, weights_file: str,
          scale_offset_record_file: str, *, allow_unknown_fields: bool = False) -> QuantGraph:
     """Load the Caffe model, read and validate the JSON quant config, and create (or empty)
@@ -77,6 +80,9 @@ def init(config_file: str, model_file: str, weights_file: str,
     return graph
 
 
+@checked(graph=instance(QuantGraph, what="the graph returned by init()"),
+         modified_model_file=opt(path_arg), modified_weights_file=opt(path_arg),
+         ifmr_mode=one_of("streaming", "exact"))
 def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modified_weights_file: Optional[str],
                    *, ifmr_mode: str = "streaming") -> torch.nn.Module:
     """Fuse BN, write ARQ weight factors to the record, write the modified (fused, calibration)
@@ -117,6 +123,8 @@ def _read_records(graph: QuantGraph) -> dict:
     return check_records(graph, read_record(graph.record_file), graph.record_file)
 
 
+@checked(graph=instance(QuantGraph, what="the graph returned by init()"), save_type=one_of(*SAVE_TYPES),
+         save_path=path_arg)
 def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     """Write the quantized models: ``save_type`` ``Fakequant``, ``Deploy`` or ``Both`` →
     ``{save_path}_fake_quant_model.prototxt`` / ``_fake_quant_weights.caffemodel``,
@@ -142,6 +150,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
         return tx.commit([tx.final_of(p) for p in staged])
 
 
+@checked(model_file=path_arg, weights_file=path_arg, scale_offset_record_file=path_arg, save_path=path_arg)
 def convert_model(model_file: str, weights_file: str, scale_offset_record_file: str,
                   save_path: str, *, allow_unknown_fields: bool = False) -> list[str]:
     """Build the fake-quant and deploy models from a record the user supplies (no

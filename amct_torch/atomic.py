@@ -20,6 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from typing import IO, Any, Callable, Iterator, Protocol, TypeVar
 
+from amct_torch.output_errors import write_error
 from amct_torch.termination import clean_exit_on_signals
 
 
@@ -106,7 +107,10 @@ def atomic_file(path: str, opener: Callable[[int], F] = _plain,  # type: ignore[
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     with clean_exit_on_signals():  # a SIGTERM mid-write removes the temporary file too
-        fd, tmp = temp_beside(path)
+        try:
+            fd, tmp = temp_beside(path)
+        except OSError as err:
+            raise write_error(err, path) from None
         try:
             if hasattr(os, "fchmod"):
                 os.fchmod(fd, file_mode())
@@ -123,11 +127,13 @@ def atomic_file(path: str, opener: Callable[[int], F] = _plain,  # type: ignore[
             os.fsync(f.fileno())
             f.close()
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as err:
             try:
                 discard(f)
             finally:
                 remove_quietly(tmp)
+            if isinstance(err, OSError) and (err.filename is None or err.filename == tmp):
+                raise write_error(err, path) from None  # the user's file, never the temporary one
             raise
     fsync_dir(folder)
 

@@ -17,6 +17,7 @@ import textwrap
 from typing import Any, Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
+from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
 from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES
 from amct_torch.transaction import Terminated, abort_open
 
@@ -64,26 +65,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        vals = [float(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
-    if not vals:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return vals
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 256,256, got {text!r}")
-    if len(vals) not in (1, 2) or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected one or two positive sizes, got {text!r}")
-    return vals
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -165,25 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "without DATA the data layer's batch_size)")
     c.add_argument("--batch-num", type=_positive, help="calibration batches (default: the config's batch_num)")
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    c.add_argument("--channel-order", choices=("bgr", "rgb"), default="bgr",
-                   help="image channel order (default: bgr, as Caffe)")
-    c.add_argument("--mean", type=_floats,
-                   help="mean subtracted per channel, e.g. 104,117,123 (in the final channel order)")
-    c.add_argument("--scale", type=float, default=1.0, help="multiplier after mean subtraction (default: 1)")
-    c.add_argument("--resize", type=_sizes, help="resize images: H,W, or one number for the shorter side "
-                                                 "(default: the net's input size when no --crop)")
-    c.add_argument("--crop", type=_sizes, help="centre crop H,W or one number for a square")
+    add_preprocess_options(c)
     c.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
                    help="comma-separated layers not to quantize (without --config)")
     c.add_argument("--save-type", choices=SAVE_TYPES, default="Both",
                    help="Caffe models to write (default: %(default)s)")
     c.add_argument("--onnx", action="store_true", help="also write the float and the QDQ ONNX model")
-    c.add_argument("--onnx-activations", choices=ONNX_ACTIVATIONS, default="uint8",
+    c.add_argument("--onnx-activations", choices=ONNX_ACTIVATIONS, default=None,
                    help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: "
                         "the same numbers as int8, and ONNX Runtime fuses more int8 kernels) or "
                         "int8 (zero point = offset_d)")
-    c.add_argument("--onnx-target", choices=ONNX_TARGETS, default="onnxruntime",
-                   help="runtime the QDQ model is laid out for (default: %(default)s): openvino "
+    c.add_argument("--onnx-target", choices=ONNX_TARGETS, default=None,
+                   help=f"runtime the QDQ model is laid out for (default: {ONNX_TARGETS[0]}): openvino "
                         "(plain QDQ, uint8) or tensorrt (int8, zero point 0: needs "
                         "--no-activation-offset or a config with activation_offset: false); "
                         "the target fixes the activation type")
@@ -367,21 +341,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         read_ahead.start(args.model, args.weights)
     if args.max_accuracy_drop is not None:
         return _calibrate_to_accuracy(args)
-    from amct_torch.inputs.data import Preprocess
     from amct_torch.workflow import quantize
 
-    pre = Preprocess(channel_order=args.channel_order, mean=args.mean, scale=args.scale,
-                     resize=args.resize, crop=args.crop)
+    pre = preprocess_from(args)
+    onnx_only = [o for o, v in (("--onnx-activations", args.onnx_activations), ("--onnx-target", args.onnx_target),
+                                ("--onnx-outputs", args.onnx_outputs),
+                                ("--onnx-quantize-eltwise", args.onnx_quantize_eltwise)) if v]
+    if onnx_only and not args.onnx:
+        raise AmctError(f"{onnx_only[0]} shapes the ONNX model: add --onnx to write it")
     result = quantize(args.model, args.weights, args.data, config=args.config, output=args.output,
                       batch_num=args.batch_num, batch_size=args.batch_size, device=args.device,
                       preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
-                      onnx=args.onnx_activations if args.onnx else False,
+                      onnx=(args.onnx_activations or True) if args.onnx else False,
                       onnx_speed=args.onnx_quantize_eltwise,
                       report=args.report_batches > 0,
                       report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
                       quiet=args.quiet, improve=args.improve, distributed=args.distributed,
                       checkpoint=args.checkpoint, onnx_outputs=args.onnx_outputs,
-                      onnx_target=args.onnx_target, activation_offset=not args.no_activation_offset)
+                      onnx_target=args.onnx_target or ONNX_TARGETS[0],
+                      activation_offset=not args.no_activation_offset)
     if result.rank != 0:
         return 0
     _summary(result)
@@ -445,6 +423,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     from amct_torch.config import create_quant_config
     from amct_torch.transaction import check_output_name, check_outputs, make_folder
     check_output_name(args.output, "--output")
+    if args.quant_cfg and (args.skip_layers or args.no_activation_offset):
+        given = "--skip-layers" if args.skip_layers else "--no-activation-offset"
+        raise AmctError(f"{given} applies only without --quant-cfg: the quant.cfg decides "
+                        "everything (as in AMCT); put it in the quant.cfg", file=args.quant_cfg)
     check_outputs([args.output], [args.model, args.weights, args.quant_cfg])
     make_folder(os.path.dirname(os.path.abspath(args.output)))
     create_quant_config(args.output, args.model, args.weights, skip_layers=args.skip_layers,

@@ -75,3 +75,8 @@ class CalibrationError(AmctError):
 
 class ExportError(AmctError):
     """An output model cannot be written (e.g. an int32 bias overflow)."""
+
+
+class ArgumentError(AmctError):
+    """A Python API call got an argument of the wrong type or value (the message names the
+    function and the argument)."""

@@ -36,13 +36,13 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 from typing import Iterable, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError, excerpt
+from amct_torch.output_errors import REASONS, STAGING_SUFFIX, user_path, write_error
 from amct_torch.output_names import prefix_outputs
 from amct_torch.termination import SignalGuard, Terminated, signals_held
 
@@ -51,48 +51,10 @@ __all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "mak
 
 log = logging.getLogger("amct_torch")
 
-STAGING_SUFFIX = ".amct-partial"
 MANIFEST = "COMMITTED.json"
 _LOCK = "lock"
 #: the staging folder's subfolder holding a link to each earlier file a commit replaces
 ASIDE = "replaced"
-#: a private temporary file beside its final file: ``.{name}.{8 random}.tmp`` (atomic.temp_beside)
-_TEMP_NAME = re.compile(r"^\.(.+)\.[A-Za-z0-9_]{8}\.(?:tmp|view)$")
-#: errno → the words of the one-line error (the rest: the system's own strerror)
-_WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-        errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted (an immutable or another user's file?)",
-        errno.ENAMETOOLONG: "file name too long", errno.ENOENT: "the folder disappeared"}
-
-
-def user_path(path: str) -> str:
-    """The user's output path that a private path stands for: a file in a staging folder
-    (``out/.m.amct-partial/m_record.txt`` → ``out/m_record.txt``) or a temporary file beside
-    its final file (``out/.m_record.txt.x1y2z3w4.tmp`` → ``out/m_record.txt``)."""
-    path = os.fspath(path)
-    folder, name = os.path.split(path)
-    if name.startswith(".") and name.endswith(STAGING_SUFFIX) and len(name) > len(STAGING_SUFFIX) + 1:
-        return os.path.join(folder, name[1:-len(STAGING_SUFFIX)])  # the staging folder itself
-    m = _TEMP_NAME.match(name)
-    if m:
-        name = m.group(1)
-    if os.path.basename(folder).endswith(STAGING_SUFFIX) and os.path.basename(folder).startswith("."):
-        folder = os.path.dirname(folder)
-    elif m and os.path.basename(os.path.dirname(folder)).endswith(STAGING_SUFFIX):
-        folder = os.path.dirname(os.path.dirname(folder))
-    return os.path.join(folder, name) if folder else name
-
-
-def write_error(err: OSError, where: Optional[str], kept: bool = False) -> AmctError:
-    """The one-line error of a failed write: the user's output path (never a private temporary
-    or staging name) and what went wrong in plain words; ``kept``: say that the previous
-    outputs were kept."""
-    why = _WHY.get(err.errno or 0) or err.strerror or str(err)
-    tail = "; the previous outputs were kept" if kept else ""
-    return AmctError(f"cannot write the output: {why}{tail}",
-                     file=user_path(where) if where else None)
-
-
 def _replaceable(path: str, folder_stat: os.stat_result) -> None:
     """Raise ``PermissionError`` when this process may not replace ``path``: another user's
     file in a sticky folder (``/tmp``) that is not ours either (root may)."""
@@ -238,7 +200,7 @@ def make_folder(folder: str) -> list[str]:
                 os.rmdir(made)
             except OSError:
                 pass
-        why = _WHY.get(err.errno or 0) or err.strerror or str(err)
+        why = REASONS.get(err.errno or 0) or err.strerror or str(err)
         raise AmctError(f"cannot create the output folder: {why}", file=excerpt(folder, 200)) from None
     if not os.path.isdir(folder):
         raise AmctError("the output folder is not a folder", file=folder)
@@ -581,5 +543,6 @@ class OutputTransaction:
             log.error("%s", err)
         if isinstance(exc, OSError) and not isinstance(exc, AmctError):
             # a full disk, a folder made read-only: the user's output, never our private names
+            prefix = os.path.join(self.folder, self.name) if self.name else self.folder
             raise write_error(exc, self.final_of(exc.filename) if isinstance(exc.filename, str)
-                              else self.folder) from None
+                              else prefix) from None

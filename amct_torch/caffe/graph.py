@@ -20,6 +20,7 @@ import torch
 from torch import fx, nn
 from torch.func import functional_call
 
+from amct_torch.arguments import bool_arg, checked, opt, path_arg
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
 from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
@@ -443,6 +444,7 @@ def set_inplace(gm: fx.GraphModule, enabled: bool) -> None:
                 mod.inplace = False
 
 
+@checked(model_file=path_arg, weights_file=opt(path_arg), allow_unknown_fields=opt(bool_arg))
 def load_caffe(model_file: str, weights_file: Optional[str] = None, *,
                allow_unknown_fields: Optional[bool] = None) -> CaffeGraphModule:
     """Load a Caffe deploy prototxt (and caffemodel) as a torch.fx GraphModule computing what

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import resource
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from amct_torch.errors import ModelError
 
@@ -90,17 +90,48 @@ def available_memory(device: Any = None) -> tuple[Optional[int], str]:
     return min(found)
 
 
+def declared_sample_shape(gm: Any) -> Optional[tuple[int, ...]]:
+    """The declared shape of one sample of the net's first input (without the batch axis)."""
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            shape = n.meta.get("caffe_shape")
+            return tuple(int(d) for d in shape[1:]) if shape else None
+    return None
+
+
+def _input_ratio(gm: Any, sample_shape: Optional[Sequence[int]]) -> float:
+    """How many times the declared sample's values ``sample_shape`` holds (1 when unknown):
+    every blob of a net that takes another input size scales with it."""
+    declared = declared_sample_shape(gm)
+    if not sample_shape or not declared or len(declared) != len(sample_shape):
+        return 1.0
+    have, want = 1, 1
+    for a, b in zip(sample_shape, declared):
+        have, want = have * int(a), want * int(b)
+    return have / want if want > 0 else 1.0
+
+
 def check_activation_memory(gm: Any, batch_size: int, model_file: Optional[str], device: Any = None,
-                            available: Optional[int] = None) -> ActivationEstimate:
+                            available: Optional[int] = None,
+                            sample_shape: Optional[Sequence[int]] = None) -> ActivationEstimate:
     """Refuse (ModelError naming ``model_file`` and the layer with the largest blob) a batch
-    size whose activations cannot fit in the available memory, suggesting one that does."""
+    size whose activations cannot fit in the available memory, suggesting one that does.
+    ``sample_shape``: the shape of one sample as the data gives it (after preprocessing: a
+    ``--resize`` without ``--crop`` runs the net at that size), when it differs from the
+    declared one."""
     est = estimate_activation_memory(gm)
+    ratio = _input_ratio(gm, sample_shape)
+    if ratio != 1.0:
+        est = ActivationEstimate(est.peak_per_sample * ratio, est.peak_layer,
+                                 est.largest_per_sample * ratio, est.largest_layer)
     where = "given"
     if available is None:
         available, where = available_memory(device)
     if available is None or est.bytes_at(batch_size) <= available:
         return est
     need = est.bytes_at(batch_size)
+    if ratio != 1.0:
+        where += f"; the input is {list(sample_shape or ())} per sample after preprocessing"
     fits = int(available // est.bytes_at(1)) if est.bytes_at(1) > 0 else 0
     advice = (f"use a batch size of at most {fits} (--batch-size)" if fits >= 1 else
               "even one sample does not fit: check this layer's pad, stride and the declared "
@@ -109,6 +140,23 @@ def check_activation_memory(gm: Any, batch_size: int, model_file: Optional[str],
                      f"layer's output, the largest blob, is {_gib(est.largest_per_sample)} per "
                      f"sample) but {_gib(available)} is available ({where}); {advice}",
                      file=model_file, layer=est.largest_layer)
+
+
+def checked_first_batch(batches: Iterable[Any], gm: Any, model_file: Optional[str],
+                        device: Any = None) -> Iterator[Any]:
+    """``batches`` unchanged, the first one checked (``check_activation_memory`` at its real
+    size and per-sample shape) before it is passed on, so before any forward."""
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        return
+    x = first[0] if isinstance(first, (tuple, list)) else first
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        check_activation_memory(gm, max(int(shape[0]), 1), model_file, device,
+                                sample_shape=tuple(int(d) for d in shape[1:]))
+    yield first
+    yield from it
 
 
 def _gib(n: float) -> str:

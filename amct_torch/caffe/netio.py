@@ -16,6 +16,8 @@ import numpy as np
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
+from amct_torch.arguments import checked, instance, opt, path_arg
+from amct_torch.arguments import graph_module as _graph_module
 from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.blob_shape import LEGACY_DIMS, MAX_BLOB_AXES, blob_shape, check_value_count
@@ -415,6 +417,7 @@ def _binary(net: pb.NetParameter) -> bytes:
     return out.SerializeToString()
 
 
+@checked(net=instance(pb.NetParameter), prototxt_path=path_arg, caffemodel_path=opt(path_arg))
 def write_net(net: pb.NetParameter, prototxt_path: str, caffemodel_path: Optional[str] = None) -> None:
     """Write ``net`` as a text prototxt (no blobs) and, if a path is given, a binary caffemodel
     (with blobs). Both contents are built before any file is touched; each file is atomic."""
@@ -458,6 +461,7 @@ def graph_to_net(gm: Any) -> pb.NetParameter:
     return net
 
 
+@checked(gm=_graph_module, prototxt_path=path_arg, caffemodel_path=path_arg)
 def save_caffe(gm: Any, prototxt_path: str, caffemodel_path: str) -> None:
     """Write a GraphModule built by ``load_caffe`` back to Caffe files (see graph_to_net)."""
     write_net(graph_to_net(gm), prototxt_path, caffemodel_path)

@@ -58,7 +58,8 @@ def _shape(batch: Any) -> str:
 
 
 def forward(model: nn.Module, batch: Any, index: int) -> Any:
-    """One forward; a failure that is not one of ours means the data does not fit the net."""
+    """One forward of batch ``index`` (0-based; messages count batches from 1, as every
+    message does); a failure that is not one of ours means the data does not fit the net."""
     try:
         with torch.no_grad():
             return model(*batch) if isinstance(batch, tuple) else model(batch)
@@ -66,7 +67,7 @@ def forward(model: nn.Module, batch: Any, index: int) -> Any:
         raise
     except (RuntimeError, ValueError, IndexError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"the model cannot run on calibration batch {index} shaped "
+        raise DataError(f"the model cannot run on calibration batch {index + 1} shaped "
                         f"{_shape(batch)}: {msg}") from None
 
 

@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 
 from google.protobuf import text_format
 
+from amct_torch.arguments import checked, opt, path_arg
 from amct_torch.config.json_config import write_quant_config_json
 from amct_torch.config.layers import LayerInfo, layer_infos_from_net
 from amct_torch.config.quant_cfg import parse_quant_cfg, resolve_quant_cfg
@@ -63,6 +64,7 @@ def default_quant_config(layers: Sequence[LayerInfo], skip_layers: Optional[Sequ
     return resolve_quant_cfg(cfg, layers, path)
 
 
+@checked(config_file=path_arg, model_file=path_arg, weights_file=path_arg, config_defination=opt(path_arg))
 def create_quant_config(config_file: str, model_file: str, weights_file: str,
                         skip_layers: Optional[Sequence[str]] = None, batch_num: int = 1,
                         activation_offset: bool = True,

@@ -16,7 +16,7 @@ from amct_torch.algorithms.quant import channel_view, quantize
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.caffe.layers import CaffeLayer, is_quantizable
 from amct_torch.caffe.layers.traits import is_transposed, is_weighted
-from amct_torch.errors import ExportError
+from amct_torch.errors import ExportError, RecordError
 from amct_torch.record import LayerRecord
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -97,6 +97,7 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
         w = module.weight.detach().to("cpu", torch.float32)
         s = channel_view(torch.from_numpy(sw if lq.per_channel else sw[:1]), tuple(w.shape),
                          module.caffe_type, _groups(module))
+        check_not_zeroed(name, w, s, module.caffe_type, file)
         if rows:
             if fake:
                 lq.fake_weight = RowBlocks(w, s, fake=True)  # type: ignore[assignment]
@@ -105,6 +106,37 @@ def layer_quant(name: str, module: CaffeLayer, rec: LayerRecord, file: Optional[
         else:
             lq.int8_weight, lq.fake_weight = quantize_rows(w, s, fake)
     return lq
+
+
+#: largest |weight| of a channel that calibration quantizes to all zeros by design: its ARQ
+#: scale max|w|/127 would be below float32's epsilon, which calibration replaces by 1
+NEGLIGIBLE_WEIGHT = 127 * 1.1920929e-07
+
+
+def check_not_zeroed(name: str, w: torch.Tensor, s: torch.Tensor, caffe_type: str,
+                     file: Optional[str] = None) -> None:
+    """Refuse (``RecordError`` naming the layer and channel) scale_w values so large that every
+    int8 weight of the layer, or of one output channel with weights, rounds to 0: the
+    quantized model would lose that layer or channel (``scale_w: 1e6`` on a layer of weights
+    around 0.1). A channel whose weights are all below ``NEGLIGIBLE_WEIGHT`` stays allowed:
+    calibration itself gives it scale 1 (its scale would be below float32's epsilon)."""
+    ratio = w.abs() / s  # |w| / scale_w: codes are 0 exactly where this is at most 0.5
+    if caffe_type == "Deconvolution" or w.dim() < 2:  # channels are not the first axis
+        if float(ratio.max()) <= 0.5 and float(w.abs().max()) >= NEGLIGIBLE_WEIGHT:
+            raise RecordError(f"scale_w makes every int8 weight of this layer 0 (largest |weight| / "
+                              f"scale_w is {float(ratio.max()):.3g}, below 0.5): the quantized layer "
+                              "would output only its bias; recalibrate it", file=file, layer=name)
+        return
+    per = ratio.flatten(1).amax(1)
+    has = w.flatten(1).abs().amax(1) >= NEGLIGIBLE_WEIGHT
+    bad = torch.nonzero((per <= 0.5) & has).flatten()
+    if bad.numel():
+        c = int(bad[0])
+        every = "every output channel" if bad.numel() == int(has.sum()) else f"output channel {c}"
+        raise RecordError(f"scale_w makes every int8 weight of {every} 0 ({bad.numel()} of "
+                          f"{w.shape[0]} channels; channel {c}: largest |weight| / scale_w is "
+                          f"{float(per[c]):.3g}, below 0.5): the quantized layer would lose them; "
+                          "recalibrate it", file=file, layer=name)
 
 
 def int32_bias(name: str, b: np.ndarray, sd32: np.float32, sw: np.ndarray,

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import fx, nn
 
+from amct_torch.arguments import bool_arg, checked, graph_module, opt, path_arg
 from amct_torch.caffe.graph import set_inplace
 from amct_torch.caffe.layers import CaffeLayer
 from amct_torch.caffe.layers.traits import folds_bn_after, folds_scale_before, is_transposed, weight_param
@@ -193,6 +194,7 @@ def _shared_weights(gm: fx.GraphModule) -> dict:
     return memo
 
 
+@checked(gm=graph_module, do_fusion=bool_arg, file=opt(path_arg))
 def fuse_bn(gm: fx.GraphModule, *, do_fusion: bool = True, skip_fusion_layers: Iterable[str] = (),
             record_skip_fusion: Iterable[str] = (), file: Optional[str] = None) -> FusionResult:
     """Fold BatchNorm+Scale into neighbouring Convolution/Deconvolution/InnerProduct layers.

@@ -54,6 +54,17 @@ class Preprocess:
     resize: Optional[Union[int, Sequence[int]]] = None
     crop: Optional[Union[int, Sequence[int]]] = None
 
+    def __post_init__(self) -> None:  # wrong types or values: a DataError naming the field
+        from amct_torch.arguments import ArgumentError, check_values, number_arg, numbers_arg, one_of, opt, sizes_arg
+        fields = {"channel_order": self.channel_order, "mean": self.mean, "scale": self.scale,
+                  "resize": self.resize, "crop": self.crop}
+        try:
+            check_values("Preprocess()", fields, {
+                "channel_order": one_of("bgr", "rgb"), "mean": opt(numbers_arg), "scale": number_arg,
+                "resize": opt(sizes_arg), "crop": opt(sizes_arg)})
+        except ArgumentError as err:
+            raise DataError(err.message) from None
+
     def check(self) -> None:
         """Refuse nonsense settings with a DataError (the CLI's exit code 2)."""
         if self.channel_order not in ("bgr", "rgb"):
@@ -440,7 +451,13 @@ class InputSpec:
                                 "numbers", file=source)
             # every numeric dtype, any byte order (a big-endian float64 .npy), as native float32
             # here: torch takes neither a foreign byte order nor every unsigned type
-            arr = arr.astype(np.float32, copy=False)
+            wide = arr.dtype.kind == "f" and arr.dtype.itemsize > 4
+            with np.errstate(over="ignore", invalid="ignore"):  # checked below, in one line
+                narrow = arr.astype(np.float32, copy=False)
+            if wide and not np.isfinite(narrow).all() and np.isfinite(arr[~np.isfinite(narrow)]).any():
+                raise DataError(f"input '{self.name}' data holds {arr.dtype} values beyond float32's "
+                                f"range (about ±3.4e38); the net computes in float32", file=source)
+            arr = narrow
         t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(arr)
         if not (t.is_floating_point() or t.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
                                                         torch.int64)):
@@ -452,6 +469,11 @@ class InputSpec:
         if t.numel() == 0:
             raise DataError(f"input '{self.name}' got an empty batch", file=source)
         return t if t.dtype == torch.float32 else t.float()
+
+
+def data_folder_files(folder: str) -> list[str]:
+    """The files of a data folder in the order their samples are read."""
+    return _files(folder)
 
 
 def _files(folder: str) -> list[str]:
@@ -571,10 +593,10 @@ def calibration_batches(data: Any, inputs: Sequence[tuple[str, Optional[Sequence
 
 def _iter_batches(iterator: Iterator[Any], specs: list[InputSpec]) -> Iterator[Batch]:
     for i, item in enumerate(iterator):
-        src = f"<batch {i}>"
+        src = f"<batch {i + 1}>"  # counted from 1 in every message
         if isinstance(item, (tuple, list)) and len(specs) > 1:
             if len(item) != len(specs):
-                raise DataError(f"batch {i} has {len(item)} inputs, the net takes {len(specs)}")
+                raise DataError(f"batch {i + 1} has {len(item)} inputs, the net takes {len(specs)}")
             yield tuple(s.check(a, src) for s, a in zip(specs, item))
         elif isinstance(item, (tuple, list)) and len(item) >= 1 and \
                 isinstance(item[0], (np.ndarray, torch.Tensor)) and len(specs) == 1 and \
@@ -583,5 +605,5 @@ def _iter_batches(iterator: Iterator[Any], specs: list[InputSpec]) -> Iterator[B
             yield specs[0].check(item[0], src)
         else:
             if len(specs) > 1:
-                raise DataError(f"batch {i} is one array but the net takes {len(specs)} inputs")
+                raise DataError(f"batch {i + 1} is one array but the net takes {len(specs)} inputs")
             yield specs[0].check(item, src)

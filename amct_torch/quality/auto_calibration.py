@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from amct_torch.arguments import checked, path_arg
 from amct_torch.errors import AmctError, CalibrationError
 
 log = logging.getLogger("amct_torch")
@@ -152,6 +153,8 @@ def _metric(ev: Any, model: nn.Module) -> float:
         return float(ev.evaluate(model))
 
 
+@checked(model_file=path_arg, weights_file=path_arg, config_file=path_arg, record_file=path_arg,
+         save_dir=path_arg)
 def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_evaluator: Any,
                                     config_file: str, record_file: str, save_dir: str,
                                     strategy: Union[str, Any] = "BinarySearch",

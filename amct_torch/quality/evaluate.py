@@ -13,7 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from amct_torch.errors import DataError, ModelError
+from amct_torch.errors import AmctError, DataError, ModelError, excerpt
+from amct_torch.inputs.limits import check_regular_file
+
+#: samples per batch by default (a batch of calibrate's size on a typical image net)
+DEFAULT_BATCH = 8
 
 if TYPE_CHECKING:  # torch loads when a model runs: the CLI builds this parser for --help too
     import torch
@@ -80,55 +84,125 @@ def data_dependent_outputs(gm: Any) -> set[str]:
     return {k for k, n in outputs.items() if dep.get(n, False)}
 
 
+def _check_reference_inputs(model: Any, ref: Any, model_file: str, reference: Sequence[str]) -> None:
+    """Refuse, before any forward, a reference whose declared inputs differ from the model's
+    (names, count or shape): the two cannot be fed the same batches."""
+    mine = [(n, list(s) if s else None) for n, s in model.caffe_inputs]
+    theirs = [(n, list(s) if s else None) for n, s in ref.caffe_inputs]
+    if len(mine) != len(theirs):
+        raise ModelError(f"the reference takes {len(theirs)} input(s), the model {len(mine)}: they "
+                         "cannot run on the same data", file=reference[0])
+    for (n, s), (rn, rs) in zip(mine, theirs):
+        if s and rs and s[1:] != rs[1:]:
+            raise ModelError(f"the reference's input '{rn}' has shape {rs[1:]} per sample but the "
+                             f"model's '{n}' has {s[1:]}: they cannot run on the same data",
+                             file=reference[0])
+
+
+def _forward(model: Any, xs: tuple, model_file: str) -> dict:
+    """One forward; a shape the net cannot take is a ``ModelError`` naming the model file."""
+    try:
+        return model(*xs)
+    except RuntimeError as err:
+        shapes = ", ".join(str(list(x.shape)) for x in xs)
+        raise ModelError(f"the model cannot run on a batch of shape {shapes}: "
+                         f"{excerpt(str(err).splitlines()[0] if str(err) else type(err).__name__)}",
+                         file=model_file) from None
+
+
 def evaluate(model_file: str, weights_file: str, data: Any,
-             reference: Optional[Sequence[str]] = None, *, batch_size: Optional[int] = None,
+             reference: Optional[Sequence[str]] = None, *, batch_size: Optional[int] = DEFAULT_BATCH,
              max_batches: Optional[int] = None, preprocess: Any = None,
-             device: Optional[str] = None) -> Evaluation:
+             device: Optional[str] = None, quiet: bool = True) -> Evaluation:
     """Run ``model_file``/``weights_file`` on ``data`` (what ``calibrate`` accepts: a folder of
-    images or arrays, a .npy/.npz file, an array) and, with ``reference`` = (prototxt,
-    caffemodel), compare every output blob the two models share."""
+    images or arrays, a .npy/.npz file, an array; images preprocessed by ``preprocess`` as
+    calibrate does) in batches of ``batch_size`` and, with ``reference`` = (prototxt,
+    caffemodel), compare every output blob the two models share. ``device``: None or "auto"
+    (CUDA when present), "cpu", "cuda[:N]". Every problem with the arguments is an
+    ``AmctError`` raised before the first forward; ``quiet`` False shows a progress bar."""
     import torch
 
     from amct_torch.caffe.graph import load_caffe
-    from amct_torch.inputs.data import calibration_batches
+    from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
+    from amct_torch.calibration.loop import resolve_device
+    from amct_torch.inputs.data import calibration_batches, count_samples
+    from amct_torch.workflow.batching import check_data_settings, preprocessed_sample_shape
 
-    dev = torch.device(device or "cpu")
+    dev = resolve_device(device)
+    if reference is not None and (isinstance(reference, (str, bytes)) or len(reference) != 2):
+        raise AmctError("reference must be (prototxt, caffemodel)")
     model = load_caffe(model_file, weights_file).to(dev)
     ref = load_caffe(*reference).to(dev) if reference else None
+    if ref is not None:
+        _check_reference_inputs(model, ref, model_file, reference)
+    decl = model.caffe_inputs
+    check_data_settings(data, decl, preprocess, model_file)
+    count = count_samples(data, decl)
+    bs = batch_size or 1
+    check_activation_memory(model, bs, model_file, dev,
+                            sample_shape=preprocessed_sample_shape(data, decl, preprocess))
+    batches = checked_first_batch(calibration_batches(data, decl, batch_size, preprocess), model, model_file, dev)
     may_differ = data_dependent_outputs(model) | (data_dependent_outputs(ref) if ref is not None else set())
     sums: dict[str, _Sums] = {}
     stats: dict[str, OutputStats] = {}
     n = 0
-    with torch.no_grad():
-        for batch in calibration_batches(data, model.caffe_inputs, batch_size, preprocess):
-            if max_batches is not None and n >= max_batches:
-                break
-            xs = batch if isinstance(batch, tuple) else (batch,)
-            xs = tuple(x.to(dev) for x in xs)
-            out = model(*xs)
-            want = ref(*xs) if ref is not None else {}
-            for k, v in out.items():
-                st = stats.setdefault(k, OutputStats(k, tuple(v.shape)))
-                if ref is None:
-                    continue
-                if k not in want:
-                    st.note = "not an output of the reference"
-                elif tuple(want[k].shape) != tuple(v.shape):
-                    if k not in may_differ:  # the two models do not compute the same output
-                        raise ModelError(f"output '{k}' has shape {list(v.shape)} but the reference "
-                                         f"{reference[0]} gives {list(want[k].shape)} for the same "
-                                         "input: the models do not match", file=model_file)
-                    st.note = f"shape {list(v.shape)} vs reference {list(want[k].shape)}"
-                    sums.pop(k, None)
-                elif not st.note:
-                    sums.setdefault(k, _Sums()).add(v, want[k])
-            n += 1
+    total = -(-count // bs) if count else None
+    if max_batches is not None:
+        total = min(total, max_batches) if total is not None else max_batches
+    bar = _bar(total, quiet)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                if max_batches is not None and n >= max_batches:
+                    break
+                xs = batch if isinstance(batch, tuple) else (batch,)
+                xs = tuple(x.to(dev) for x in xs)
+                out = _forward(model, xs, model_file)
+                want = _forward(ref, xs, reference[0]) if ref is not None and reference else {}
+                _accumulate(out, want, stats, sums, may_differ, model_file, reference)
+                n += 1
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     if n == 0:
         raise DataError("no data to evaluate on", file=str(data) if isinstance(data, str) else None)
     for k, s in sums.items():
         if not stats[k].note:
             stats[k].sqnr_db, stats[k].cosine, stats[k].max_abs_diff = s.sqnr(), s.cosine(), s.maxdiff
     return Evaluation(stats.values())
+
+
+def _bar(total: Optional[int], quiet: bool) -> Any:
+    """A tqdm bar over the batches on stderr (rate and ETA), or None when quiet or not a terminal."""
+    from amct_torch.progress import progress_enabled
+    if not progress_enabled(quiet):
+        return None
+    import sys
+
+    from tqdm import tqdm
+    return tqdm(total=total, desc="evaluating", unit="batch", file=sys.stderr)
+
+
+def _accumulate(out: dict, want: dict, stats: dict, sums: dict, may_differ: set, model_file: str,
+                reference: Optional[Sequence[str]]) -> None:
+    """One batch's outputs into the running sums (and the per-output notes)."""
+    for k, v in out.items():
+        st = stats.setdefault(k, OutputStats(k, tuple(v.shape)))
+        if not reference:
+            continue
+        if k not in want:
+            st.note = "not an output of the reference"
+        elif tuple(want[k].shape) != tuple(v.shape):
+            if k not in may_differ:  # the two models do not compute the same output
+                raise ModelError(f"output '{k}' has shape {list(v.shape)} but the reference "
+                                 f"{reference[0]} gives {list(want[k].shape)} for the same "
+                                 "input: the models do not match", file=model_file)
+            st.note = f"shape {list(v.shape)} vs reference {list(want[k].shape)}"
+            sums.pop(k, None)
+        elif not st.note:
+            sums.setdefault(k, _Sums()).add(v, want[k])
 
 
 def format_stats(stats: Sequence[OutputStats]) -> str:
@@ -143,6 +217,45 @@ def format_stats(stats: Sequence[OutputStats]) -> str:
     return "\n".join(lines)
 
 
+EVALUATE_EXAMPLES = """examples:
+  # the deploy model against the float one, on the images and preprocessing calibrate used
+  amct-torch evaluate out/resnet_deploy_model.prototxt out/resnet_deploy_weights.caffemodel images/ \\
+      --reference deploy.prototxt weights.caffemodel --mean 104,117,123 --resize 256 --crop 224
+
+  # the fake-quant model on arrays, 32 samples a batch, the first 10 batches, on the GPU
+  amct-torch evaluate out/m_fake_quant_model.prototxt out/m_fake_quant_weights.caffemodel calib.npz \\
+      --reference deploy.prototxt weights.caffemodel --batch-size 32 --max-batches 10 --device cuda
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The ``evaluate`` subcommand (registered by ``amct_torch.cli``): the data and the image
+    preprocessing options are calibrate's own."""
+    from amct_torch.inputs.preprocess_options import add_preprocess_options
+    e = sub.add_parser("evaluate", help="run a float, fake-quant or deploy model on data; SQNR/cosine "
+                                        "per output against a reference model",
+                       description="Run MODEL WEIGHTS (any model amct_torch loads, the deploy model "
+                                   "with its integer semantics included) on DATA, preprocessed as "
+                                   "calibrate does, and print, per output blob, SQNR and cosine "
+                                   "similarity against --reference.",
+                       epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("model", help="prototxt")
+    e.add_argument("weights", help="caffemodel")
+    e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
+    from amct_torch.cli import add_allow_unknown_fields
+    add_allow_unknown_fields(e)
+    e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
+                   help="the model to compare with (normally the float model)")
+    e.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH,
+                   help="samples per batch (default: %(default)s)")
+    e.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
+    e.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_preprocess_options(e)
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
+    e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+    return e
+
+
 def _positive(text: str) -> int:
     """An argument that must be an integer >= 1 (argparse turns the error into exit 2)."""
     try:
@@ -154,47 +267,15 @@ def _positive(text: str) -> int:
     return value
 
 
-def _means(text: str) -> list[float]:
-    """``--mean``: numbers separated by commas."""
-    try:
-        values = [float(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        values = []
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
-    return values
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """The ``evaluate`` subcommand (registered by ``amct_torch.cli``)."""
-    e = sub.add_parser("evaluate", help="run a float, fake-quant or deploy model on data; SQNR/cosine "
-                                        "per output against a reference model",
-                       description="Run MODEL WEIGHTS (any model amct_torch loads, the deploy model "
-                                   "with its integer semantics included) on DATA and print, per "
-                                   "output blob, SQNR and cosine similarity against --reference.")
-    e.add_argument("model", help="prototxt")
-    e.add_argument("weights", help="caffemodel")
-    e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
-    from amct_torch.cli import add_allow_unknown_fields
-    add_allow_unknown_fields(e)
-    e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
-                   help="the model to compare with (normally the float model)")
-    e.add_argument("--batch-size", type=_positive, default=None, help="samples per batch (default 1)")
-    e.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
-    e.add_argument("--device", default=None, help="cpu (default) or cuda[:N]")
-    e.add_argument("--mean", type=_means, default=None, help="mean per channel for images, e.g. 104,117,123")
-    e.add_argument("--scale", type=float, default=1.0, help="multiplier after the mean (images)")
-    e.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
-    return e
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """CLI entry: prints the table; exit 0."""
-    from amct_torch.inputs.data import Preprocess
-    mean = args.mean
-    pre = Preprocess(mean=mean, scale=args.scale)
+    from amct_torch.inputs.preprocess_options import preprocess_from
+    for path, what in ((args.model, "model file"), (args.weights, "weights file"),
+                       *(((p, w) for p, w in zip(args.reference, ("reference model", "reference weights")))
+                         if args.reference else ())):
+        check_regular_file(path, what, ModelError)
     stats = evaluate(args.model, args.weights, args.data, args.reference, batch_size=args.batch_size,
-                     max_batches=args.max_batches, preprocess=pre, device=args.device)
+                     max_batches=args.max_batches, preprocess=preprocess_from(args), device=args.device,
+                     quiet=args.quiet)
     print(format_stats(stats))
     return 0

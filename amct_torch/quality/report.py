@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import torch
 from torch import fx, nn
 
+from amct_torch.arguments import checked, names_arg, non_negative_int, opt, sequence_of, torch_module
 from amct_torch.atomic import atomic_write_text
 
 #: AMCT's rule of thumb: a layer under this cosine deserves a look
@@ -211,6 +212,7 @@ def _stream_batch(float_model: fx.GraphModule, quant_model: fx.GraphModule, batc
         pass
 
 
+@checked(float_model=torch_module, quant_model=torch_module, layers=names_arg)
 def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterable[Any],
                  layers: Sequence[str], device: Optional[torch.device] = None) -> list[LayerStat]:
     """Compare the outputs of ``layers`` (Caffe names present in both models) over ``batches``
@@ -253,6 +255,7 @@ def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterab
     return stats
 
 
+@checked(stats=sequence_of(LayerStat), limit=opt(non_negative_int))
 def format_table(stats: Sequence[LayerStat], limit: Optional[int] = None) -> str:
     """A fixed-width table (worst first); ``limit`` rows at most, with a note of the rest."""
     rows = list(stats if limit is None else stats[:limit])

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 import numpy as np
 from google.protobuf import text_format
 
+from amct_torch.arguments import checked, instance, path_arg
 from amct_torch.atomic import atomic_write_text
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.errors import RecordError
@@ -55,6 +56,7 @@ def parse_record_text(text: str, path: str = "<record>") -> dict[str, LayerRecor
     return out
 
 
+@checked(path=path_arg)
 def read_record(path: str) -> dict[str, LayerRecord]:
     """Read the record file at ``path`` (ordered as in the file)."""
     return parse_record_text(read_text_file(path, RecordError, "record file"), path)
@@ -130,6 +132,7 @@ def format_record(records: Mapping[str, LayerRecord], path: Optional[str] = None
     return text_format.MessageToString(_message(as_stored(records, path)), as_utf8=True)
 
 
+@checked(path=path_arg, records=instance(Mapping, what="a mapping of layer name to LayerRecord"))
 def write_record(path: str, records: Mapping[str, LayerRecord]) -> None:
     """Write ``records`` to ``path`` atomically (temp file in the same folder + os.replace)."""
     atomic_write_text(path, format_record(records, path))

@@ -49,6 +49,26 @@ def check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model
                     "used as they are", path)
 
 
+def preprocessed_sample_shape(data: Any, inputs: Any, pre: Optional[Preprocess]) -> Optional[tuple]:
+    """The shape of one image sample after ``pre`` (channels, height, width), known before any
+    image is read: the crop, else the resize (one number: the shorter side, so at least that
+    square), else the net's declared size. None for arrays (used as they are) or no images."""
+    if not isinstance(data, (str, os.PathLike)) or not inputs:
+        return None
+    path = os.fspath(data)
+    names = os.listdir(path) if os.path.isdir(path) else [path]
+    shape = inputs[0][1]
+    if not any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names) or not shape or len(shape) != 4:
+        return None
+    pre = pre or Preprocess()
+    target = pre.crop if pre.crop is not None else pre.resize
+    if target is None:
+        return tuple(int(d) for d in shape[1:])
+    sizes = [int(target)] if isinstance(target, int) else [int(v) for v in target]
+    h, w = sizes[0], sizes[-1]
+    return (int(shape[1]), h, w)
+
+
 class Keep:
     """Passes batches on, remembering the first ``n`` (at most ``limit`` of them when given:
     what later steps read again) and counting their samples."""
@@ -70,14 +90,40 @@ class Keep:
             yield b
 
 
-def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[int]) -> None:
-    """Log how many samples calibrated and warn when some were left out."""
+def check_held_out_images(data: Any, inputs: Any, pre: Optional[Preprocess], start: int, count: int) -> None:
+    """Decode, before calibration, the images of a data folder that the per-layer report will
+    read after it (samples ``start`` .. ``start + count``): one that cannot be read is a
+    ``DataError`` naming it now, not after the calibration and the writes."""
+    from amct_torch.inputs.data import data_folder_files, load_image
+    if not isinstance(data, (str, os.PathLike)) or not inputs or not os.path.isdir(data):
+        return
+    files = data_folder_files(os.fspath(data))
+    if not files or os.path.splitext(files[0])[1].lower() not in IMAGE_EXTS:
+        return
+    shape = inputs[0][1]
+    channels = int(shape[1]) if shape and len(shape) == 4 else 3
+    hw = (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
+    for path in files[start:start + count]:
+        load_image(path, pre or Preprocess(), channels, hw)
+
+
+def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[int],
+               held_out_batches: int = 0) -> None:
+    """Log how many samples calibrated and warn when some were left out (the per-layer report's
+    held-out rows, the ``held_out_batches`` after the calibration batches, are not unused)."""
     if count is None:
         return
-    if keeper.samples < count:
-        log.warning("calibrated on %d of %d samples (%d batch(es) of %s): %d sample(s) unused; "
+    rest = count - keeper.samples
+    held = min(rest, held_out_batches * bs) if bs else 0
+    unused = rest - held
+    if unused > 0:
+        also = f"; {held} more held out for the per-layer report" if held else ""
+        log.warning("calibrated on %d of %d samples (%d batch(es) of %s)%s: %d sample(s) unused; "
                     "raise --batch-num or --batch-size to use them", keeper.samples, count,
-                    batch_num, bs, count - keeper.samples)
+                    batch_num, bs, also, unused)
+    elif held:
+        log.info("calibrated on %d of %d samples; the other %d held out for the per-layer report",
+                 keeper.samples, count, held)
     else:
         log.info("calibrated on all %d samples", count)
 

@@ -22,7 +22,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from amct_torch.caffe.memory import check_activation_memory
+from amct_torch.arguments import checked
+from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
@@ -40,20 +41,24 @@ from amct_torch.steps import (
 )
 from amct_torch.transaction import OutputTransaction, check_outputs, user_path, write_error
 from amct_torch.workflow.batching import (
+    HELD_ROWS,
     Keep,
     NetData,
     check_data_settings,
+    check_held_out_images,
     default_batch_size,
     held_out_batches,
+    preprocessed_sample_shape,
     report_use,
 )
-from amct_torch.workflow.options import QuantizeOptions
+from amct_torch.workflow.options import QUANTIZE_ARGS, QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
 from amct_torch.workflow.side_by_side import side_by_side
 
 log = logging.getLogger("amct_torch")
 
 
+@checked(**QUANTIZE_ARGS)
 def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
              config: Optional[str] = None, output: str = "amct_output/model", *,
              batch_num: Optional[int] = None, batch_size: Optional[int] = None,
@@ -251,17 +256,28 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     prog.start("calibrating")
     inputs_decl = graph.model.caffe_inputs
     bs: Optional[int]
+    held_out = 0
     if opts.calibration_data is None:  # the net's own TEST data layers
         own = NetData(graph.model, opts.model_file, opts.batch_size)
         count, bs = None, own.batch_size
         check_activation_memory(graph.model, bs, opts.model_file, plan.device)  # before any batch
-        batches: Any = iter(own.batches())
+        batches: Any = checked_first_batch(iter(own.batches()), graph.model, opts.model_file, plan.device)
     else:
         count = count_samples(opts.calibration_data, inputs_decl)
         bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
-        check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device)  # before any batch
         check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
-        batches = calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess)
+        check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device,  # before any batch
+                                sample_shape=preprocessed_sample_shape(opts.calibration_data, inputs_decl,
+                                                                       opts.preprocess))
+        # the rows read after calibration (the report's batches, the improvements' guard rows):
+        # decoded now, so that a bad image among them cannot fail a finished job
+        held_out = opts.report_batches if opts.report and opts.report_data is None else 0
+        if opts.improve and bs:
+            held_out = max(held_out, -(-HELD_ROWS // bs))
+        if held_out and bs:
+            check_held_out_images(opts.calibration_data, inputs_decl, opts.preprocess, n * bs, held_out * bs)
+        batches = checked_first_batch(calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess),
+                                      graph.model, opts.model_file, plan.device)
     # all calibration batches only for what reads them again (bias correction, ONNX);
     # otherwise the report's fallback at most: 256 images at 224x224 are 154 MB
     keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
@@ -271,7 +287,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
         plan.float_onnx.start()
     rest = run_calibration(model, session, keeper(batches, n), plan.device, quiet=opts.quiet,
                            ctx=plan.ctx, checkpoint=opts.checkpoint)
-    report_use(keeper, count, n, bs)
+    report_use(keeper, count, n, bs, held_out)
     records = check_records(graph, finish_calibration(graph), None)
     return _Calibrated(graph, model, keeper, rest, bs, count, config_file, records)
 

@@ -9,11 +9,49 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
-from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError
+from amct_torch.arguments import (
+    bool_arg,
+    check_values,
+    either,
+    instance,
+    names_arg,
+    non_negative_int,
+    one_of,
+    opt,
+    path_arg,
+    positive_int,
+)
+from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
 from amct_torch.inputs.data import Preprocess
 from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
 from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES, improvement_list
 from amct_torch.transaction import check_output_name
+
+
+def _data(value: Any, name: str) -> Any:
+    """Calibration or report data: a path (str or os.PathLike, as str), an array or an
+    iterable of batches; bytes and a bare string of nothing are refused."""
+    if isinstance(value, (bytes, bytearray)):
+        raise ArgumentError(f"{name} must be a path, an array or an iterable of batches, got bytes")
+    return path_arg(value, name) if isinstance(value, (str, os.PathLike)) else value
+
+
+def _device(value: Any, name: str) -> str:
+    """A device name ("cpu", "cuda:1", "auto") or a ``torch.device`` (as its name)."""
+    if isinstance(value, str) or type(value).__name__ == "device":
+        return str(value)
+    raise ArgumentError(f"{name} must be a device name such as 'cpu' or 'cuda:0', got {type(value).__name__}")
+
+
+#: what each argument of ``quantize`` / ``QuantizeOptions`` must be (amct_torch.arguments)
+QUANTIZE_ARGS = dict(
+    model_file=path_arg, weights_file=path_arg, calibration_data=_data, config=opt(path_arg),
+    output=path_arg, batch_num=opt(positive_int), batch_size=opt(positive_int), device=opt(_device),
+    preprocess=opt(instance(Preprocess)), skip_layers=opt(names_arg), activation_offset=bool_arg,
+    save_type=opt(one_of(*SAVE_TYPES)), onnx=either(bool_arg, one_of(*ONNX_ACTIVATIONS)),
+    onnx_speed=bool_arg, onnx_outputs=opt(names_arg), report=bool_arg, report_data=opt(_data),
+    report_batches=non_negative_int, ifmr_mode=one_of("streaming", "exact"), quiet=bool_arg,
+    distributed=bool_arg, checkpoint=opt(path_arg), onnx_target=one_of(*ONNX_TARGETS))
 
 
 @dataclass
@@ -48,6 +86,9 @@ class QuantizeOptions:
 
     def validate(self) -> "QuantizeOptions":
         """Refuse bad settings (before any file is read or written); returns self."""
+        fields = {k: getattr(self, k) for k in QUANTIZE_ARGS}
+        for k, v in check_values("quantize()", fields, QUANTIZE_ARGS).items():
+            setattr(self, k, v)
         for p, what in ((self.model_file, "model file"), (self.weights_file, "weights file")):
             if not isinstance(p, (str, os.PathLike)) or isinstance(p, bytes):
                 raise ModelError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}")
@@ -72,7 +113,38 @@ class QuantizeOptions:
         except ValueError as err:
             raise AmctError(str(err)) from None
         self.output = check_output_name(self.output, "output", PREFIX_SUFFIXES)
+        self._check_dropped()
         return self
+
+    def _check_dropped(self) -> None:
+        """Refuse settings the job would otherwise drop without a word: what a config file
+        decides, ONNX settings without the ONNX model, a target that fixes the activation type
+        asked differently, ``distributed`` outside a torchrun job."""
+        if self.config is not None and self.skip_layers:
+            raise ConfigError("skip_layers (--skip-layers) applies only without a config: the "
+                              "config decides what is skipped (quant.cfg: skip_layers; JSON: "
+                              "quant_enable false per layer)", file=os.fspath(self.config))
+        if self.config is not None and not self.activation_offset:
+            raise ConfigError("activation_offset False (--no-activation-offset) applies only "
+                              "without a config: set activation_offset: false in the config",
+                              file=os.fspath(self.config))
+        if not self.onnx and (self.onnx_outputs or self.onnx_speed):
+            raise AmctError("onnx_outputs (--onnx-outputs) and onnx_speed (--onnx-quantize-eltwise) "
+                            "shape the ONNX model: ask for it too (--onnx)")
+        if isinstance(self.onnx, str):
+            from amct_torch.export.onnx.targets import get_target
+            fixed = get_target(self.onnx_target).activations
+            if fixed is not None and fixed != self.onnx:
+                raise AmctError(f"--onnx-target {self.onnx_target} writes {fixed} activations; "
+                                f"--onnx-activations {self.onnx} would be ignored (leave it out)")
+        if self.distributed:
+            import torch.distributed as dist
+
+            from amct_torch.calibration.distributed import launched_by_torchrun
+            if not launched_by_torchrun() and not (dist.is_available() and dist.is_initialized()):
+                raise AmctError("distributed (--distributed) needs a torchrun job (WORLD_SIZE and "
+                                "RANK unset): run it with torchrun --nproc_per_node=N, or leave "
+                                "--distributed out")
 
     @property
     def data_path(self) -> Optional[str]:

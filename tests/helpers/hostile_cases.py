@@ -325,6 +325,7 @@ def record_texts() -> dict[str, str]:
         "scale_d_1e-30": with_conv1(scale_d="1e-30"),
         "scale_d_nan": with_conv1(scale_d="nan"),
         "scale_d_negative": with_conv1(scale_d="-1"),
+        "scale_w_1e6_zeroes_every_weight": with_conv1(sw="scale_w: 1e6"),
         "scale_w_3e38": with_conv1(sw="scale_w: 3e38"),
         "scale_w_1e-44": with_conv1(sw="scale_w: 1e-44"),
         "offset_d_1000": with_conv1(offset_d="1000"),
@@ -684,11 +685,101 @@ def path_and_run_cases(folder: str) -> list[Case]:
     return cases
 
 
+# ---------------------------------------------------------------- round 3: paths, options, evaluate
+def output_path_cases(folder: str) -> list[Case]:
+    """Output prefixes that name a folder or pass the filesystem's limits: one line, nothing
+    made (the long path's folders included)."""
+    d = os.path.join(folder, "prefixes")
+    os.makedirs(os.path.join(d, "existing"), exist_ok=True)
+    deep = os.path.join(d, "deep", *(["abcdefgh"] * 460), "m")  # over PATH_MAX (4096 bytes)
+    cases = [Case(f"output_paths/{name}", "output_paths", _calibrate() + ["-o", out], names)
+             for name, out, names in (("dot", ".", "."), ("dotdot", "..", ".."),
+                                      ("folder_slash_dot", os.path.join(d, "existing", "."), d),
+                                      ("existing_folder", os.path.join(d, "existing"), d),
+                                      ("over_path_max", deep, d[:40]),
+                                      ("name_240_chars", os.path.join(d, "x" * 240), d[:40]))]
+    cases.append(Case("output_paths/config_dot", "output_paths", _config() + ["-o", "."], "."))
+    return cases
+
+
+def dropped_option_cases(folder: str) -> list[Case]:
+    """Options the job would drop without a word: each refused with one line."""
+    d = os.path.join(folder, "dropped")
+    os.makedirs(d, exist_ok=True)
+    cfg = _text(os.path.join(d, "q.cfg"), "batch_num: 1\n")
+    return [
+        Case("options/config_with_skip_layers", "options", _calibrate() + ["-c", cfg, "--skip-layers", "conv1"], cfg),
+        Case("options/config_with_no_activation_offset", "options",
+             _calibrate() + ["-c", cfg, "--no-activation-offset"], cfg),
+        Case("options/quant_cfg_with_skip_layers", "options",
+             _config(MODEL, WEIGHTS, "--quant-cfg", cfg, "--skip-layers", "conv1"), cfg),
+        Case("options/onnx_outputs_input_blob", "options", _calibrate() + ["--onnx", "--onnx-outputs", "data"],
+             MODEL),
+        Case("options/openvino_with_int8", "options",
+             _calibrate() + ["--onnx", "--onnx-target", "openvino", "--onnx-activations", "int8"],
+             "--onnx-activations"),
+        Case("options/onnx_target_without_onnx", "options", _calibrate() + ["--onnx-target", "tensorrt"],
+             "--onnx-target"),
+        Case("options/distributed_outside_torchrun", "options", _calibrate() + ["--distributed"], "--distributed"),
+    ]
+
+
+def evaluate_cases(folder: str) -> list[Case]:
+    """``evaluate``'s user errors, each one line before the first forward."""
+    d = os.path.join(folder, "evaluate")
+    os.makedirs(d, exist_ok=True)
+    ref = _text(os.path.join(d, "ref_20x20.prototxt"), model_text().replace("dim: 16", "dim: 20"))
+    fifo = os.path.join(d, "model_fifo.prototxt")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    ev = ["evaluate", MODEL, WEIGHTS, DATA, "-q", "--max-batches", "1"]
+    return [
+        Case("evaluate/device_foo", "evaluate", ev + ["--device", "foo"], "foo"),
+        Case("evaluate/device_cuda_without_gpu", "evaluate", ev + ["--device", "cuda"], "cuda"),
+        Case("evaluate/reference_other_input_shape", "evaluate", ev + ["--reference", ref, WEIGHTS], ref,
+             or_names=WEIGHTS),
+        Case("evaluate/model_is_a_fifo", "evaluate", ["evaluate", fifo, WEIGHTS, DATA, "-q"], fifo),
+        Case("evaluate/model_is_a_folder", "evaluate", ["evaluate", d, WEIGHTS, DATA, "-q"], d),
+        Case("evaluate/resize_and_crop_ok", "evaluate",
+             ["evaluate", MODEL, WEIGHTS, _image_folder(d, "imgs", 3), "-q", "--device", "cpu",
+              "--resize", "20", "--crop", "16", "--reference", MODEL, WEIGHTS], "", expect_ok=True),
+    ]
+
+
+def _image_folder(folder: str, name: str, n: int, bad: Optional[int] = None) -> str:
+    """``n`` 16x16 grey PNGs (the ``bad``-th cut short) in ``folder/name``."""
+    d = os.path.join(folder, name)
+    os.makedirs(d, exist_ok=True)
+    for i in range(n):
+        png = _png(16, 16, bytes([0] + [(i * 40 + x) % 256 for x in range(16)]) * 16)
+        _bytes(os.path.join(d, f"img{i}.png"), png[:png.index(b"IEND") - 4] if i == bad else png)
+    return d
+
+
+def data_round3_cases(folder: str) -> list[Case]:
+    """Data that ran out of memory, leaked a numpy warning, or failed a finished job."""
+    d = os.path.join(folder, "data3")
+    os.makedirs(d, exist_ok=True)
+    huge = os.path.join(d, "f8_1e300.npy")
+    np.save(huge, np.full((4, 1, 16, 16), 1e300))
+    held = _image_folder(d, "held_out_bad", 4, bad=2)
+    resize = _image_folder(d, "resize_7000", 2)
+    return [
+        Case("data/npy_f8_1e300", "data", _calibrate(data=huge), huge),
+        Case("data/images/held_out_image_unreadable", "data",
+             _calibrate(MODEL, WEIGHTS, held, "--batch-size", "2", "--report-batches", "1"),
+             os.path.join(held, "img2.png")),
+        Case("data/images/resize_7000_without_crop", "data", _calibrate(MODEL, WEIGHTS, resize, "--resize", "7000"),
+             MODEL),
+    ]
+
+
 def all_cases(folder: str) -> list[Case]:
     """Every hand-written case, files written under ``folder``."""
     out = []
     for make in (prototxt_cases, caffemodel_cases, quant_cfg_cases, json_cases, record_cases,
-                 data_cases, output_cases, checkpoint_cases, model_fault_cases, path_and_run_cases):
+                 data_cases, output_cases, checkpoint_cases, model_fault_cases, path_and_run_cases,
+                 output_path_cases, dropped_option_cases, evaluate_cases, data_round3_cases):
         sub = os.path.join(folder, make.__name__)
         os.makedirs(sub, exist_ok=True)
         out += make(sub)
@@ -707,6 +798,9 @@ def api_call(argv: list):
         a = argv[i]
         if a in ("-q",):
             i += 1
+        elif a in _FLAGS:
+            opts[a] = True
+            i += 1
         elif a.startswith("-"):
             opts[a] = argv[i + 1]
             i += 2
@@ -723,7 +817,14 @@ def api_call(argv: list):
             batch_size=int(opts["--batch-size"]) if "--batch-size" in opts else None,
             report=opts.get("--report-batches", "1") != "0",
             report_batches=int(opts.get("--report-batches", "2")) if opts.get("--report-batches") != "0" else 2,
-            save_type=opts.get("--save-type", "Both"))
+            save_type=opts.get("--save-type", "Both"),
+            skip_layers=opts["--skip-layers"].split(",") if "--skip-layers" in opts else None,
+            activation_offset="--no-activation-offset" not in opts,
+            onnx=opts.get("--onnx-activations", True) if "--onnx" in opts else False,
+            onnx_target=opts.get("--onnx-target", "onnxruntime"),
+            onnx_outputs=opts["--onnx-outputs"].split(",") if "--onnx-outputs" in opts else None,
+            distributed="--distributed" in opts,
+            preprocess=amct_torch.Preprocess(resize=int(opts["--resize"])) if "--resize" in opts else None)
     if cmd == "convert":
         return lambda: amct_torch.convert_model(pos[0], pos[1], pos[2], out)
     if cmd == "config":
@@ -732,10 +833,17 @@ def api_call(argv: list):
     raise ValueError(cmd)
 
 
+#: options without a value
+_FLAGS = ("--onnx", "--distributed", "--no-activation-offset")
+
+
 def _cli_only(argv: list) -> bool:
-    """A command line the API has no call or argument for (``evaluate``, ``--report-rows``):
-    the API mode runs it through the CLI too."""
-    return argv[0] == "evaluate" or "--report-rows" in argv
+    """A command line the API has no call or argument for (``evaluate``, ``--report-rows``,
+    an ONNX option without ``--onnx``, which the API cannot express, ``config``'s options beside
+    a quant.cfg, which AMCT's ``create_quant_config`` ignores): the API mode runs it through the
+    CLI too."""
+    return argv[0] == "evaluate" or "--report-rows" in argv or (
+        "--onnx-target" in argv and "--onnx" not in argv) or (argv[0] == "config" and "--skip-layers" in argv)
 
 
 def _run_api(argv: list) -> tuple:

@@ -36,7 +36,7 @@ def test_cases_cover_each_class(cases):
     _, all_cases = cases
     kinds = {c.kind for c in all_cases}
     assert kinds == {"prototxt", "caffemodel", "quant_cfg", "json", "record", "data", "outputs",
-                     "checkpoint", "arguments", "rerun"}
+                     "checkpoint", "arguments", "rerun", "output_paths", "options", "evaluate"}
     assert len({c.name for c in all_cases}) == len(all_cases) >= 100
 
 

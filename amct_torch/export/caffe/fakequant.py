@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 import numpy as np
 import torch
 
+from amct_torch.arguments import checked, graph_module, instance, opt, path_arg
 from amct_torch.caffe.data_layers import is_data_layer
 from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
@@ -100,6 +101,8 @@ def graph_from_net(net, inputs, blobs: Mapping[str, list[np.ndarray]],
     return build_graph(parsed, allow_unknown_fields=True)
 
 
+@checked(fused_gm=graph_module, records=instance(Mapping, what="a mapping of layer name to LayerRecord"),
+         file=opt(path_arg))
 def fake_quant_graph(fused_gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord],
                      file: Optional[str] = None) -> CaffeGraphModule:
     """The torch fake-quant model: the fake-quant NetParameter built with ``build_graph``.

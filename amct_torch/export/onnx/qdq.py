@@ -43,6 +43,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import fx
 
+from amct_torch.arguments import checked, graph_module, instance, names_arg, one_of, opt, path_arg
 from amct_torch.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.direct_io import DirectFile
@@ -450,6 +451,9 @@ def _float_staged_removed_on_error(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+@checked(graph=graph_module, records=instance(Mapping, what="a mapping of layer name to LayerRecord"),
+         path_prefix=path_arg, activations=one_of("int8", "uint8"), file=opt(path_arg),
+         outputs=opt(names_arg))
 @_float_staged_removed_on_error
 def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_prefix: str, *,
                 activations: str = "uint8", bias: str = "float",
