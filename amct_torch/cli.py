@@ -54,6 +54,12 @@ CONFIG_EXAMPLES = """examples:
   amct-torch config deploy.prototxt weights.caffemodel --quant-cfg quant.cfg -o config.json
 """
 
+BUILD_KERNELS_EXAMPLES = """examples:
+  amct-torch build-kernels        # compile (or find) and verify the CPU kernels, print where they are
+  # in a Dockerfile, so that parallel jobs do not each compile them on first use:
+  RUN amct-torch build-kernels
+"""
+
 DEMO_EXAMPLES = """examples:
   amct-torch demo                 # quantize the bundled digits model, print float vs int8 accuracy
   amct-torch demo --output /tmp/demo/lenet --quiet
@@ -229,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile (or find in the private cache) the CPU calibration kernels, "
                                    "check them against the torch formulas, and say where they are. "
                                    "Calibration does this itself before its first batch; run it once in a "
-                                   "Docker build step or before many parallel jobs.")
+                                   "Docker build step or before many parallel jobs.",
+                       epilog=BUILD_KERNELS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(k)
     from amct_torch.quality.evaluate import add_parser as add_evaluate
     add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
@@ -327,8 +334,9 @@ def _print_report(result, rows: int) -> None:
 
 def _print_files(files: dict) -> None:
     print("\nwritten:")
+    width = max((len(k) for k in files), default=0)
     for kind, p in files.items():
-        print(f"  {kind:<22} {p}")
+        print(f"  {kind:<{width}}  {p}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

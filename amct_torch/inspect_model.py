@@ -122,19 +122,19 @@ class Inspection:
         return "\n".join(_wrap(line) for line in lines)
 
 
-def _wrap(line: str, width: int = 100, indent: int = 13) -> str:
-    """A long line wrapped at commas/spaces with the continuation indented under the value."""
+def _wrap(line: str, width: int = 100) -> str:
+    """A long line wrapped at spaces, its own indentation kept, the continuation lines indented
+    under the value (the text after the label's run of two or more spaces; else two more than
+    the line's own indentation)."""
     if len(line) <= width:
         return line
-    out, cur = [], ""
-    for word in line.split(" "):
-        if cur and len(cur) + 1 + len(word) > width:
-            out.append(cur)
-            cur = " " * indent + word
-        else:
-            cur = f"{cur} {word}" if cur else word
-    out.append(cur)
-    return "\n".join(out)
+    import re
+    import textwrap
+    label = re.match(r"^\s*\S.*?\s{2,}(?=\S)", line)
+    own = len(line) - len(line.lstrip(" "))
+    column = len(label.group(0)) if label and len(label.group(0)) < width // 2 else own + 2
+    return textwrap.fill(line, width=width, subsequent_indent=" " * column, break_long_words=False,
+                         break_on_hyphens=False, replace_whitespace=False)
 
 
 def _unsupported(parsed: Any) -> list[Unsupported]:

@@ -1,4 +1,4 @@
-"""Trust under faults and hostile files (issue 16): prints JSON lines.
+"""Trust under faults and hostile files: prints JSON lines.
 
 * ``hostile_inputs``: the hand-written cases of tests/helpers/hostile_cases.py plus generated ones
   (cuts of the example caffemodel, prototxt, record and quant.cfg at many points, byte flips),
@@ -7,6 +7,13 @@
   the generated input is still valid, and for a rerun exactly that run's files left beside
   the user's: FIFOs, byte orders, absurd counts, reruns over an earlier set, damaged staging
   manifests are among the cases); anything else is counted in ``not_clean``.
+  ``by_class`` gives cases and clean ones per class (output paths, dropped options, evaluate,
+  records, data ... as in tests/helpers/hostile_cases.py).
+* ``api_arguments``: every exported function with wrong argument types and values
+  (tests/helpers/api_misuse.py): an AmctError naming the argument, nothing written.
+* ``commit_failures``: a commit that cannot replace an earlier output (each link or rename
+  position failing, and a real CLI rerun over an immutable earlier file): the earlier set kept.
+* ``printing``: a finished run with a unicode prefix under ``LANG=C PYTHONIOENCODING=ascii``.
 * ``fuzz``: seeded random mutations fed straight to each reader (prototxt, caffemodel,
   quant.cfg, JSON, record, .npy/.npz, image): how many, how many raised the right error, how
   many escaped with another exception.
@@ -98,12 +105,125 @@ def bench_hostile(work: str) -> None:
         t = time.time()
         results = hc.run_cases(cases, work, mode=mode)
         bad = [c.name for c, r in zip(cases, results) if not clean(c, r)]
-        emit(metric="hostile_inputs", mode=mode, distinct=len({c.name for c in cases}),
+        by_class: dict = {}
+        for c in cases:
+            counts = by_class.setdefault(c.kind, {"cases": 0, "clean": 0})
+            counts["cases"] += 1
+            counts["clean"] += c.name not in bad
+        emit(metric="hostile_inputs", mode=mode, distinct=len({c.name for c in cases}), by_class=by_class,
              hand_written=sum(not c.name.startswith("gen/") for c in cases),
              generated=sum(c.name.startswith("gen/") for c in cases),
              errors=sum(r["rc"] == 2 for r in results), accepted=sum(r["rc"] == 0 for r in results),
              clean=len(cases) - len(bad), not_clean=len(bad), not_clean_cases=bad[:20],
              seconds=round(time.time() - t, 1))
+
+
+def bench_api_arguments(work: str) -> None:
+    """Every exported function with wrong arguments (tests/helpers/api_misuse.py): clean = an
+    AmctError naming the argument, one line, nothing written."""
+    from amct_torch.errors import AmctError
+    from helpers.api_misuse import call, rows
+    clean_n, bad = 0, []
+    for i, (name, args, kwargs, arg) in enumerate(rows(os.path.join(work, "api_args"))):
+        folder = os.path.join(work, "api_args")
+        try:
+            call(name, args, kwargs)
+            bad.append(f"{name}({arg}): accepted")
+        except AmctError as err:
+            ok = arg in str(err) and "\n" not in str(err) and not os.path.exists(folder)
+            clean_n += ok
+            if not ok:
+                bad.append(f"{name}({arg}): {str(err)[:80]}")
+        except Exception as err:  # noqa: BLE001 - counted
+            bad.append(f"{name}({arg}): {type(err).__name__}")
+    emit(metric="api_arguments", cases=clean_n + len(bad), clean=clean_n, not_clean=len(bad), examples=bad[:5])
+
+
+def bench_commit_failures(work: str) -> None:
+    """A rerun whose commit cannot replace an earlier output: through the CLI over an immutable
+    earlier file (chattr +i, where the filesystem has it), and in-process with the rename of each
+    position failing; clean = exit 2 / AmctError saying the earlier set was kept, every earlier
+    file unchanged, no staging folder left."""
+    import errno
+    import subprocess
+
+    from amct_torch.errors import AmctError
+    from amct_torch.transaction import OutputTransaction, staging_folder
+    kept = total = 0
+    cases = []
+    for call_name in ("link", "replace"):
+        for n in range(1, 5):
+            prefix = os.path.join(work, "commit", f"{call_name}{n}", "m")
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
+            finals = [prefix + s for s in ("_record.txt", "_quant.json", "_quant_config.json")]
+            for p in finals:
+                with open(p, "w") as f:
+                    f.write("old")
+            tx = OutputTransaction(finals).begin("m")
+            for p in finals:
+                with open(tx.staged(p), "w") as f:
+                    f.write("new")
+            real, calls = getattr(os, call_name), []
+
+            # a link refused as an immutable file refuses it; a rename failing with an I/O error
+            code = errno.EPERM if call_name == "link" else errno.EIO
+
+            def failing(src, dst, *a, _real=real, _n=n, _calls=calls, _code=code, **k):
+                _calls.append(dst)
+                if len(_calls) == _n:
+                    raise OSError(_code, os.strerror(_code), dst)
+                return _real(src, dst, *a, **k)
+            setattr(os, call_name, failing)
+            try:
+                tx.commit()
+                ok = False  # the fault never fired (fewer calls than n): not a case
+                continue
+            except AmctError as err:
+                ok = "previous outputs were kept" in str(err)
+            finally:
+                setattr(os, call_name, real)
+                tx.abort()
+            total += 1
+            ok = ok and all(open(p).read() == "old" for p in finals) and not os.path.exists(staging_folder(prefix))
+            kept += ok
+            cases.append(f"{call_name}#{n}:{'kept' if ok else 'MIXED'}")
+    cli = "not run"
+    if shutil.which("chattr"):
+        prefix = os.path.join(work, "commit", "immutable", "m")
+        args = [sys.executable, "-m", "amct_torch.cli", *[a.replace("{out}", prefix) for a in hc._calibrate()]]
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        subprocess.run(args, env=env, capture_output=True, timeout=600, check=True)
+        victim = prefix + "_deploy_weights.caffemodel"
+        before = {n: open(os.path.join(os.path.dirname(prefix), n), "rb").read()
+                  for n in os.listdir(os.path.dirname(prefix))}
+        if subprocess.run(["chattr", "+i", victim], capture_output=True).returncode == 0:
+            try:
+                r = subprocess.run(args + ["--batch-num", "2"], env=env, capture_output=True, text=True, timeout=600)
+            finally:
+                subprocess.run(["chattr", "-i", victim])
+            after = {n: open(os.path.join(os.path.dirname(prefix), n), "rb").read()
+                     for n in os.listdir(os.path.dirname(prefix))}
+            good = r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and after == before \
+                and "previous outputs were kept" in r.stderr
+            total += 1
+            kept += good
+            cli = "kept" if good else f"MIXED (exit {r.returncode}: {r.stderr.strip()[-120:]})"
+        else:
+            cli = "chattr unsupported on this filesystem"
+    emit(metric="commit_failures", cases=total, kept_old_set=kept, mixed=total - kept, cli_immutable=cli,
+         injected=cases)
+
+
+def bench_printing(work: str) -> None:
+    """A finished run with a unicode prefix under LANG=C PYTHONIOENCODING=ascii: exit 0."""
+    import subprocess
+    prefix = os.path.join(work, "print", "r\u00e9sum\u00e9", "m")
+    args = [sys.executable, "-m", "amct_torch.cli", *[a.replace("{out}", prefix) for a in hc._calibrate()]]
+    env = dict(os.environ, PYTHONPATH=ROOT, LANG="C", LC_ALL="C", PYTHONIOENCODING="ascii",
+               OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    emit(metric="printing", cases=1, clean=int(r.returncode == 0 and "written:" in r.stdout),
+         exit=r.returncode)
 
 
 def bench_fuzz(work: str, n: int) -> None:
@@ -276,6 +396,12 @@ def main() -> None:
             bench_prepass()
         if "hostile" not in skip:
             bench_hostile(work)
+        if "api" not in skip:
+            bench_api_arguments(work)
+        if "commit" not in skip:
+            bench_commit_failures(work)
+        if "printing" not in skip:
+            bench_printing(work)
         if "fuzz" not in skip:
             bench_fuzz(work, args.fuzz)
         if "memory" not in skip:

@@ -13,6 +13,7 @@ import resource, sys, torch
 from amct_torch.malloc_tuning import keep_freed_memory
 if sys.argv[1] == "1":
     assert keep_freed_memory()
+torch.set_num_threads(1)  # one thread, one heap: the count does not depend on the machine's load
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
                           torch.nn.Conv2d(32, 16, 3, padding=1))
@@ -29,8 +30,9 @@ print(faults() - f0)
 
 
 def _faults(keep: bool) -> int:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # no thread pools to race
     out = subprocess.run([sys.executable, "-c", CODE, "1" if keep else "0"], capture_output=True,
-                         text=True, check=True)
+                         text=True, check=True, env=env)
     return int(out.stdout.strip().splitlines()[-1])
 
 

@@ -20,6 +20,7 @@ def test_quickstart_runs(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temp folders (the notebook's outputs) go here
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
     NotebookClient(nb, timeout=120, kernel_name="python3",
@@ -32,3 +33,5 @@ def test_quickstart_runs(tmp_path, monkeypatch):
         "no visual report with charts and accuracy"
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "clip range" in text and "SQNR dB" in text and "ONNX Runtime int8" in text
+    # what the notebook wrote is under this test's folder, not the system temp folder
+    assert [n for n in os.listdir(tmp_path) if n.startswith("amct_quickstart_")]
