@@ -408,7 +408,10 @@ class OutputTransaction:
                                     file=self.folder) from None
                 self.staging = staging
                 _OPEN.add(self)
-            self._lock = _try_lock(os.path.join(staging, _LOCK))
+            try:
+                self._lock = _try_lock(os.path.join(staging, _LOCK))
+            except OSError as err:  # no inode left, a quota: the user's folder, not our lock
+                raise write_error(err, self.folder) from None
         except BaseException:  # Terminated included: nothing of this run stays
             self.abort()
             raise

@@ -181,3 +181,15 @@ def test_inspect_matches_what_calibrate_quantizes(tmp_path, capsys):
     capsys.readouterr()
     record = open(prefix + "_record.txt").read()
     assert sorted(re.findall(r'key:\s*"([^"]+)"', record)) == listed
+
+
+def test_wrapped_lines_keep_their_indentation():
+    from amct_torch.inspect_model import _wrap
+    line = "unsupported  " + ", ".join(f"layer{i} (Python)" for i in range(20))
+    lines = _wrap(line, width=60).splitlines()
+    assert len(lines) > 2 and lines[0].startswith("unsupported  layer0")
+    assert all(l.startswith(" " * 13) and not l.startswith(" " * 14) for l in lines[1:])
+    assert " ".join(" ".join(lines).split()) == " ".join(line.split())
+    nested = "    conv_x  " + " ".join(f"w{i}" for i in range(40))
+    out = _wrap(nested, width=50).splitlines()
+    assert out[0].startswith("    conv_x  w0") and all(l.startswith(" " * 12) for l in out[1:])

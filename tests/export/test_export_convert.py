@@ -27,7 +27,7 @@ def _model(folder):
     rng = np.random.default_rng(0)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
     blobs = {"conv1": [f(3, 3, 3, 3), f(3)], "bn1": [f(3), np.abs(f(3)) + 1, np.ones(1, np.float32)],
-             "sc1": [f(3), f(3)], "fc1": [f(2, 48) * 0.1, f(2)]}
+             "sc1": [f(3), f(3)], "fc1": [f(2, 48), f(2)]}  # fc1 large enough for the seed's scale_w
     return make_net(folder, BODY, {"data": [1, 3, 8, 8]}, blobs)
 
 

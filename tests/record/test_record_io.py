@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from amct_torch.errors import RecordError
+from amct_torch.errors import AmctError, RecordError
 from amct_torch.record import (
     LayerRecord,
     add_activation_factors,
@@ -115,9 +115,10 @@ def test_crash_during_write_leaves_old_record_intact(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(AmctError, match="no space left") as err:  # one line naming the record
         merge_activation_factors(path, {"conv1": (1.0, 0, 3, 4, 4)})
     monkeypatch.undo()
+    assert err.value.file == path
     assert open(path).read() == before
     assert sorted(os.listdir(tmp_path)) == ["r.txt"]
 
