@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, positive_int
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.output_names import output_path
@@ -213,6 +214,8 @@ def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: P
     return sums, images, time.perf_counter() - t0
 
 
+@checked(model_file=path_arg, weights_file=path_arg, iterations=positive_int, quantized=opt(path_arg),
+         device=opt(instance(str)), quiet=bool_arg)
 def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quantized: Optional[str] = None,
                device: Optional[str] = None, quiet: bool = False) -> CaffeTestResult:
     """``caffe test`` without Caffe: ``iterations`` batches of the net's TEST-phase data layers

@@ -59,6 +59,8 @@ def rows(work: str) -> list[tuple[str, tuple, dict, str]]:
         ("format_table", ("x",), {}, "stats"),
         ("format_table", ([],), dict(limit=1.5), "limit"),
         ("layer_report", (None, None, [], []), {}, "float_model"),
+        ("caffe_test", (MODEL, WEIGHTS), dict(iterations=2.0), "iterations"),
+        ("caffe_test", (MODEL, b"w.caffemodel"), {}, "weights_file"),
     ]
 
 
