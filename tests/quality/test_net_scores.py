@@ -18,6 +18,7 @@ from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.quality.net_scores import caffe_test
 from helpers.caffe_dbs import write_mean
 from helpers.train_nets import (
+    CIFAR10_QUICK_TRAIN_TEST,
     IMAGENET_STYLE_TRAIN_VAL,
     LENET_TRAIN_TEST,
     digits_lmdb,
@@ -172,6 +173,35 @@ def test_imagenet_style_mean_file_crop_and_top5(tmp_path):
     got = res.forms[0].outputs
     assert got["accuracy"] == _caffe_means(top1) and got["accuracy_top5"] == _caffe_means(top5)
     assert sorted(got) == ["accuracy", "accuracy_top5", "loss"]
+
+
+def test_cifar10_quick_mean_file_against_a_plain_computation(tmp_path):
+    d = tmp_path / "cifar"
+    (d / "examples/cifar10").mkdir(parents=True)
+    (d / "cifar10_quick_train_test.prototxt").write_text(CIFAR10_QUICK_TRAIN_TEST)
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, size=(200, 3, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=200)
+    write_records(str(d / "examples/cifar10/cifar10_test_lmdb"), images, labels)
+    mean = images.astype(np.float32).mean(0)  # what compute_image_mean writes
+    write_mean(str(d / "examples/cifar10/mean.binaryproto"), mean)
+    model, weights = str(d / "cifar10_quick_train_test.prototxt"), str(d / "w.caffemodel")
+    random_weights(model, weights, std=0.05)
+    res = caffe_test(model, weights, iterations=2, device="cpu", quiet=True)
+    w = _blobs(weights)
+    accs, losses = [], []
+    for it in range(2):
+        idx = np.arange(it * 100, it * 100 + 100)
+        x = torch.tensor(images[idx].astype(np.float32) - mean)
+        y = torch.tensor(labels[idx])
+        x = F.relu(F.max_pool2d(F.conv2d(x, *w["conv1"], padding=2), 3, 2, ceil_mode=True))
+        x = F.avg_pool2d(F.relu(F.conv2d(x, *w["conv2"], padding=2)), 3, 2, ceil_mode=True)
+        x = F.avg_pool2d(F.relu(F.conv2d(x, *w["conv3"], padding=2)), 3, 2, ceil_mode=True)
+        s = F.linear(F.linear(x.flatten(1), *w["ip1"]), *w["ip2"])
+        accs.append(float(((s >= s.gather(1, y[:, None])).sum(1) - 1 < 1).float().mean()))
+        losses.append(float(F.cross_entropy(s, y)))
+    assert res.forms[0].outputs["accuracy"] == _caffe_means(accs)
+    assert res.forms[0].outputs["loss"] == pytest.approx(_caffe_means(losses), rel=1e-5)
 
 
 def test_label_out_of_range_is_one_line_naming_the_layer(tmp_path, capsys):
