@@ -184,3 +184,7 @@ class NetData:
                     yield out[0] if len(out) == 1 else out
         finally:
             self.data.close()
+
+    def close(self) -> None:
+        """Release the sources' databases and threads."""
+        self.data.close()

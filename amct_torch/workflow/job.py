@@ -125,6 +125,7 @@ class _Plan:
     tmp: str
     prefix: str
     float_onnx: Any = None  # the float ONNX model being written during calibration (FloatAhead)
+    own_data: Any = None  # without calibration data: the net's TEST data layers (NetData)
 
 
 @dataclass
@@ -181,6 +182,8 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
         raise AmctError(f"cannot read or write this file: {err.strerror or err}", file=where) from None
     finally:
         prog.close()
+        if plan.own_data is not None:  # the data layers' databases and decoding threads
+            plan.own_data.close()
         try:
             if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
                 plan.float_onnx.discard()
@@ -228,6 +231,8 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
         if err.file == cfg and cfg != opts.config:  # the JSON this run made from the user's quant.cfg
             raise err.with_file(opts.config) from None
         raise
+    if opts.calibration_data is None:  # the net's own data, opened before any other check
+        plan.own_data = NetData(graph.model, opts.model_file, opts.batch_size)
     if opts.onnx:  # imported only here: a run without ONNX output never loads onnx
         from amct_torch.export.onnx.preflight import preflight_onnx
         from amct_torch.export.onnx.targets import check_config as check_target_config
@@ -258,7 +263,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     bs: Optional[int]
     held_out = 0
     if opts.calibration_data is None:  # the net's own TEST data layers
-        own = NetData(graph.model, opts.model_file, opts.batch_size)
+        own = plan.own_data
         count, bs = None, own.batch_size
         check_activation_memory(graph.model, bs, opts.model_file, plan.device)  # before any batch
         batches: Any = checked_first_batch(iter(own.batches()), graph.model, opts.model_file, plan.device)

@@ -253,3 +253,18 @@ def test_accuracy_driven_calibration_uses_the_net_accuracy(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "left in float: none" in text and os.path.isfile(out + "_record.txt")
     assert main(["calibrate", model, weights, "data/", "--max-accuracy-drop", "1", "-o", out, "-q"]) == 2
+
+
+def test_calibrate_without_data_needs_a_readable_data_layer(tmp_path, capsys):
+    import shutil
+
+    from amct_torch.examples import example_model
+    out = str(tmp_path / "o" / "m")
+    assert main(["calibrate", *example_model(), "-o", out, "-q"]) == 2  # a deploy net: no data layer
+    assert "no data layer" in capsys.readouterr().err
+    model, weights, _, _ = _lenet(tmp_path)
+    shutil.rmtree(str(tmp_path / "lenet" / "examples"))  # its LMDB is gone
+    assert main(["calibrate", model, weights, "--onnx", "-o", out, "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mnist_test_lmdb" in err[0] and "layer 'mnist'" in err[0]
+    assert not os.path.exists(str(tmp_path / "o")) or not os.listdir(str(tmp_path / "o"))
