@@ -9,8 +9,11 @@ writer by nothing), and times the report's own steps: the observers' summaries (
 calibration's finish), the inputs and layer charts (the charts on a helper thread during the
 per-layer forwards), the page's writing, measured on the main thread.
 
-Printed (JSON lines): per case and repetition a ``job`` row; a ``summary`` row with medians,
-the on/off ratio and the report's main-thread seconds over the job's, and the page's bytes.
+Printed (JSON lines): per case and repetition a ``job`` row (wall and CPU seconds of the
+process, all threads); a ``summary`` row with medians, the on/off ratios of wall and CPU time
+(on a busy machine the CPU ratio is the steadier one; it counts the helper thread's charts in
+full, where the wall time hides them behind the forwards on an idle core), the report's
+main-thread seconds over the job's, and the page's bytes.
 
 Run: .venv/bin/python benchmarks/bench_report.py [--repeats 3] [--cases nsfw,detector] [--device cpu]
 """
@@ -90,15 +93,15 @@ def run_job(model: str, weights: str, data: Any, kw: dict, out: str, page: bool,
         job_report.PendingReport = NoPage  # type: ignore[misc, assignment]
         summaries.summarize = lambda *a: None  # type: ignore[assignment]
     try:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         res = amct_torch.quantize(model, weights, data, output=out, save_type="Both", quiet=True,
                                   device=device, **kw)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     finally:
         job_report.PendingReport = pending  # type: ignore[misc]
         for tm in timers:
             tm.restore()
-    row = {"seconds": round(wall, 3), "page": page, "report_main_thread_s": round(sum(t.seconds for t in timers), 3),
+    row = {"seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "page": page, "report_main_thread_s": round(sum(t.seconds for t in timers), 3),
            "summaries_s": round(timers[0].seconds, 3), "layers": len(res.records)}
     if page:
         row["page_bytes"] = os.path.getsize(res.files["html_report"])
@@ -122,8 +125,11 @@ def main() -> None:
             on = statistics.median(r["seconds"] for r in rows[True])
             off = statistics.median(r["seconds"] for r in rows[False])
             main_s = statistics.median(r["report_main_thread_s"] for r in rows[True])
+            cpu_on = statistics.median(r["cpu_seconds"] for r in rows[True])
+            cpu_off = statistics.median(r["cpu_seconds"] for r in rows[False])
             emit(kind="summary", case=name, device=args.device, layers=rows[True][0]["layers"],
                  job_s_page_on=on, job_s_page_off=off, on_over_off=round(on / off, 4),
+                 cpu_s_page_on=cpu_on, cpu_s_page_off=cpu_off, cpu_on_over_off=round(cpu_on / cpu_off, 4),
                  report_main_thread_s=main_s, report_main_thread_share=round(main_s / on, 4),
                  page_bytes=rows[True][0]["page_bytes"])
 

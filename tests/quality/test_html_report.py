@@ -145,6 +145,21 @@ def test_nsfw_page_renders_in_a_headless_browser(nsfw_job, tmp_path):
     # the charts' blue (bars, histogram, weights) and orange (clip lines, ±127·scale_w) are drawn
     assert pixels(charts.OK_COLOR) > 20000
     assert pixels(charts.CLIP_COLOR) > 150
+    # the inline script: a click on the SQNR column sorts ascending, the box filters by name
+    probe = """<script>var r=document.querySelector('.amct-report');
+r.querySelectorAll('table.sortable th')[4].click();
+var first=r.querySelector('table.layers tbody tr').cells[0].textContent;
+var q=r.querySelector('input.search');q.value='stage0';q.oninput();
+var shown=Array.from(r.querySelectorAll('details.layer')).filter(function(d){return d.style.display!=='none';});
+document.body.setAttribute('data-probe',first+'|'+shown.length);</script></body>"""
+    html_file.write_text(text.replace("</body>", probe), encoding="utf-8")
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync", "--no-first-run",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", html_file.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    lowest = min(result.report, key=lambda s: s.sqnr_db).layer
+    stage0 = sum(1 for s in result.report if "stage0" in s.layer)
+    assert f'data-probe="{lowest}|{stage0}"' in dom
 
 
 def test_report_is_written_by_the_job_and_not_without_report(tmp_path):
@@ -228,3 +243,32 @@ def test_improvements_section_shows_each_stage_as_the_pipeline_reports_it(tmp_pa
         assert float(row[2]) == pytest.approx(st["gain_db"], abs=0.005)
         assert row[4] == ("kept" if st["name"] == imp["kept"] else "passed" if st["passed"] else "rejected")
     assert summary_line(imp) in res.report_html().replace("&#x27;", "'").replace("&quot;", '"')
+
+
+def test_large_models_chart_the_worst_layers_and_list_every_one(monkeypatch):
+    """Over ``MAX_LAYER_CHARTS`` entries only the worst get a chart; every layer keeps its table
+    row and section, so a detector's page stays light and complete."""
+    from amct_torch.calibration.summaries import ActivationSummary
+    from amct_torch.quality import html_report
+    from amct_torch.quality.report import LayerStat
+    from amct_torch.record import LayerRecord
+
+    monkeypatch.setattr(html_report, "MAX_LAYER_CHARTS", 4)
+    names = [f"conv{i}" for i in range(10)]
+    stats = sorted((LayerStat(n, "Convolution", 1.0 - 0.001 * (i % 7), 30.0 - i, 100) for i, n in enumerate(names)),
+                   key=lambda s: s.cosine)
+    records = {n: LayerRecord(scale_d=0.01, offset_d=-128, scale_w=[0.02, 0.03]) for n in names}
+    summ = ActivationSummary("ifmr", 100, 0.0, 2.0, [0.0, 1.0, 2.0], [90, 10], 0.01, -128, 0, 3)
+    inp = html_report.ReportInputs(model_file="m.prototxt", stats=stats, records=records,
+                                   summaries={n: summ for n in names},
+                                   weights={n: html_report.WeightRange([-1.0, -2.0], [1.0, 2.0], [2.5, 3.8]) for n in names},
+                                   floats=[("fc", "InnerProduct", "skipped (quant_enable false)")])
+    doc = parse(render(inp))
+    assert doc.tags["svg"] == 4 + 1  # the 4 worst layers and the error chart
+    assert set(inp.charts) - {"errors"} == {s.layer for s in stats[:4]}
+    assert doc.layers == [s.layer for s in stats]  # every layer's section, worst first
+    table = [r for r in doc.rows if len(r) == 8 and r[0] != "layer"]
+    assert [r[0] for r in table] == [s.layer for s in stats] + ["fc"]
+    assert table[-1][2].startswith("float: skipped")
+    assert table[0][5] == "3"  # clipped % of 3 values in 100
+    assert "Charts of the 4 worst layers" in render(inp)
