@@ -344,7 +344,8 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
                 cur_gm, cur_rec = gm, rec
     if refining:
         t0 = time.perf_counter()
-        widen = folds.widen_only(net_outputs(fused, tuple(t[n_fit:] for t in data)), data[0][0], params)
+        widen = folds.small_net(data[0][0], params) and folds.widen_only(
+            net_outputs(fused, tuple(t[n_fit:] for t in data)), data[0][0], params)
         opts: dict[str, Any] = dict(ranges="output_ranges" in names, bias="bias_correction" in names,
                     rounding="adaround" in names, multipliers=WIDER if widen else MULTIPLIERS)
         res = refine(cur_gm, cur_rec, data, n_fit, **opts)
