@@ -196,14 +196,40 @@ def _db(p: float, e: float) -> float:
     return 10 * math.log10(max(p, 1e-30) / max(e, 1e-30))
 
 
-def _row_powers(model: fx.GraphModule, ref: list[torch.Tensor], data: tuple) -> list[Optional[torch.Tensor]]:
+def _output_types(model: fx.GraphModule) -> set:
+    """The Caffe types of the modules whose outputs are the net's."""
+    out_node = next(n for n in model.graph.nodes if n.op == "output")
+    args = out_node.args[0]
+    nodes = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
+    return {getattr(model.get_submodule(str(n.target)), "caffe_type", None)
+            for n in nodes if isinstance(n, fx.Node) and n.op == "call_module"}
+
+
+def _per_row(y: Optional[torch.Tensor], rows: int) -> bool:
+    return y is not None and y.dim() >= 1 and int(y.shape[0]) == rows
+
+
+def row_outputs(model: fx.GraphModule, data: tuple, one_by_one: bool = False) -> list[Optional[torch.Tensor]]:
+    """``net_outputs`` on ``data``; with ``one_by_one``, sample by sample, the outputs stacked
+    on a new first axis (a net whose Reshape joins the samples of a batch: RFB/slim's
+    ``dim: 1 dim: -1``), None for an output whose shape varies between samples."""
+    if not one_by_one:
+        return list(net_outputs(model, data))
+    outs = [net_outputs(model, tuple(t[i:i + 1] for t in data)) for i in range(int(data[0].shape[0]))]
+    return [torch.stack([o[k] for o in outs]) if all(o[k].shape == outs[0][k].shape for o in outs) else None
+            for k in range(min(len(o) for o in outs))]
+
+
+def _row_powers(model: fx.GraphModule, ref: list[Optional[torch.Tensor]], data: tuple,
+                one_by_one: bool = False) -> list[Optional[torch.Tensor]]:
     """Per output, [2, rows] float64: each row's signal power (``ref``) and the power of
-    ``model``'s error against it (``net_outputs`` on ``data``); None for an output whose shape
-    depends on the data (DetectionOutput). Device tensors, no host read."""
-    out = net_outputs(model, data)
+    ``model``'s error against it (``row_outputs`` on ``data``); None for an output whose shape
+    depends on the data (DetectionOutput) or has no row per sample. Device tensors, no host read."""
+    out = row_outputs(model, data, one_by_one)
+    n = int(data[0].shape[0])
     res: list[Optional[torch.Tensor]] = []
     for q, r in zip(out, ref):
-        if q.shape != r.shape or q.shape[0] < 1:
+        if q is None or r is None or q.shape != r.shape or not _per_row(q, n):
             res.append(None)
             continue
         r64, q64 = r.double().reshape(r.shape[0], -1), q.double().reshape(q.shape[0], -1)
@@ -219,7 +245,14 @@ class Judge:
     def __init__(self, float_model: fx.GraphModule, held: tuple, data: tuple, blocks: list[torch.Tensor]) -> None:
         self.parts = ([held] if held else []) + [tuple(t[b.to(t.device)] for t in data) for b in blocks]
         self.n_held = 1 if held else 0
-        self.refs = [net_outputs(float_model, p) for p in self.parts]
+        self.refs = [row_outputs(float_model, p) for p in self.parts]
+        # no output with a row per sample, and none made by a DetectionOutput (its shape follows
+        # the detections): every part's rows run one at a time
+        self.one_by_one = bool(self.parts) and not any(
+            _per_row(r, int(p[0].shape[0])) for p, rs in zip(self.parts, self.refs) for r in rs
+        ) and "DetectionOutput" not in _output_types(float_model)
+        if self.one_by_one:
+            self.refs = [row_outputs(float_model, p, True) for p in self.parts]
 
     def rows(self, model: fx.GraphModule, per_block: Optional[Callable[[int], fx.GraphModule]] = None
              ) -> list[Optional[torch.Tensor]]:
@@ -229,7 +262,7 @@ class Judge:
         for i, (p, r) in enumerate(zip(self.parts, self.refs)):
             j = i - self.n_held
             m = per_block(j) if per_block is not None and j >= 0 else model
-            parts.append(_row_powers(m, r, p))
+            parts.append(_row_powers(m, r, p, self.one_by_one))
         n_out = min(len(p) for p in parts) if parts else 0
         return [None if any(p[o] is None for p in parts) else torch.cat([p[o] for p in parts], dim=1)  # type: ignore[misc]
                 for o in range(n_out)]

@@ -152,3 +152,31 @@ def test_cli_improve_with_batch_size_one_warns_in_one_line(tmp_path, capsys):
     lines = [ln for ln in (err.err + err.out).splitlines() if "not applied" in ln]
     assert len(lines) >= 1 and all("1 calibration sample(s), 0 beyond" in ln and "cle, output_ranges" in ln for ln in lines)
     assert os.path.exists(str(tmp_path / "out" / "m") + "_record.txt")
+
+
+def test_a_net_joining_the_samples_of_a_batch_is_judged_sample_by_sample(tmp_path):
+    """A Reshape with a literal batch dimension of 1 (RFB/slim's ``dim: 1 dim: -1 dim: 2``)
+    joins a batch's samples into one output row: the guard runs its rows one at a time, so its
+    statistic has a row per sample."""
+    from helpers.caffe_nets import make_net
+    body = """
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "head" type: "Convolution" bottom: "conv" top: "head" convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "flat" type: "Reshape" bottom: "head" top: "flat" reshape_param { shape { dim: 1 dim: -1 dim: 2 } } }
+"""
+    blobs = {"conv": [rand(4, 3, 3, 3, seed=1, scale=0.4), rand(4, seed=2, scale=0.1)],
+             "head": [rand(2, 4, 1, 1, seed=3, scale=0.5), rand(2, seed=4, scale=0.1)]}
+    proto, weights = make_net(tmp_path, body, {"data": [1, 3, 8, 8]}, blobs)
+    x = rand(32 + 64, 3, 8, 8, seed=5) + 0.5
+    kw = dict(batch_num=4, batch_size=8, **KW)
+    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), **kw)
+    res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "b" / "m"), improve="bias_correction", **kw)
+    imp = res.improvement
+    assert imp["held_out_rows"] == 64
+    held = x[32:96]
+    ref = np.stack([outputs(base.float_model, held[i:i + 1]) for i in range(64)])
+    q = np.stack([outputs(base.quant_model, held[i:i + 1]) for i in range(64)])
+    assert abs(imp["stages"][0]["worst_output_sqnr_db"] - sqnr(ref, q)) < 2e-3
+    # a standard error from 64 rows (one joined row would give none)
+    assert imp["stages"][1]["output_error_db"][0] > 0
