@@ -319,6 +319,11 @@ def _summary(result, out=None) -> None:
     print(fmt.format(*head), file=out)
     for r in rows:
         print(fmt.format(*r), file=out)
+    if "onnx" in result.files:  # the quantized layers ONNX Runtime runs in float, and why
+        from amct_torch.export.onnx.ort_float import ort_float_layers
+        per_channel = {n: len(r.scale_w) > 1 for n, r in result.records.items()}
+        for name, why in ort_float_layers(result.float_model, per_channel):
+            print(f"onnx: '{name}' runs in float in ONNX Runtime: {why}", file=out)
     imp = getattr(result, "improvement", None)
     if imp:  # what was kept, on how many rows, each stage's per-output gain ± error and cost
         from amct_torch.improve.pipeline import summary_line

@@ -49,6 +49,7 @@ class Inspection:
     quantized: list[str]
     unsupported: list[Unsupported] = field(default_factory=list)
     unknown_fields: list[Any] = field(default_factory=list)  # UnknownField
+    ort_float: list[tuple[str, str]] = field(default_factory=list)  # (layer, why)
     allow_unknown_fields: bool = False
     outputs: list[tuple[str, Optional[list[int]]]] = field(default_factory=list)
     onnx_ok: Optional[bool] = None
@@ -74,7 +75,8 @@ class Inspection:
             "unsupported": [asdict(u) for u in self.unsupported],
             "unknown_fields": [{"layer": f.layer, "field": f.where(), "text": f.text}
                                for f in self.unknown_fields],
-            "onnx": {"ok": self.onnx_ok, "message": self.onnx_message},
+            "onnx": {"ok": self.onnx_ok, "message": self.onnx_message,
+                     "float_in_onnxruntime": [{"layer": n, "why": w} for n, w in self.ort_float]},
             "data_layers": [{"layer": n, "type": t, "tops": tops} for n, t, tops in self.data_layers],
             "metric_loss_layers": [{"layer": n, "type": t} for n, t in self.head_layers],
             "supported": self.exit_code == EXIT_OK, "exit_code": self.exit_code,
@@ -117,6 +119,9 @@ class Inspection:
                       f"({' '.join(f.text.split())[:80]})" for f in self.unknown_fields]
         verdict = {True: "will work", False: "will fail", None: "not checked"}[self.onnx_ok]
         lines.append(f"ONNX export  {verdict}: {self.onnx_message}")
+        if self.ort_float:
+            lines.append(f"ORT float    {len(self.ort_float)} quantized layer(s) ONNX Runtime runs in float:")
+            lines += [f"  layer '{n}': {w}" for n, w in self.ort_float]
         lines.append(f"result       {'supported' if self.exit_code == EXIT_OK else 'NOT supported'} "
                      f"(exit {self.exit_code}; {self.seconds:.2f} s)")
         return "\n".join(_wrap(line) for line in lines)
@@ -239,6 +244,9 @@ def inspect_model(model_file: str, weights_file: Optional[str] = None,
             return res
         mark_integer_quants(gm)
         res.outputs = _outputs(gm)
+        from amct_torch.export.onnx.ort_float import ort_float_layers
+        res.ort_float = ort_float_layers(gm, {n: bool(qc.layers[n].channel_wise) for n in qc.enabled_layers()
+                                              if n in qc.layers})
         if onnx:
             _onnx_answer(res, gm, qc, model_file)
         else:

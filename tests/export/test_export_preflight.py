@@ -36,21 +36,3 @@ def test_calibrate_exits_2_before_calibration_and_writes_nothing(tmp_path, capsy
     assert any(proto in line and "detection_out" in line and "eta" in line for line in err), err
     assert "/amct_" not in err[-1] and "record" not in err[-1]  # names the model, not a temp record
     assert not os.path.exists(os.path.dirname(out))  # no file of the run, nor its folder
-
-
-def test_grouped_per_channel_deconvolution_found_before_calibration(tmp_path, capsys):
-    """A quantized per-channel Deconvolution with group > 1 (the default config) has no single
-    ONNX quantization axis: known from the config, reported naming the layer; nothing is
-    written."""
-    from helpers.caffe_nets import make_net, rand
-    body = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }\n'
-            'layer { name: "up" type: "Deconvolution" bottom: "conv" top: "up" convolution_param { num_output: 4 kernel_size: 2 stride: 2 group: 2 } }\n')
-    proto, model = make_net(tmp_path, body, {"data": [1, 3, 8, 8]},
-                            {"conv": [rand(4, 3, 3, 3, seed=1), rand(4, seed=2)], "up": [rand(4, 2, 2, 2, seed=3), rand(4, seed=4)]})
-    data = tmp_path / "calib.npy"
-    np.save(data, rand(4, 3, 8, 8, seed=5))
-    out = str(tmp_path / "o" / "m")
-    rc = main(["calibrate", "-q", proto, model, str(data), "-o", out, "--onnx", "--report-batches", "0"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and proto in err[-1] and "'up'" in err[-1] and "channel_wise" in err[-1], err
-    assert not os.path.exists(os.path.dirname(out))

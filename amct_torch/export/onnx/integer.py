@@ -18,7 +18,9 @@ a Transpose/Reshape that follows (an SSD head: conv without bias → Permute →
 
 The pass rewrites the builder's node list after the graph is written (``rewrite``); a layer
 that ORT fuses anyway (its output goes only to a QuantizeLinear, possibly through a ReLU that
-the Q's zero point makes redundant) keeps the QDQ form.
+the Q's zero point makes redundant) keeps the QDQ form — except an inner product fed through a
+Flatten (a 4-D input: an SE block's squeeze, a classifier after pooling), which ORT 1.32 leaves a
+float Gemm even then.
 """
 from __future__ import annotations
 
@@ -124,8 +126,8 @@ def rewrite(b, graph_outputs: set) -> int:
             continue
         if node.op_type == "Gemm" and (_attr(node, "transB", 0) != 1 or _attr(node, "transA", 0)):
             continue
-        if _fused_by_ort(node, cons, arrays, graph_outputs):
-            continue
+        if flat is None and _fused_by_ort(node, cons, arrays, graph_outputs):
+            continue  # ORT fuses DQ → Gemm → Q into QGemm, but not across the Flatten
         b.current = b.owner.get(node.name)
         _integer(b, node, xdq, wdq, flat, arrays, prod)
         b.current = None

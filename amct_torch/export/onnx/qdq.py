@@ -53,6 +53,7 @@ from amct_torch.export.onnx import layers_core, layers_segmentation  # noqa: F40
 from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
+from amct_torch.export.onnx.ort_float import dequantized_grouped_deconv, grouped_deconv_row_scales
 from amct_torch.export.onnx.shapes import Probe, pick_outputs, probe
 from amct_torch.export.onnx.stream import skeleton, streamable, write_model
 from amct_torch.export.onnx.targets import apply as apply_target
@@ -184,11 +185,13 @@ class _Builder:
         self.dq_factors[dq] = key[1:]
         return dq
 
-    def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int) -> str:
+    def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int,
+                     scales: Optional[np.ndarray] = None) -> str:
         qw = self.init(f"{lq.name}_weight_int8", np.asarray(w_int8, np.int8))
         if lq.per_channel:
-            s = self.init(f"{lq.name}_weight_scale", lq.scale_w.astype(np.float32))
-            z = self.init(f"{lq.name}_weight_zero_point", np.zeros(lq.scale_w.size, np.int8))
+            sw = lq.scale_w if scales is None else scales  # scales: laid along ``axis`` already
+            s = self.init(f"{lq.name}_weight_scale", sw.astype(np.float32))
+            z = self.init(f"{lq.name}_weight_zero_point", np.zeros(sw.size, np.int8))
             return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight", axis=axis)[0]
         s = self.init(f"{lq.name}_weight_scale", np.array(lq.scale_w[0], np.float32))
         z = self.init(f"{lq.name}_weight_zero_point", np.array(0, np.int8))
@@ -225,11 +228,8 @@ class _Builder:
 
     def conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
         deconv = mod.caffe_type == "Deconvolution"
-        if lq is not None and deconv and lq.per_channel and mod.groups > 1:
-            self.fail(mod, "per-channel Deconvolution weights with group > 1 have no single "
-                           "ONNX quantization axis; set channel_wise false for this layer (quant.cfg "
-                           "override_layer_configs) or skip it")
-        ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0)
+        ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0,
+                                          grouped_deconv=deconv and mod.groups > 1)
         (ph, pw), kernel = mod.padding, list(mod.kernel_size)
         return self.node("ConvTranspose" if deconv else "Conv", ins, mod.caffe_name,
                          kernel_shape=kernel, strides=list(mod.stride), pads=[ph, pw, ph, pw],
@@ -258,13 +258,20 @@ class _Builder:
         ins = [x] + self._weight_and_bias(mod, lq, axis=0)
         return self.node("Gemm", ins, mod.caffe_name, transB=1)[0]
 
-    def _weight_and_bias(self, mod, lq: Optional[LayerQuant], axis: int) -> list:
+    def _weight_and_bias(self, mod, lq: Optional[LayerQuant], axis: int,
+                         grouped_deconv: bool = False) -> list:
         """The weight (DequantizeLinear of int8 along ``axis`` when quantized, else float) and
-        the bias inputs (if any) of a Conv/ConvTranspose/Gemm node."""
-        if lq is not None:
-            ins = [self.quant_weight(lq, lq.int8_weight, axis=axis)]
-        else:
+        the bias inputs (if any) of a Conv/ConvTranspose/Gemm node. A per-channel grouped
+        Deconvolution: its scales along axis 0, or its dequantized weights (``ort_float.py``)."""
+        if lq is None:
             ins = [self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())]
+        elif grouped_deconv and lq.per_channel:
+            rows = grouped_deconv_row_scales(lq.scale_w, tuple(lq.int8_weight.shape), int(mod.groups))
+            ins = [self.quant_weight(lq, lq.int8_weight, axis=0, scales=rows) if rows is not None else
+                   self.init(f"{mod.caffe_name}_weight",  # no single axis: the same numbers in float
+                             dequantized_grouped_deconv(lq.int8_weight, lq.scale_w, int(mod.groups)))]
+        else:
+            ins = [self.quant_weight(lq, lq.int8_weight, axis=axis)]
         if mod.bias is not None:
             ins.append(self.quant_bias(lq) if lq is not None else
                        self.init(f"{mod.caffe_name}_bias", mod.bias.detach().cpu().float().numpy()))
