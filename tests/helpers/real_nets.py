@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from amct_torch.caffe.graph import build_graph, layer_modules, set_inplace
+from amct_torch.caffe.layers import traits
 from amct_torch.caffe.netio import read_net, save_caffe
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "caffe", "data")
-WEIGHTED = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "InnerProduct", "Deconvolution")
 
 
 def real_prototxt(name: str) -> str:
@@ -38,7 +38,7 @@ def _normalizing_hook(rng: np.random.Generator):
         if yd.dim() == 2 or yd[0, 0].numel() == 1:
             f = torch.full_like(sd, float(g.mean() / yd.std().clamp_min(1e-3)))
         w = m.weight
-        if m.caffe_type == "Deconvolution":
+        if traits.is_transposed(m):
             grp, cin, opg = int(m.groups), w.shape[0], w.shape[1]
             w.data = (w.data.reshape(grp, cin // grp, opg, *w.shape[2:])
                       * f.reshape(grp, 1, opg, 1, 1)).reshape(w.shape)
@@ -72,10 +72,10 @@ def code_weights(proto: str, folder: str, seed: int = 0, batch: int = 4,
             mod.weight.data = torch.from_numpy(rng.uniform(lo, hi, tuple(mod.weight.shape)).astype(np.float32))
             if t == "Scale" and mod.bias is not None:
                 mod.bias.data = torch.from_numpy(rng.normal(0, 0.1, tuple(mod.bias.shape)).astype(np.float32))
-        if t not in WEIGHTED:
+        if traits.weight_layout(mod) is None:
             continue
         params = mod.layer_param.param
-        if t == "Deconvolution" and params and params[0].lr_mult == 0:
+        if traits.is_transposed(mod) and params and params[0].lr_mult == 0:
             continue  # bilinear upsampling: its filler
         w = mod.weight
         fan_in = max(1, w[0].numel())

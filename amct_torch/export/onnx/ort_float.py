@@ -49,7 +49,8 @@ def dequantized_grouped_deconv(w_int8: np.ndarray, scale_w: np.ndarray, groups: 
 def float_in_ort(mod: Any, per_channel: bool) -> Optional[str]:
     """Why ONNX Runtime runs this quantized layer in float, or None when it runs an int8
     kernel (``per_channel``: its weights have one scale per output channel)."""
-    if getattr(mod, "caffe_type", None) != "Deconvolution":
+    from amct_torch.caffe.layers import traits
+    if not traits.is_transposed(mod):
         return None
     why = ("ONNX Runtime has no int8 transposed convolution: a float ConvTranspose over the "
            "dequantized int8 input and weights (the fake-quant numbers)")
