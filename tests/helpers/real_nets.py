@@ -117,3 +117,21 @@ def rel_diff(ours: np.ndarray, ref: np.ndarray) -> float:
     """max |ours − ref| / max(1, max |ref|)."""
     ref = np.asarray(ref, np.float32).reshape(np.shape(ours))
     return float(np.abs(np.asarray(ours, np.float32) - ref).max() / max(1.0, float(np.abs(ref).max())))
+
+
+def sized_copy(proto: str, folder: str, size: int) -> str:
+    """A copy of ``proto`` under ``folder`` whose (first) input is 1 × C × size × size."""
+    from amct_torch.caffe.netio import net_to_prototxt_text, parse_prototxt
+    net = parse_prototxt(proto)
+    if net.input_dim:
+        net.input_dim[0], net.input_dim[2], net.input_dim[3] = 1, size, size
+    elif net.input_shape:
+        dims = net.input_shape[0].dim
+        dims[0], dims[2], dims[3] = 1, size, size
+    else:
+        dims = next(l for l in net.layer if l.type == "Input").input_param.shape[0].dim
+        dims[0], dims[2], dims[3] = 1, size, size
+    out = os.path.join(str(folder), f"{size}_{os.path.basename(proto)}")
+    with open(out, "w") as f:
+        f.write(net_to_prototxt_text(net))
+    return out
