@@ -132,10 +132,11 @@ def test_nsfw_page_renders_in_a_headless_browser(nsfw_job, tmp_path):
     if os.environ.get("AMCT_REPORT_SHOT"):  # to look at it: a folder to copy the page and shot into
         png = Path(os.environ["AMCT_REPORT_SHOT"]) / "nsfw_report.png"
         shutil.copyfile(result.files["html_report"], png.with_suffix(".html"))
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1100,2600",
-                    html_file.as_uri()], capture_output=True, timeout=120, check=True)
+    headless = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+                f"--user-data-dir={tmp_path / 'profile'}"]
+    subprocess.run(headless + [f"--screenshot={png}", "--window-size=1100,2600", html_file.as_uri()],
+                   capture_output=True, timeout=120, check=True)
     img = imread(str(png))[..., :3]
     assert img.shape[0] >= 2000
 
@@ -153,10 +154,8 @@ var q=r.querySelector('input.search');q.value='stage0';q.oninput();
 var shown=Array.from(r.querySelectorAll('details.layer')).filter(function(d){return d.style.display!=='none';});
 document.body.setAttribute('data-probe',first+'|'+shown.length);</script></body>"""
     html_file.write_text(text.replace("</body>", probe), encoding="utf-8")
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--disable-sync", "--no-first-run",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", html_file.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    dom = subprocess.run(headless + ["--dump-dom", html_file.as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
     lowest = min(result.report, key=lambda s: s.sqnr_db).layer
     stage0 = sum(1 for s in result.report if "stage0" in s.layer)
     assert f'data-probe="{lowest}|{stage0}"' in dom
