@@ -205,13 +205,13 @@ def _plain_clipped(x: np.ndarray, scale: float, offset: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("kind", ["streaming", "exact", "hfmg"])
-def test_summary_counts_clipped_values_as_the_grid_does(kind):
+def test_summary_counts_clipped_values_as_the_grid_does(kind, device):
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.standard_normal(20000), rng.standard_normal(50) * 8]).astype(np.float32)
     obs = {"streaming": IfmrStreamingObserver, "exact": IfmrExactObserver,
            "hfmg": lambda n: HfmgObserver(n, num_of_bins=4096)}[kind]("conv")
     for part in np.array_split(x, 3):
-        obs.update(torch.from_numpy(part))
+        obs.update(torch.from_numpy(part).to(device))
     scale, offset = obs.compute()
     s = summarize(obs, scale, offset)
     assert s.count == x.size and sum(s.counts) == x.size
