@@ -472,6 +472,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
+    from amct_torch.malloc_tuning import keep_freed_memory
+    from amct_torch.threads import prefer_passive_waits
+    prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep while the decoders run
+    keep_freed_memory()  # each batch reuses the last one's activation memory
     from amct_torch.quality.net_scores import cmd_test as run
     return run(args)
 

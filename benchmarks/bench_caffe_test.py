@@ -85,10 +85,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=50)
-    ap.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    ap.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when present)")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    from amct_torch.threads import prefer_passive_waits
+    prefer_passive_waits()  # as the test command does, before torch loads
+    import torch
+
     from amct_torch.quality.net_scores import caffe_test
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     iterations = args.images // args.batch_size
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,11 +115,6 @@ def main() -> None:
                  test_images_per_s=round(f.images_per_second, 1),
                  ratio_test_to_forward=round(f.images_per_second / (images / secs), 3),
                  accuracy=f.outputs.get("accuracy"), loss=f.outputs.get("loss"))
-
-
-def _cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def _gpu_name(device: str) -> object:
