@@ -105,9 +105,13 @@ def main() -> None:
         emit(bench="caffe_test_setup", net="nsfw resnet_50_1by2 train_val", images=args.images, size="256x256",
              crop=224, batch_size=args.batch_size, iterations=iterations, device=args.device,
              cpus=os.cpu_count(), load_avg_1min=os.getloadavg()[0], gpu=_gpu_name(args.device))
-        for rep in range(args.repeats):  # interleaved: the machine may be shared
-            secs, images = forward_alone(model, weights, iterations, args.device)
-            res = caffe_test(model, weights, iterations=iterations, device=args.device, quiet=True)
+        for rep in range(args.repeats):  # interleaved, in turn first: the machine may be shared
+            if rep % 2:
+                res = caffe_test(model, weights, iterations=iterations, device=args.device, quiet=True)
+                secs, images = forward_alone(model, weights, iterations, args.device)
+            else:
+                secs, images = forward_alone(model, weights, iterations, args.device)
+                res = caffe_test(model, weights, iterations=iterations, device=args.device, quiet=True)
             f = res.forms[0]
             emit(bench="caffe_test", repeat=rep, forward_alone_images_per_s=round(images / secs, 1),
                  test_images_per_s=round(f.images_per_second, 1),
