@@ -368,6 +368,11 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     judge = Judge(fused, ext, data, blocks)
     base = judge.rows(fake_quant_graph(fused, records).to(device))
     default = compare("default", base, base)
+    if not default.sqnr_db:
+        imp.skipped = (f"{', '.join(names)} not applied: no net output the guard can score (an output "
+                       "whose shape follows the data, such as a DetectionOutput's)")
+        log.warning("improve: %s", imp.skipped)
+        return imp
     imp.stages = [default]
     candidates = {"default": (fused, dict(records), fused)}
     cur_gm, cur_rec = fused, dict(records)
