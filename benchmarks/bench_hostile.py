@@ -289,6 +289,7 @@ def bench_fuzz(work: str, n: int) -> None:
 
 
 def bench_kills(work: str, per_layout: int) -> None:
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))  # the kill test's own checks
     from test_kill_outputs import _args, _env, _other_fs_tmp, check_after_kill
 
     from helpers.kill import final_set, run_cli
