@@ -77,6 +77,6 @@ class ExportError(AmctError):
     """An output model cannot be written (e.g. an int32 bias overflow)."""
 
 
-class ArgumentError(AmctError):
+class ArgumentError(AmctError, ValueError):
     """A Python API call got an argument of the wrong type or value (the message names the
-    function and the argument)."""
+    function and the argument). Also a ``ValueError``, which callers of the API caught before."""
