@@ -5,7 +5,7 @@ The weights: He-normal convolutions/inner products rescaled, in one forward pass
 inputs, so that each output channel has a spread near exp(N(0, 0.3)) and a mean near 0.2 of
 it (a vector output: one factor for the whole layer, its few values per channel being no
 statistics); BatchNorm mean 0 / variance 1, Scale γ in [0.8, 1.2], β ~ N(0, 0.1), PReLU slopes
-in [0.05, 0.3]. A Deconvolution with ``lr_mult: 0`` keeps its bilinear filler. Activations
+in [0.05, 0.3]. A Deconvolution with ``lr_mult: 0`` and a bilinear filler keeps it. Activations
 then stay O(1) through deep nets, as trained nets keep them."""
 from __future__ import annotations
 
@@ -75,8 +75,9 @@ def code_weights(proto: str, folder: str, seed: int = 0, batch: int = 4,
         if traits.weight_layout(mod) is None:
             continue
         params = mod.layer_param.param
-        if traits.is_transposed(mod) and params and params[0].lr_mult == 0:
-            continue  # bilinear upsampling: its filler
+        if traits.is_transposed(mod) and params and params[0].lr_mult == 0 \
+                and mod.layer_param.convolution_param.weight_filler.type == "bilinear":
+            continue  # bilinear upsampling: its filler (a deploy file without it: weights by code)
         w = mod.weight
         fan_in = max(1, w[0].numel())
         w.data = torch.from_numpy(rng.normal(0, np.sqrt(2.0 / fan_in), tuple(w.shape)).astype(np.float32))
