@@ -75,15 +75,28 @@ def run_cli(args: list[str], env: dict, kill_at: int = -1, count_file: Optional[
     return proc.returncode
 
 
+def _html_of_any_run(html: bytes, prefix: str) -> bytes:
+    """The visual report without what differs between two runs of the same job: the folder of
+    the outputs it names (a set copied from another folder names that one) and the phase
+    timings (``<td data-v="0.09...">0.09 s</td>``)."""
+    import re
+    name = re.escape(os.fsencode(os.path.basename(prefix)))
+    html = re.sub(rb'[^<>"\s]*/' + name + rb'_', b"<out>/m_", html)
+    return re.sub(rb'<td data-v="[0-9.e+-]+">[0-9.]+ s</td>', b"<td>time</td>", html)
+
+
 def final_set(prefix: str) -> dict[str, Optional[bytes]]:
-    """Suffix → bytes of every final-name output of ``prefix`` (None when absent)."""
-    out = {}
+    """Suffix → bytes of every final-name output of ``prefix`` (None when absent; the HTML
+    report without its paths and timings, which differ between any two runs)."""
+    out: dict[str, Optional[bytes]] = {}
     for s in SUFFIXES:
         try:
             with open(prefix + s, "rb") as f:
                 out[s] = f.read()
         except FileNotFoundError:
             out[s] = None
+    if out.get("_report.html") is not None:
+        out["_report.html"] = _html_of_any_run(out["_report.html"], prefix)
     return out
 
 
