@@ -180,3 +180,19 @@ layer { name: "flat" type: "Reshape" bottom: "head" top: "flat" reshape_param { 
     assert abs(imp["stages"][0]["worst_output_sqnr_db"] - sqnr(ref, q)) < 2e-3
     # a standard error from 64 rows (one joined row would give none)
     assert imp["stages"][1]["output_error_db"][0] > 0
+
+
+def test_a_detector_whose_only_output_is_a_detection_output_skips_with_a_warning(tmp_path, caplog):
+    """A DetectionOutput's shape follows the detections, so the guard has no output to score:
+    the improvements are skipped with one warning and the record is AMCT's."""
+    from helpers.ssd import ssd_net
+    proto, weights = ssd_net(tmp_path)
+    x = rand(16 + 64, 3, 64, 64, seed=3)
+    kw = dict(batch_num=2, batch_size=8, **KW)
+    base = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "d" / "m"), **kw)
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        res = amct_torch.quantize(proto, weights, x, output=str(tmp_path / "a" / "m"), improve="all", **kw)
+    warned = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert len(warned) == 1 and "DetectionOutput" in warned[0]
+    assert res.improvement["kept"] == "default" and res.improvement["stages"] == []
+    assert open(res.files["record"], "rb").read() == open(base.files["record"], "rb").read()
