@@ -3,7 +3,7 @@ calibration crops (8 x 4) followed by 64 more that the improvements' guard judge
 data for both jobs, CPU seconds of the process (every thread) and wall seconds, side by side in
 one process. One JSON line per repetition, then the medians and their ratio.
 
-    python benchmarks/bench_improve_cost.py [--reps 3] [--device cpu]
+    python benchmarks/bench_improve_cost.py [--reps 3] [--device cpu] [--outputs]
 """
 from __future__ import annotations
 
@@ -26,11 +26,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--outputs", action="store_true",
+                    help="both jobs write what calibrate writes by default (the Caffe models and the per-layer "
+                         "report) instead of the record alone")
     args = ap.parse_args()
     imgs = fid.natural_images()
     proto, weights = fid.nsfw_files()
     data = np.concatenate([fid.crops(imgs, 32, seed=1), fid.crops(imgs, 64, seed=3)]).astype(np.float32)
-    kw = dict(batch_num=4, batch_size=8, save_type=None, report=False, quiet=True, device=args.device)
+    kw = dict(batch_num=4, batch_size=8, quiet=True, device=args.device)
+    if not args.outputs:
+        kw.update(save_type=None, report=False)
     tmp = tempfile.mkdtemp(prefix="bench_improve_cost_")
     got: dict[str, list[tuple[float, float]]] = {"default": [], "all": []}
     for rep in range(args.reps):
@@ -43,7 +48,7 @@ def main() -> None:
                               "cpu_s": round(got[name][-1][0], 2), "wall_s": round(got[name][-1][1], 2),
                               "kept": (r.improvement or {}).get("kept")}), flush=True)
     med = {k: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for k, v in got.items()}
-    print(json.dumps({"bench": "improve_cost_nsfw_summary", "reps": args.reps,
+    print(json.dumps({"bench": "improve_cost_nsfw_summary", "reps": args.reps, "outputs": args.outputs,
                       "cpu_s": {k: round(v[0], 2) for k, v in med.items()},
                       "wall_s": {k: round(v[1], 2) for k, v in med.items()},
                       "all_over_default_cpu": round(med["all"][0] / med["default"][0], 2),
