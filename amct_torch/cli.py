@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
-from amct_torch.output_names import IMPROVEMENTS, ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES
+from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES
 from amct_torch.transaction import Terminated, abort_open
 
 log = logging.getLogger("amct_torch")
@@ -126,6 +126,33 @@ def add_allow_unknown_fields(p: argparse.ArgumentParser) -> None:
                         "fork's parameters; 'inspect' lists them) without those fields; refused otherwise")
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names (empty items dropped)."""
+    return [x for x in text.split(",") if x]
+
+
+def _option_fields() -> list:
+    """The ``QuantizeOptions`` fields that are ``calibrate`` arguments one to one."""
+    from dataclasses import fields
+
+    from amct_torch.workflow.options import QuantizeOptions
+    return [f for f in fields(QuantizeOptions) if f.metadata.get("cli")]
+
+
+def _option_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the one-to-one options to ``calibrate``: flags, default and help come from the
+    field's declaration (``workflow/options.py``); the argument's dest is the field's name."""
+    types = {"positive": _positive, "names": _names, "improvements": _improvements}
+    for f in _option_fields():
+        cli = dict(f.metadata["cli"])
+        flags = cli.pop("flags")
+        if "type" in cli:
+            cli["type"] = types[cli["type"]]
+        cli.setdefault("help", f.metadata["help"])
+        cli.setdefault("default", f.default)
+        p.add_argument(*flags, dest=f.name, **cli)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="amct-torch",
                      description="Post-training 8-bit quantization of Caffe models with PyTorch "
@@ -144,19 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("data", nargs="?",
                    help="calibration data: a folder of images, a folder of .npy/.npz, or one .npy/.npz "
                         "file; left out: the TEST-phase data layer of a train/test prototxt")
-    c.add_argument("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; "
-                                          "default: quantize every quantizable layer with IFMR + ARQ")
-    c.add_argument("-o", "--output", default="amct_output/model", help="output path prefix (default: %(default)s)")
-    c.add_argument("--batch-size", type=_positive,
-                   help="samples per batch (default: spread the data over batch-num batches; "
-                        "without DATA the data layer's batch_size)")
-    c.add_argument("--batch-num", type=_positive, help="calibration batches (default: the config's batch_num)")
-    c.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    _option_arguments(c)  # the one-to-one options, declared with their QuantizeOptions field
     add_preprocess_options(c)
-    c.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
-                   help="comma-separated layers not to quantize (without --config)")
-    c.add_argument("--save-type", choices=SAVE_TYPES, default="Both",
-                   help="Caffe models to write (default: %(default)s)")
     c.add_argument("--onnx", action="store_true", help="also write the float and the QDQ ONNX model")
     c.add_argument("--onnx-activations", choices=ONNX_ACTIVATIONS, default=None,
                    help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: "
@@ -169,26 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the target fixes the activation type")
     c.add_argument("--no-activation-offset", action="store_true",
                    help="symmetric activations (offset_d = 0; without --config)")
-    c.add_argument("--onnx-outputs", type=lambda s: [x for x in s.split(",") if x],
-                   help="comma-separated blob names: write the ONNX models up to these outputs only "
-                        "(e.g. before a layer ONNX cannot express exactly)")
     c.add_argument("--onnx-quantize-eltwise", action="store_true",
                    help="ONNX speed mode (opt-in, no longer AMCT-exact): also quantize residual "
                         "conv outputs and Eltwise SUMs so ONNX Runtime runs every conv and add as "
                         "an int8 kernel; use with --onnx-activations uint8")
-    c.add_argument("--ifmr-mode", choices=("streaming", "exact"), default="streaming",
-                   help="IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)")
-    c.add_argument("--improve", type=_improvements, metavar="LIST",
-                   help="opt-in improvements beyond AMCT (default: none, AMCT's result), "
-                        f"comma-separated, or all: {', '.join(IMPROVEMENTS)}; applied in that "
-                        "order and each kept per layer only where it lowers the output error on "
-                        "held-out calibration data, never leaving a net output worse than the default")
-    c.add_argument("--distributed", action="store_true",
-                   help="run under torchrun: each process calibrates its share of the batches "
-                        "(NCCL on GPUs, gloo on CPU); rank 0 writes the outputs")
-    c.add_argument("--checkpoint", metavar="PATH",
-                   help="save the calibration state after each batch to PATH and resume from it "
-                        "if it exists (a killed job continues with the same result)")
     c.add_argument("--report-batches", type=_non_negative, default=2,
                    help="held-out batches for the per-layer report (0: none)")
     c.add_argument("--report-rows", type=_non_negative, default=15,
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write the JSON quant config of a model (defaults, or from a quant.cfg).")
     g.add_argument("-o", "--output", default="quant_config.json", help="JSON file to write (default: %(default)s)")
     g.add_argument("--quant-cfg", help="quant.cfg: when given it decides everything (as in AMCT)")
-    g.add_argument("--skip-layers", type=lambda s: [x for x in s.split(",") if x],
+    g.add_argument("--skip-layers", type=_names,
                    help="comma-separated layers not to quantize")
     g.add_argument("--batch-num", type=_batch_count, default=1, help="calibration batches (default: 1)")
     g.add_argument("--no-activation-offset", action="store_true", help="symmetric activations (offset_d = 0)")
@@ -362,17 +362,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                 ("--onnx-quantize-eltwise", args.onnx_quantize_eltwise)) if v]
     if onnx_only and not args.onnx:
         raise AmctError(f"{onnx_only[0]} shapes the ONNX model: add --onnx to write it")
-    result = quantize(args.model, args.weights, args.data, config=args.config, output=args.output,
-                      batch_num=args.batch_num, batch_size=args.batch_size, device=args.device,
-                      preprocess=pre, skip_layers=args.skip_layers, save_type=args.save_type,
+    result = quantize(args.model, args.weights, args.data, preprocess=pre,
                       onnx=(args.onnx_activations or True) if args.onnx else False,
-                      onnx_speed=args.onnx_quantize_eltwise,
-                      report=args.report_batches > 0,
-                      report_batches=max(args.report_batches, 1), ifmr_mode=args.ifmr_mode,
-                      quiet=args.quiet, improve=args.improve, distributed=args.distributed,
-                      checkpoint=args.checkpoint, onnx_outputs=args.onnx_outputs,
+                      onnx_speed=args.onnx_quantize_eltwise, report=args.report_batches > 0,
+                      report_batches=max(args.report_batches, 1), quiet=args.quiet,
                       onnx_target=args.onnx_target or ONNX_TARGETS[0],
-                      activation_offset=not args.no_activation_offset)
+                      activation_offset=not args.no_activation_offset,
+                      **{f.name: getattr(args, f.name) for f in _option_fields()})
     if result.rank != 0:
         return 0
     _summary(result)

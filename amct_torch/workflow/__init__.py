@@ -4,10 +4,23 @@ Why a floor of its own: ``amct_torch.steps`` holds AMCT's steps over an in-memor
 record, and ``amct_torch.api`` gives them AMCT's file-based names; ``quantize`` runs the same
 steps in memory with data loading, the calibration loop, the exporters, the per-layer report
 and one output transaction (the record is written once, at commit). Nothing below imports
-this package.
+this package. Names are imported on first use, so that the command line reads the options'
+declarations (``options.py``) without torch.
 """
-from amct_torch.workflow.job import quantize, run
-from amct_torch.workflow.options import QuantizeOptions
-from amct_torch.workflow.result import QuantizeResult
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from amct_torch.lazy_names import lazy_names
+
+_LAZY = {"quantize": "amct_torch.workflow.job", "run": "amct_torch.workflow.job",
+         "QuantizeOptions": "amct_torch.workflow.options", "QuantizeResult": "amct_torch.workflow.result"}
 
 __all__ = ["QuantizeOptions", "QuantizeResult", "quantize", "run"]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.workflow.job import quantize, run
+    from amct_torch.workflow.options import QuantizeOptions
+    from amct_torch.workflow.result import QuantizeResult

@@ -1,13 +1,16 @@
-"""The settings of one ``quantize`` job, checked before any work.
+"""The settings of one ``quantize`` job, each declared once, checked before any work.
 
 Why an object: the one-call job has some twenty settings; carrying them as one validated
 value keeps the steps (plan, calibrate, write) short and lets each read only what it needs.
+Each field carries its default, its help, its argument check (``amct_torch.arguments``) and,
+when it is one, its ``calibrate`` argument (``option``): ``QUANTIZE_ARGS`` (``quantize``'s and
+``validate``'s checks) and the command's one-to-one arguments are made from them.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from amct_torch.arguments import (
     bool_arg,
@@ -22,10 +25,34 @@ from amct_torch.arguments import (
     positive_int,
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
-from amct_torch.inputs.data import Preprocess
 from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
-from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES, SAVE_TYPES, improvement_list
+from amct_torch.output_names import (
+    IMPROVEMENTS,
+    ONNX_ACTIVATIONS,
+    ONNX_TARGETS,
+    PREFIX_SUFFIXES,
+    SAVE_TYPES,
+    improvement_list,
+)
 from amct_torch.transaction import check_output_name
+
+if TYPE_CHECKING:
+    from amct_torch.inputs.data import Preprocess
+
+
+def option(default: Any, help: str, arg: Any = None, cli: Optional[dict] = None) -> Any:
+    """A ``QuantizeOptions`` field declared once: its default (``MISSING``: required), its
+    ``help``, ``arg`` (what the value must be: an ``amct_torch.arguments`` check) and ``cli``
+    (the ``calibrate`` argument when it maps one to one: ``flags`` and argparse keywords,
+    ``type`` by name: "positive", "names", "improvements"; its help the field's unless given)."""
+    meta = {"help": help, "arg": arg, "cli": cli}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+def _preprocess(value: Any, name: str) -> Any:
+    """A ``Preprocess`` (imported when checked: declaring the options needs no torch)."""
+    from amct_torch.inputs.data import Preprocess
+    return instance(Preprocess)(value, name)
 
 
 def _data(value: Any, name: str) -> Any:
@@ -43,46 +70,66 @@ def _device(value: Any, name: str) -> str:
     raise ArgumentError(f"{name} must be a device name such as 'cpu' or 'cuda:0', got {type(value).__name__}")
 
 
-#: what each argument of ``quantize`` / ``QuantizeOptions`` must be (amct_torch.arguments)
-QUANTIZE_ARGS = dict(
-    model_file=path_arg, weights_file=path_arg, calibration_data=_data, config=opt(path_arg),
-    output=path_arg, batch_num=opt(positive_int), batch_size=opt(positive_int), device=opt(_device),
-    preprocess=opt(instance(Preprocess)), skip_layers=opt(names_arg), activation_offset=bool_arg,
-    save_type=opt(one_of(*SAVE_TYPES)), onnx=either(bool_arg, one_of(*ONNX_ACTIVATIONS)),
-    onnx_speed=bool_arg, onnx_outputs=opt(names_arg), report=bool_arg, report_data=opt(_data),
-    report_batches=non_negative_int, ifmr_mode=one_of("streaming", "exact"), quiet=bool_arg,
-    distributed=bool_arg, checkpoint=opt(path_arg), onnx_target=one_of(*ONNX_TARGETS))
-
-
 @dataclass
 class QuantizeOptions:
     """Everything ``quantize`` takes (its docstring says what each does)."""
 
-    model_file: str
-    weights_file: str
-    calibration_data: Any
-    config: Optional[str] = None
-    output: str = "amct_output/model"
-    batch_num: Optional[int] = None
-    batch_size: Optional[int] = None
-    device: Optional[str] = None
-    preprocess: Optional[Preprocess] = None
-    skip_layers: Optional[Sequence[str]] = None
-    activation_offset: bool = True
-    save_type: Optional[str] = "Both"
-    onnx: Union[bool, str] = False
-    onnx_speed: bool = False
-    onnx_outputs: Optional[Sequence[str]] = None
-    report: bool = True
-    report_data: Any = None
-    report_batches: int = 2
-    ifmr_mode: str = "streaming"
-    quiet: bool = False
-    improve: Union[None, str, Sequence[str]] = None
-    distributed: bool = False
-    checkpoint: Optional[str] = None
-    onnx_target: str = "onnxruntime"
-    allow_unknown_fields: bool = False
+    model_file: str = option(MISSING, "the deploy prototxt", path_arg)
+    weights_file: str = option(MISSING, "the caffemodel", path_arg)
+    calibration_data: Any = option(MISSING, "the calibration data (``quantize``'s docstring)", _data)
+    config: Optional[str] = option(
+        None, "None (defaults), a quant.cfg or a JSON quant config", opt(path_arg),
+        cli=dict(flags=("-c", "--config"), help="quant.cfg (AMCT's simplified config) or a JSON quant "
+                                                "config; default: quantize every quantizable layer with IFMR + ARQ"))
+    output: str = option("amct_output/model", "the path prefix of every output", path_arg,
+                         cli=dict(flags=("-o", "--output"), help="output path prefix (default: %(default)s)"))
+    batch_num: Optional[int] = option(
+        None, "calibration batches (default: the config's batch_num)", opt(positive_int),
+        cli=dict(flags=("--batch-num",), type="positive"))
+    batch_size: Optional[int] = option(
+        None, "samples per batch (default: spread the data over batch-num batches; without DATA the "
+              "data layer's batch_size)", opt(positive_int), cli=dict(flags=("--batch-size",), type="positive"))
+    device: Optional[str] = option(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", opt(_device),
+                                   cli=dict(flags=("--device",), default="auto"))
+    preprocess: Optional[Preprocess] = option(None, "how images become the net's input", opt(_preprocess))
+    skip_layers: Optional[Sequence[str]] = option(
+        None, "comma-separated layers not to quantize (without --config)", opt(names_arg),
+        cli=dict(flags=("--skip-layers",), type="names"))
+    activation_offset: bool = option(True, "asymmetric activations (False: offset_d = 0)", bool_arg)
+    save_type: Optional[str] = option(
+        "Both", "Caffe models to write (default: %(default)s)", opt(one_of(*SAVE_TYPES)),
+        cli=dict(flags=("--save-type",), choices=SAVE_TYPES))
+    onnx: Union[bool, str] = option(False, "also write the float and the QDQ ONNX model (True or the "
+                                           "activation type)", either(bool_arg, one_of(*ONNX_ACTIVATIONS)))
+    onnx_speed: bool = option(False, "the QDQ model's opt-in speed mode", bool_arg)
+    onnx_outputs: Optional[Sequence[str]] = option(
+        None, "comma-separated blob names: write the ONNX models up to these outputs only "
+              "(e.g. before a layer ONNX cannot express exactly)", opt(names_arg),
+        cli=dict(flags=("--onnx-outputs",), type="names"))
+    report: bool = option(True, "write the per-layer report", bool_arg)
+    report_data: Any = option(None, "the report's data (default: held-out calibration batches)", opt(_data))
+    report_batches: int = option(2, "the report's held-out batches", non_negative_int)
+    ifmr_mode: str = option(
+        "streaming", "IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)",
+        one_of("streaming", "exact"), cli=dict(flags=("--ifmr-mode",), choices=("streaming", "exact")))
+    quiet: bool = option(False, "no progress output", bool_arg)
+    improve: Union[None, str, Sequence[str]] = option(
+        None, "opt-in improvements beyond AMCT (default: none, AMCT's result), "
+              f"comma-separated, or all: {', '.join(IMPROVEMENTS)}; applied in that "
+              "order and each kept per layer only where it lowers the output error on "
+              "held-out calibration data, never leaving a net output worse than the default",
+        cli=dict(flags=("--improve",), type="improvements", metavar="LIST"))
+    distributed: bool = option(
+        False, "run under torchrun: each process calibrates its share of the batches "
+               "(NCCL on GPUs, gloo on CPU); rank 0 writes the outputs", bool_arg,
+        cli=dict(flags=("--distributed",), action="store_true"))
+    checkpoint: Optional[str] = option(
+        None, "save the calibration state after each batch to PATH and resume from it "
+              "if it exists (a killed job continues with the same result)", opt(path_arg),
+        cli=dict(flags=("--checkpoint",), metavar="PATH"))
+    onnx_target: str = option("onnxruntime", "the runtime the QDQ model is laid out for",
+                              one_of(*ONNX_TARGETS))
+    allow_unknown_fields: bool = option(False, "build from a prototxt with fields this tool does not read")
 
     def validate(self) -> "QuantizeOptions":
         """Refuse bad settings (before any file is read or written); returns self."""
@@ -162,3 +209,7 @@ class QuantizeOptions:
     def onnx_activations(self) -> str:
         """The ONNX model's activation type (uint8 unless asked: same values, faster in ORT)."""
         return self.onnx if isinstance(self.onnx, str) else "uint8"
+
+
+#: what each argument of ``quantize`` / ``QuantizeOptions`` must be (from the fields)
+QUANTIZE_ARGS = {f.name: f.metadata["arg"] for f in fields(QuantizeOptions) if f.metadata.get("arg")}
