@@ -80,3 +80,12 @@ class ExportError(AmctError):
 class ArgumentError(AmctError, ValueError):
     """A Python API call got an argument of the wrong type or value (the message names the
     function and the argument). Also a ``ValueError``, which callers of the API caught before."""
+
+
+class OutputError(AmctError, OSError):
+    """An output could not be written (no space left, permission denied, a read-only file
+    system): the message names the user's output path. Also an ``OSError`` (with the
+    system's ``errno``), which callers caught before."""
+
+    def __str__(self) -> str:  # the one line, not OSError's "[Errno N] ..."
+        return self._format()

@@ -12,7 +12,7 @@ import os
 import re
 from typing import Optional
 
-from amct_torch.errors import AmctError
+from amct_torch.errors import AmctError, OutputError
 
 #: the staging folder beside the outputs is named ``.{prefix name}`` + this
 STAGING_SUFFIX = ".amct-partial"
@@ -49,5 +49,6 @@ def write_error(err: OSError, where: Optional[str], kept: bool = False) -> AmctE
     outputs were kept."""
     why = REASONS.get(err.errno or 0) or err.strerror or str(err)
     tail = "; the previous outputs were kept" if kept else ""
-    return AmctError(f"cannot write the output: {why}{tail}",
-                     file=user_path(where) if where else None)
+    out = OutputError(f"cannot write the output: {why}{tail}", file=user_path(where) if where else None)
+    out.errno, out.strerror = err.errno, err.strerror
+    return out

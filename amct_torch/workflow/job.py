@@ -173,6 +173,8 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
             raise _computed_factors(err, opts) from None
         raise
     except OSError as err:
+        if isinstance(err, AmctError):  # already one line naming the user's output
+            raise
         # a full disk or a vanished folder while writing: name the output, never the staging copy
         where = err.filename if isinstance(err.filename, str) else None
         ours = where is None or os.path.abspath(where).startswith(os.path.abspath(plan.tmp) + os.sep) \
