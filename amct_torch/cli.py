@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=BUILD_KERNELS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(k)
     from amct_torch.quality.evaluate import add_parser as add_evaluate
-    add_evaluate(sub)  # amct_torch/quality/evaluate.py: its own options
+    add_allow_unknown_fields(add_evaluate(sub))  # amct_torch/quality/evaluate.py: its own options
     from amct_torch.inspect_model import add_parser as add_inspect
     add_inspect(sub)  # amct_torch/inspect_model.py: its own options
     _add_test(sub)

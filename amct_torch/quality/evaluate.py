@@ -126,7 +126,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
     from amct_torch.calibration.loop import resolve_device
     from amct_torch.inputs.data import calibration_batches, count_samples
-    from amct_torch.workflow.batching import check_data_settings, preprocessed_sample_shape
+    from amct_torch.inputs.data_checks import check_data_settings, preprocessed_sample_shape
 
     dev = resolve_device(device)
     if reference is not None and (isinstance(reference, (str, bytes)) or len(reference) != 2):
@@ -242,8 +242,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e.add_argument("model", help="prototxt")
     e.add_argument("weights", help="caffemodel")
     e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
-    from amct_torch.cli import add_allow_unknown_fields
-    add_allow_unknown_fields(e)
     e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
                    help="the model to compare with (normally the float model)")
     e.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH,

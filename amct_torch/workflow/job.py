@@ -28,6 +28,7 @@ from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
 from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
+from amct_torch.inputs.data_checks import check_data_settings, check_held_out_images, preprocessed_sample_shape
 from amct_torch.output_names import model_kinds, output_path
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
@@ -44,11 +45,8 @@ from amct_torch.workflow.batching import (
     HELD_ROWS,
     Keep,
     NetData,
-    check_data_settings,
-    check_held_out_images,
     default_batch_size,
     held_out_batches,
-    preprocessed_sample_shape,
     report_use,
 )
 from amct_torch.workflow.options import QUANTIZE_ARGS, QuantizeOptions
