@@ -38,22 +38,19 @@ def path_arg(value: Any, name: str) -> str:
     raise ArgumentError(f"{name} must be a path (str or os.PathLike), got {_kind(value)}")
 
 
-def positive_int(value: Any, name: str) -> int:
-    """A whole number >= 1 (an ``int``, not a bool or a float such as 2.0)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentError(f"{name} must be an integer, got {_kind(value)} {value!r}")
-    if value < 1:
-        raise ArgumentError(f"{name} must be >= 1, got {value}")
-    return value
+def _whole_at_least(low: int) -> Check:
+    """A whole number >= ``low`` (an ``int``, not a bool or a float such as 2.0)."""
+    def check(value: Any, name: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentError(f"{name} must be an integer, got {_kind(value)} {value!r}")
+        if value < low:
+            raise ArgumentError(f"{name} must be >= {low}, got {value}")
+        return value
+    return check
 
 
-def non_negative_int(value: Any, name: str) -> int:
-    """A whole number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentError(f"{name} must be an integer, got {_kind(value)} {value!r}")
-    if value < 0:
-        raise ArgumentError(f"{name} must be >= 0, got {value}")
-    return value
+positive_int = _whole_at_least(1)
+non_negative_int = _whole_at_least(0)
 
 
 def bool_arg(value: Any, name: str) -> bool:

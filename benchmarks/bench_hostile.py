@@ -148,21 +148,17 @@ def bench_commit_failures(work: str) -> None:
     import subprocess
 
     from amct_torch.errors import AmctError
-    from amct_torch.transaction import OutputTransaction, staging_folder
+    from amct_torch.transaction import staging_folder
     kept = total = 0
     cases = []
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))  # the rollback test's own sets
+    from test_commit_rollback import _old_set, _staged_new
     for call_name in ("link", "replace"):
         for n in range(1, 5):
             prefix = os.path.join(work, "commit", f"{call_name}{n}", "m")
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            finals = [prefix + s for s in ("_record.txt", "_quant.json", "_quant_config.json")]
-            for p in finals:
-                with open(p, "w") as f:
-                    f.write("old")
-            tx = OutputTransaction(finals).begin("m")
-            for p in finals:
-                with open(tx.staged(p), "w") as f:
-                    f.write("new")
+            finals = _old_set(prefix)
+            tx = _staged_new(finals)
             real, calls = getattr(os, call_name), []
 
             # a link refused as an immutable file refuses it; a rename failing with an I/O error
