@@ -272,6 +272,11 @@ def _add_test(sub: Any) -> argparse.ArgumentParser:
                    help="a calibrate --output prefix: also score its fake-quant and deploy Caffe "
                         "models and its QDQ ONNX model (ONNX Runtime)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    page = p.add_mutually_exclusive_group()
+    page.add_argument("--report-html", metavar="PATH",
+                      help="write the visual report (summary, float vs int8 accuracy) at PATH "
+                           "(default with --quantized: PREFIX_test_report.html)")
+    page.add_argument("--no-report", action="store_true", help="write no report page")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
     p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")

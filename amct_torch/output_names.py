@@ -57,6 +57,9 @@ SUFFIXES = {
     "onnx": "_quant.onnx",
 }
 PREFIX_SUFFIXES = tuple(SUFFIXES.values())
+#: the page ``amct-torch test --quantized PREFIX`` writes under the prefix (not a calibrate
+#: output: a calibrate rerun leaves it, and its summary names the models it scored)
+TEST_REPORT_SUFFIX = "_test_report.html"
 
 
 def output_path(prefix: str, kind: str) -> str:

@@ -248,6 +248,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="samples per batch (default: %(default)s)")
     e.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
     e.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    e.add_argument("--report-html", metavar="PATH",
+                   help="also write the table as a self-contained HTML page at PATH")
     add_preprocess_options(e)
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
     e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
@@ -272,8 +274,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                        *(((p, w) for p, w in zip(args.reference, ("reference model", "reference weights")))
                          if args.reference else ())):
         check_regular_file(path, what, ModelError)
+    if args.report_html:
+        from amct_torch.quality.html_report import check_page_path
+        check_page_path(args.report_html, [args.model, args.weights, args.data, *(args.reference or ())])
     stats = evaluate(args.model, args.weights, args.data, args.reference, batch_size=args.batch_size,
                      max_batches=args.max_batches, preprocess=preprocess_from(args), device=args.device,
                      quiet=args.quiet)
     print(format_stats(stats))
+    if args.report_html:
+        import os
+
+        from amct_torch.quality.html_report import write_page
+        write_page(args.report_html, stats._repr_html_(), f"amct-torch evaluate: {os.path.basename(args.model)}")
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from amct_torch.atomic import atomic_write_text
+from amct_torch.errors import AmctError
 from amct_torch.quality import charts
 from amct_torch.quality.report import COSINE_WARN, LayerStat
 
@@ -28,6 +29,8 @@ MAX_CHANNELS = 64
 MAX_LAYER_CHARTS = 100
 
 SECTIONS = ("summary", "layer-error", "layers", "improvements", "accuracy")
+#: the sections of ``amct-torch test``'s page (``caffe_test_html``)
+TEST_SECTIONS = ("summary", "accuracy")
 
 
 @dataclass
@@ -46,7 +49,8 @@ class ReportInputs:
     """Everything the page shows. ``stats``: the text report's rows (worst first);
     ``records``: the record as written; ``summaries``: record key → ``ActivationSummary``;
     ``floats``: (layer, type, why) of quantizable layers kept in float; ``timings``: phase →
-    seconds; ``files``: kind → path written; ``accuracy``: (metric, float, int8) rows."""
+    seconds; ``files``: kind → path written; ``accuracy``: (metric, float, quantized...) rows,
+    one quantized figure per name of ``accuracy_forms``."""
 
     model_file: str
     weights_file: str = ""
@@ -63,7 +67,8 @@ class ReportInputs:
     weights: dict = field(default_factory=dict)
     floats: list = field(default_factory=list)
     improvement: Optional[dict] = None
-    accuracy: Optional[Sequence[tuple[str, float, float]]] = None
+    accuracy: Optional[Sequence[tuple]] = None
+    accuracy_forms: Sequence[str] = ("int8",)
     charts: dict = field(default_factory=dict)
 
 
@@ -287,8 +292,18 @@ def _improvements(inp: ReportInputs) -> str:
 def _accuracy(inp: ReportInputs) -> str:
     if not inp.accuracy:
         return "<p>No accuracy figures: run <code>amct-torch test</code> on labelled data to fill this.</p>"
-    rows = [(m, _num(f, ".4g"), _num(q, ".4g"), _num(q - f, "+.4g")) for m, f, q in inp.accuracy]
-    return _table(("metric", "float", "int8", "int8 − float"), rows)
+    return accuracy_table(inp.accuracy, inp.accuracy_forms)
+
+
+def accuracy_table(rows: Sequence[Sequence[Any]], forms: Sequence[str]) -> str:
+    """Rows of (metric, float, one figure per quantized form) as a table with each form's drop
+    (float minus the form: positive is accuracy lost), figures as ``amct-torch test`` prints them."""
+    out = []
+    for metric, flt, *quant in rows:
+        out.append([metric, _num(flt, ".6g")] + [_num(q, ".6g") for q in quant]
+                   + [_num(flt - q, "+.6g") for q in quant])
+    head = ["metric", "float", *forms] + [f"drop ({f})" for f in forms]
+    return _table(head, out)
 
 
 CSS = """
@@ -355,6 +370,29 @@ def evaluation_html(stats: Sequence[Any]) -> str:
             f"the reference</h3>{table}<script>{JS}</script></div>")
 
 
+def caffe_test_html(result: Any, labels: Mapping[str, str]) -> str:
+    """``amct-torch test``'s result (``CaffeTestResult``) as a report fragment: a summary (the
+    files, iterations, images per second of each form) and the accuracy section (every scalar
+    net output of the float model and of each quantized form, with its drop)."""
+    forms = result.forms
+    flt = forms[0]
+    kv = [("model", flt.files[0]), ("weights", flt.files[1] if len(flt.files) > 1 else ""),
+          ("iterations", f"{result.iterations} of {result.batch_size} image(s)")]
+    runs = [(labels[f.form], ", ".join(f.files), f.images, _num(f.seconds, ".2f"),
+             _num(f.images_per_second, ".1f")) for f in forms]
+    summary = (_table(("", ""), kv, "kv") + "<h3>models scored</h3>"
+               + _table(("form", "files", "images", "seconds", "images/s"), runs))
+    rows = [(label, flt.outputs[name], *(f.outputs[name] for f in forms[1:])) for name, label in result.labels()]
+    accuracy = (accuracy_table(rows, [labels[f.form] for f in forms[1:]]) if len(forms) > 1 else
+                "<p>Float only: run with <code>--quantized PREFIX</code> to score the quantized models.</p>"
+                + _table(("metric", "float"), [(r[0], _num(r[1], ".6g")) for r in rows]))
+    title = os.path.basename(flt.files[0])
+    body = [f"<style>{CSS}</style><h1>amct-torch test: {_e(title)}</h1>",
+            _section("summary", "Summary", summary),
+            _section("accuracy", "Accuracy: float vs int8", accuracy)]
+    return '<div class="amct-report">' + "".join(body) + "</div>"
+
+
 def page(fragment: str, title: str = "amct-torch report") -> str:
     """A whole HTML document around a ``render`` fragment."""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -364,5 +402,23 @@ def page(fragment: str, title: str = "amct-torch report") -> str:
 def write_html(path: str, inp: ReportInputs) -> str:
     """Render ``inp`` and write the page atomically at ``path``; returns the fragment."""
     fragment = render(inp)
-    atomic_write_text(path, page(fragment, f"amct-torch report: {os.path.basename(inp.model_file)}"))
+    write_page(path, fragment, f"amct-torch report: {os.path.basename(inp.model_file)}")
     return fragment
+
+
+def check_page_path(path: str, inputs: Sequence[str], what: str = "--report-html") -> str:
+    """Refuse, before any work, a page path that names a folder, an input file or a file in
+    a folder that does not exist (``AmctError`` naming it)."""
+    from amct_torch.transaction import check_output_name, check_outputs
+    path = check_output_name(path, what, (".tmp",))
+    check_outputs([path], inputs)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise AmctError(f"{what}: the folder {folder} does not exist", file=path)
+    return path
+
+
+def write_page(path: str, fragment: str, title: str) -> None:
+    """A fragment (``render``, ``caffe_test_html``, ``evaluation_html``) as a whole page,
+    written atomically at ``path`` (never half-written)."""
+    atomic_write_text(path, page(fragment, title))

@@ -21,7 +21,7 @@ import torch
 from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, positive_int
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
-from amct_torch.output_names import output_path
+from amct_torch.output_names import TEST_REPORT_SUFFIX, output_path
 
 #: the forms ``test`` scores, in its table's order: name -> (label, the files under a prefix)
 FORMS = {"float": "float", "fake_quant": "fake-quant Caffe", "deploy": "deploy Caffe",
@@ -59,6 +59,26 @@ class CaffeTestResult:
         """float's mean minus ``form``'s for output ``name`` (a positive drop is a loss of
         accuracy)."""
         return self.forms[0].outputs[name] - form.outputs[name]
+
+    def labels(self) -> list[tuple[str, str]]:
+        """(output, its label in the tables): a loss output shows its loss weight."""
+        return [(o.name, o.name + (f" (* {o.loss_weight:g} loss)" if o.loss_weight else "")) for o in self.outputs]
+
+    def report_html(self) -> str:
+        """The visual report as an HTML fragment: the summary and the accuracy section (each
+        output of the float model and of each quantized form, with its drop)."""
+        from amct_torch.quality.html_report import caffe_test_html
+        return caffe_test_html(self, FORMS)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the report inline."""
+        return self.report_html()
+
+    def write_html(self, path: str) -> str:
+        """Write the report as a self-contained page at ``path`` (atomically); returns ``path``."""
+        from amct_torch.quality.html_report import write_page
+        write_page(path, self.report_html(), f"amct-torch test: {os.path.basename(self.forms[0].files[0])}")
+        return path
 
     def as_json(self) -> dict:
         return {"iterations": self.iterations, "batch_size": self.batch_size,
@@ -265,10 +285,9 @@ def format_result(result: CaffeTestResult) -> str:
     forms = result.forms
     head = ["output"] + [FORMS[f.form] for f in forms] + [f"drop ({FORMS[f.form].split()[0]})" for f in forms[1:]]
     rows = []
-    for o in result.outputs:
-        name = o.name + (f" (* {o.loss_weight:g} loss)" if o.loss_weight else "")
-        cells = [f"{f.outputs[o.name]:.6g}" for f in forms]
-        cells += [f"{result.drop(f, o.name):+.6g}" for f in forms[1:]]
+    for key, name in result.labels():
+        cells = [f"{f.outputs[key]:.6g}" for f in forms]
+        cells += [f"{result.drop(f, key):+.6g}" for f in forms[1:]]
         rows.append([name] + cells)
     rows.append(["images/s"] + [f"{f.images_per_second:.1f}" for f in forms] + [""] * (len(forms) - 1))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
@@ -278,10 +297,35 @@ def format_result(result: CaffeTestResult) -> str:
     return "\n".join(lines)
 
 
+def report_path(args: Any) -> Optional[str]:
+    """Where ``test`` writes its page: ``--report-html``, else ``PREFIX_test_report.html`` with
+    ``--quantized PREFIX``; None with ``--no-report`` or neither."""
+    if getattr(args, "no_report", False):
+        return None
+    if getattr(args, "report_html", None):
+        return str(args.report_html)
+    return args.quantized + TEST_REPORT_SUFFIX if args.quantized else None
+
+
 def cmd_test(args: Any) -> int:
-    """``amct-torch test``: print the table (or JSON)."""
+    """``amct-torch test``: print the table (or JSON) and write the page (``report_path``)."""
     import json
+
+    from amct_torch.quality.html_report import check_page_path
+    page = report_path(args)
+    if page is not None:
+        check_page_path(page, [args.model, args.weights])
     result = caffe_test(args.model, args.weights, iterations=args.iterations, quantized=args.quantized,
                         device=args.device, quiet=args.quiet)
-    print(json.dumps(result.as_json(), indent=2) if args.json else format_result(result))
+    if page is not None:
+        result.write_html(page)
+    if args.json:
+        out = result.as_json()
+        if page is not None:
+            out["html_report"] = page
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_result(result))
+        if page is not None and not args.quiet:
+            print(f"report: {page}")
     return 0

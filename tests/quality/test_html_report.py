@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -25,53 +24,7 @@ from amct_torch.quality.evaluate import evaluate, format_stats
 from amct_torch.quality.html_report import SECTIONS, page, render
 from amct_torch.quality.report import format_table
 from amct_torch.record import read_record
-
-
-class Page(HTMLParser):
-    """Sections, table rows (cell texts), URLs in src/href, counts of svg and script tags."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sections: list[str] = []
-        self.layers: list[str] = []
-        self.rows: list[list[str]] = []
-        self.urls: list[str] = []
-        self.tags: dict[str, int] = {}
-        self._row = None
-        self._cell = None
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        self.tags[tag] = self.tags.get(tag, 0) + 1
-        for k in ("src", "href", "xlink:href"):
-            if k in a:
-                self.urls.append(a[k])
-        if tag == "details" and "data-section" in a:
-            self.sections.append(a["data-section"])
-        if tag == "details" and "data-layer" in a:
-            self.layers.append(a["data-layer"])
-        if tag == "tr":
-            self._row = []
-        if tag in ("td", "th") and self._row is not None:
-            self._cell = ""
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self._row is not None and self._cell is not None:
-            self._row.append(self._cell)
-            self._cell = None
-        if tag == "tr" and self._row is not None:
-            self.rows.append(self._row)
-            self._row = None
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell += data
-
-
-def parse(text: str) -> Page:
-    p = Page()
-    p.feed(text)
-    return p
+from helpers.html_page import parse
 
 
 @pytest.fixture(scope="module")
@@ -180,9 +133,10 @@ def test_report_is_written_by_the_job_and_not_without_report(tmp_path):
     assert sorted(os.listdir(tmp_path / "b")) == ["m_quant_config.json", "m_record.txt"]
     assert off.report_page is None
     assert "no report" in off._repr_html_()
-    # the accuracy hook: figures given, a table with them and their difference
+    # the accuracy hook: figures given, a table with them and the drop (float minus int8)
     doc = parse(on.report_html(accuracy=[("top-1 %", 97.25, 96.5)]))
-    assert ["top-1 %", "97.25", "96.5", "-0.75"] in doc.rows
+    assert ["metric", "float", "int8", "drop (int8)"] in doc.rows
+    assert ["top-1 %", "97.25", "96.5", "+0.75"] in doc.rows
 
 
 def test_page_without_matplotlib_says_how_to_get_the_charts(tmp_path, monkeypatch):
