@@ -378,6 +378,11 @@ def caffe_test_html(result: Any, labels: Mapping[str, str]) -> str:
     flt = forms[0]
     kv = [("model", flt.files[0]), ("weights", flt.files[1] if len(flt.files) > 1 else ""),
           ("iterations", f"{result.iterations} of {result.batch_size} image(s)")]
+    if result.quantized:
+        from amct_torch.output_names import output_path
+        kv.append(("quantized prefix", result.quantized))
+        if os.path.isfile(output_path(result.quantized, "html_report")):
+            kv.append(("calibrate report", output_path(result.quantized, "html_report")))
     runs = [(labels[f.form], ", ".join(f.files), f.images, _num(f.seconds, ".2f"),
              _num(f.images_per_second, ".1f")) for f in forms]
     summary = (_table(("", ""), kv, "kv") + "<h3>models scored</h3>"

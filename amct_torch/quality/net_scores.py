@@ -47,13 +47,14 @@ class FormScores:
 
 @dataclass
 class CaffeTestResult:
-    """``caffe test``'s numbers for each form (``forms``, float first) and the net's outputs
-    (name, loss weight)."""
+    """``caffe test``'s numbers for each form (``forms``, float first), the net's outputs
+    (name, loss weight) and the calibrate output prefix the quantized forms came from."""
 
     iterations: int
     batch_size: int
     outputs: list[NetOutput]
     forms: list[FormScores] = field(default_factory=list)
+    quantized: Optional[str] = None
 
     def drop(self, form: FormScores, name: str) -> float:
         """float's mean minus ``form``'s for output ``name`` (a positive drop is a loss of
@@ -260,7 +261,7 @@ def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quan
     data = PhaseData(gm.meta.get("caffe_data_layers", []), model_file)
     outputs = [o for o in net_outputs(gm)]
     head = NetHead(gm.meta.get("caffe_head", []), model_file).to(dev)
-    result = CaffeTestResult(iterations, data.batch_size, outputs)
+    result = CaffeTestResult(iterations, data.batch_size, outputs, quantized=quantized)
 
     def run(form: str, files: list[str], forward: Forward) -> None:
         sums, images, secs = score(forward, head, outputs, data, iterations, FORMS[form], quiet)

@@ -73,6 +73,7 @@ def test_test_writes_its_page_with_the_figures_it_returned(lenet, capsys):
     kv = {r[0]: r[1] for r in doc.rows if len(r) == 2}
     assert kv["model"] == model and kv["weights"] == weights
     assert kv["iterations"] == "2 of 100 image(s)"
+    assert kv["quantized prefix"] == out and kv["calibrate report"] == out + "_report.html"
     scored = {r[0]: r for r in doc.rows if len(r) == 5}
     assert scored[FORMS["deploy"]][1] == f"{out}_deploy_model.prototxt, {out}_deploy_weights.caffemodel"
     assert scored[FORMS["float"]][2] == "200"
