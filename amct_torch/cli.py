@@ -593,7 +593,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         abort_open()  # (one the signal cut short before its caller's own cleanup too)
         done = "the outputs were committed first" if stop.committed else "no output was written"
         print(f"amct-torch {args.command}: terminated by signal {stop.signum}; {done}", file=sys.stderr)
-        return int(stop.code)
+        return 128 + stop.signum  # the shell's status for a signal, as the process would exit
     return EXIT_USER_ERROR
 
 

@@ -46,11 +46,16 @@ class CaffeGraphModule(fx.GraphModule):
 
     @property
     def caffe_inputs(self) -> list[tuple[str, list[int]]]:
-        return self.meta.get("caffe_inputs", [])
+        return declared_inputs(self)
 
     @caffe_inputs.setter
     def caffe_inputs(self, value: list[tuple[str, list[int]]]) -> None:
         self.meta["caffe_inputs"] = value
+
+
+def declared_inputs(gm: fx.GraphModule) -> list[tuple[str, list[int]]]:
+    """The net's declared inputs (name, shape) that ``load_caffe`` keeps in the graph's meta."""
+    return gm.meta.get("caffe_inputs", [])
 
 
 _RESERVED = set(dir(fx.GraphModule)) | set(dir(nn.Module)) | {"meta", "graph", "code", "training"}

@@ -163,8 +163,8 @@ def _gather_header(t: Optional[torch.Tensor], ctx: DistContext, key: str) -> lis
         h[2:2 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
     out = []
     for g in _gather_fixed(h, ctx, key):
-        g = g.cpu().tolist()
-        out.append(None if g[0] < 0 else (_DTYPES[g[0]], tuple(g[2:2 + g[1]])))
+        row = g.cpu().tolist()
+        out.append(None if row[0] < 0 else (_DTYPES[row[0]], tuple(row[2:2 + row[1]])))
     return out
 
 
@@ -193,6 +193,15 @@ def all_gather_tensor(t: Optional[torch.Tensor], ctx: DistContext, key: str = ""
         n = int(torch.Size(h[1]).numel())
         out.append(g[:n].cpu().to(dtype).reshape(h[1]))
     return out
+
+
+def _all_gather_each(t: torch.Tensor, ctx: DistContext, key: str) -> list[torch.Tensor]:
+    """``all_gather_tensor`` where every rank passes a tensor."""
+    got = all_gather_tensor(t, ctx, key)
+    missing = [r for r, g in enumerate(got) if g is None]
+    if missing:
+        raise CalibrationError(f"rank {missing[0]} sent no {key} tensor")
+    return [g for g in got if g is not None]
 
 
 def _all_gather_keys(keys: Sequence[str], ctx: DistContext, key: str) -> list[str]:
@@ -277,7 +286,7 @@ def reduce_and_compute(session: Any, ctx: DistContext) -> None:
         if bad:
             i = min(int(k) for k in bad)
             raise CalibrationError(f"on rank {i % ctx.world_size}: {bad[str(i)]}", layer=names[i])
-    for r, t in enumerate(all_gather_tensor(out, ctx, "factors")):
+    for r, t in enumerate(_all_gather_each(out, ctx, "factors")):
         for i in range(r, len(groups), ctx.world_size):
             session.observers[i] = _Computed(float(t[i, 0]), int(t[i, 1]))
 
@@ -307,7 +316,7 @@ def _share_shapes(session: Any, ctx: DistContext) -> None:
         return
     t = torch.tensor([list(g.shape) if g.shape is not None else [-1, -1, -1] for g in session.groups],
                      dtype=torch.int64).reshape(-1, 3)
-    for g_t in all_gather_tensor(t, ctx, "shapes"):
+    for g_t in _all_gather_each(t, ctx, "shapes"):
         for group, row in zip(session.groups, g_t.tolist()):
             if group.shape is None and not group.joint and row[0] >= 0:
                 group.shape = tuple(int(v) for v in row)

@@ -26,13 +26,16 @@ left alone (adding one would change the Caffe layer's ``bias_term``).
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 
 import torch
 from torch import fx, nn
 
 from amct_torch.caffe.layers.traits import is_weighted
 from amct_torch.record.types import LayerRecord
+
+if TYPE_CHECKING:
+    from amct_torch.caffe.layers.base import CaffeLayer
 
 log = logging.getLogger("amct_torch.calibration")
 
@@ -95,12 +98,14 @@ def _concat(batches: Sequence[Batch], max_samples: int) -> Batch:
 def _sequential_hook(name: str, target: torch.Tensor, total: dict[str, torch.Tensor]):
     """Forward hook: correct this layer's bias by target − its output mean, and hand on the
     corrected output (so that downstream layers see it)."""
-    def hook(mod: nn.Module, _a: tuple, out: torch.Tensor) -> torch.Tensor:
+    def hook(mod: CaffeLayer, _a: tuple, out: torch.Tensor) -> torch.Tensor:
         y = out.detach()
         dims = [0] + list(range(2, y.dim()))
         delta = target.to(y.device) - y.double().mean(dim=dims)
         total[name] = delta
-        mod.bias.data += delta.to(mod.bias.dtype)
+        bias = mod.bias
+        assert bias is not None  # one of the correctable_layers
+        bias.data += delta.to(bias.dtype)
         return out + delta.to(out.dtype).reshape([1, -1] + [1] * (y.dim() - 2))
     return hook
 
@@ -148,6 +153,7 @@ def correct_biases(fused: fx.GraphModule, records: Mapping[str, LayerRecord],
             h.remove()
     for n in names:
         b = fmods[n].bias
+        assert b is not None  # one of the correctable_layers
         b.data += total[n].to(device=b.device, dtype=b.dtype)
     log.info("bias correction: %d layer(s) corrected on %d sample(s)", len(names), count)
     return total

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -237,7 +237,7 @@ class ArrayFile:
         self.path = path
         self.member = member
         self._zip = archive
-        self._stream = None
+        self._stream: Optional[IO[bytes]] = None
         self._next_row = 0
         if member is None:
             check_regular_file(path, "array file")
@@ -259,7 +259,7 @@ class ArrayFile:
             raise DataError(f"the array holds {self.dtype} values; calibration data must be "
                             "numbers (float or integer)", file=path)
 
-    def _open_member(self):
+    def _open_member(self) -> IO[bytes]:
         """The member as a file object (of the shared archive, opened on first use)."""
         import zipfile
         try:

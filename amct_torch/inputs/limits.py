@@ -65,16 +65,18 @@ def check_batch_num(value: object, file: Optional[str] = None,
                     error: Type[AmctError] = DataError) -> int:
     """``value`` as a batch count in [1, MAX_BATCH_NUM] (``error`` otherwise, naming ``file``:
     the calibration data, which no such count could be drawn from)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    else:
         try:
             if isinstance(value, bool) or int(value) != value:  # type: ignore[call-overload]
                 raise ValueError
-            value = int(value)  # type: ignore[call-overload]
+            count = int(value)  # type: ignore[call-overload]
         except (TypeError, ValueError, OverflowError):
             raise error(f"batch_num must be an integer, got {value!r}", file=file) from None
-    if value < 1:
-        raise error(f"batch_num must be >= 1, got {value}", file=file)
-    if value > MAX_BATCH_NUM:
-        raise error(f"batch_num (--batch-num) {value} asks for more calibration batches than the "
+    if count < 1:
+        raise error(f"batch_num must be >= 1, got {count}", file=file)
+    if count > MAX_BATCH_NUM:
+        raise error(f"batch_num (--batch-num) {count} asks for more calibration batches than the "
                     f"data can give; at most {MAX_BATCH_NUM} are allowed", file=file)
-    return value
+    return count

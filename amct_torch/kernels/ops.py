@@ -11,7 +11,8 @@ torch formulas on the same state, which give the same integers.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -133,7 +134,8 @@ class KernelBackend:
         return native.ifmr_hist_losses(counts, dsum, float(bin_lo[0]), width, m_lo, k, s64)
 
 
-class _Views(NamedTuple):
+@dataclass(frozen=True)
+class _Views:
     """numpy views of a CPU state's small tensors (the same memory)."""
 
     tensors: tuple
@@ -151,7 +153,7 @@ def _views(st: StreamState) -> _Views:
     v = getattr(st, "_views", None)
     if v is None or any(a is not b for a, b in zip(v.tensors, tensors)):
         v = _Views(tensors, *(t.numpy() for t in tensors))
-        st._views = v
+        setattr(st, "_views", v)  # a cache beside the dataclass's fields (not cloned or saved)
     return v
 
 
@@ -163,7 +165,9 @@ def _restore(st: StreamState, before: StreamState) -> None:
 def _hfmg_hist(x: torch.Tensor, lo: float, hi: float, nbins: int, threads: int) -> torch.Tensor:
     if hi == lo:
         return hfmg.histogram(x, lo, hi, nbins)
-    return native.hfmg_pass(x, lo, hi, hfmg.bin_width(lo, hi, nbins), nbins, threads).counts
+    found = native.hfmg_pass(x, lo, hi, hfmg.bin_width(lo, hi, nbins), nbins, threads)
+    assert found.counts is not None  # [lo, hi] holds all of x (its NaNs were ruled out)
+    return found.counts
 
 
 def _widen(st: StreamState, lo: float, hi: float) -> None:

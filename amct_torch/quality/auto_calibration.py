@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from amct_torch.arguments import checked, path_arg
 from amct_torch.errors import AmctError, CalibrationError
@@ -78,7 +78,7 @@ class CosineSimilaritySensitivity:
     badly calibrated one ranks worst and the search would leave the wrong layers in float
     (measured on the example model: with conv2 misconfigured the report ranks conv3 first)."""
 
-    def rank(self, float_model: nn.Module, quant_model: nn.Module, batches: Sequence[Any],
+    def rank(self, float_model: fx.GraphModule, quant_model: fx.GraphModule, batches: Sequence[Any],
              layers: Sequence[str], records: Mapping[str, Any]) -> list[tuple[str, float]]:
         """``quant_model``: the fake-quant model (its layers hold the fake-quant weights);
         ``records``: the factors whose scale_d/offset_d quantize each layer's float input."""
@@ -216,15 +216,15 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
     dev = torch.device(getattr(model_evaluator, "device", "cpu"))
     original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
     quantize_weights(graph)  # in memory: the record file is written once, with the outputs
-    start_calibration(graph)
+    session = start_calibration(graph)
     model = graph.fused.to(dev)
     seen, handle = _capture_inputs(model, graph.config.batch_num)
     try:
         model_evaluator.calibration(model)
     finally:
         handle.remove()
-    if not graph.session.done:
-        raise CalibrationError(f"the evaluator's calibration() ran {graph.session.batches_seen} "
+    if not session.done:
+        raise CalibrationError(f"the evaluator's calibration() ran {session.batches_seen} "
                                f"batch(es); the config's batch_num is {graph.config.batch_num}")
     records = check_records(graph, finish_calibration(graph), graph.record_file)
     skip, metric, ranking, history = _search_float_layers(graph, records, model_evaluator, original, dev,

@@ -99,7 +99,7 @@ def _first_tensor(out: Any) -> torch.Tensor:
     raise TypeError(f"layer output is {type(out).__name__}, not a tensor")
 
 
-def _capture(model: nn.Module, layers: Sequence[str], store: dict) -> list:
+def _capture(model: fx.GraphModule, layers: Sequence[str], store: dict) -> list:
     from amct_torch.caffe.graph import layer_modules
 
     mods = layer_modules(model)
@@ -213,7 +213,7 @@ def _stream_batch(float_model: fx.GraphModule, quant_model: fx.GraphModule, batc
 
 
 @checked(float_model=torch_module, quant_model=torch_module, layers=names_arg)
-def layer_report(float_model: nn.Module, quant_model: nn.Module, batches: Iterable[Any],
+def layer_report(float_model: fx.GraphModule, quant_model: fx.GraphModule, batches: Iterable[Any],
                  layers: Sequence[str], device: Optional[torch.device] = None) -> list[LayerStat]:
     """Compare the outputs of ``layers`` (Caffe names present in both models) over ``batches``
     (tensors, or tuples for several inputs) and return one ``LayerStat`` per layer, worst

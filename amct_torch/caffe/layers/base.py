@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, ClassVar, Iterator, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, NoReturn, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from amct_torch.errors import ModelError
+
+if TYPE_CHECKING:
+    from torch import fx
 
 Shape = tuple[int, ...]
 
@@ -200,7 +203,7 @@ def canonical_axis(axis: int, ndim: int, layer: CaffeLayer, what: str = "axis") 
     return axis % ndim
 
 
-def to_numpy(t: Optional[torch.Tensor]) -> np.ndarray:
+def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A parameter/buffer as a float32 numpy array on the host (a copy, or within
     ``borrowing_blobs`` a view where the tensor already is one)."""
     arr = t.detach().to("cpu", torch.float32).numpy()
@@ -227,13 +230,20 @@ def borrowing_blobs() -> Iterator[None]:
         _BORROW_BLOBS.reset(token)
 
 
-def layer_modules(gm: torch.nn.Module) -> dict[str, "CaffeLayer"]:
+def node_layer(gm: torch.nn.Module, node: fx.Node) -> Optional["CaffeLayer"]:
+    """The CaffeLayer module a graph node calls; None for any other node."""
+    if node.op != "call_module":
+        return None
+    mod = gm.get_submodule(str(node.target))
+    return mod if isinstance(mod, CaffeLayer) else None
+
+
+def layer_modules(gm: fx.GraphModule) -> dict[str, "CaffeLayer"]:
     """Caffe layer name -> its CaffeLayer module, in graph order (the graph's call_module
     nodes; here beside CaffeLayer so that the reader/writer can use it without the builder)."""
     out: dict[str, CaffeLayer] = {}
     for node in gm.graph.nodes:
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            if isinstance(mod, CaffeLayer):
-                out.setdefault(mod.caffe_name, mod)
+        mod = node_layer(gm, node)
+        if mod is not None:
+            out.setdefault(mod.caffe_name, mod)
     return out

@@ -56,6 +56,7 @@ class _ConvBase(CaffeLayer):
     per_sample = True
     fold_bn_after = True
     fillers = ("convolution_param", _CONV_FILLERS)
+    int_bias: Optional[torch.Tensor]  # a deploy layer's exact int32 bias (integer.set_integer)
 
     @classmethod
     def quantizable_param(cls, layer_param) -> bool:
@@ -205,6 +206,7 @@ class InnerProductLayer(CaffeLayer):
     per_sample = True
     fold_bn_after = True
     fillers = ("inner_product_param", _CONV_FILLERS)
+    int_bias: Optional[torch.Tensor]  # a deploy layer's exact int32 bias (integer.set_integer)
 
     @classmethod
     def quantizable_param(cls, layer_param) -> bool:

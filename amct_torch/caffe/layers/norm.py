@@ -35,6 +35,8 @@ class BatchNormLayer(CaffeLayer):
     same_shape = True
     can_run_inplace = True
     fresh_output = True
+    mean: torch.Tensor  # buffers
+    var: torch.Tensor
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.batch_norm_param
@@ -108,6 +110,8 @@ class _AffineBase(CaffeLayer):
     bottoms = (1, 2)
     can_run_inplace = True
     fresh_output = True
+    axis: int
+    num_axes: int
 
     def _param_axes(self, x: torch.Tensor, p_shape_ndim: int) -> tuple[int, int]:
         ax = canonical_axis(self.axis, x.dim(), self)
@@ -190,14 +194,11 @@ class ScaleLayer(_AffineBase):
         self.expect_blob_count(blobs, n_blobs, n_blobs)
         count = self._param_count(bottom_shapes) if not two else None
         if blobs is None:
-            if has_bias or not two:
-                if two:
-                    s = bottom_shapes[1] if bottom_shapes is not None else None
-                    count = None if s is None else int(np.prod(s, dtype=np.int64))
-                if count is None:
-                    self.fail("no weights and no input shape to size them")
-            gamma = None if two else torch.ones(count)
-            beta = torch.zeros(count) if has_bias else None
+            if two:
+                s = bottom_shapes[1] if bottom_shapes is not None else None
+                count = None if s is None else int(np.prod(s, dtype=np.int64))
+            gamma = None if two else torch.ones(self._sized(count))
+            beta = torch.zeros(self._sized(count)) if has_bias else None
         else:
             gamma = None if two else torch.from_numpy(np.asarray(blobs[0], np.float32).reshape(-1).copy())
             beta = torch.from_numpy(np.asarray(blobs[-1], np.float32).reshape(-1).copy()) if has_bias else None
@@ -205,8 +206,17 @@ class ScaleLayer(_AffineBase):
                 self.fail(f"scale blob has {gamma.numel()} elements, the input axes hold {count}")
             if beta is not None and gamma is not None and beta.numel() != gamma.numel():
                 self.fail(f"bias blob has {beta.numel()} elements, the scale blob {gamma.numel()}")
-        self.weight = None if gamma is None else nn.Parameter(gamma)
+        if gamma is None:  # gamma is the second bottom
+            self.register_parameter("weight", None)
+        else:
+            self.weight = nn.Parameter(gamma)
         self.bias = None if beta is None else nn.Parameter(beta)
+
+    def _sized(self, count: Optional[int]) -> int:
+        """The parameter's element count, which a layer without blobs takes from its input."""
+        if count is None:
+            self.fail("no weights and no input shape to size them")
+        return count
 
     @property
     def gamma(self) -> Optional[torch.Tensor]:
@@ -269,7 +279,11 @@ class BiasLayer(_AffineBase):
         self.bias = nn.Parameter(b)
 
     def forward(self, x: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-        b = self._view(x, self.bias, self._param_ndim(x)) if b is None else self._view(x, b, b.dim())
+        if b is None:
+            assert self.bias is not None  # one bottom: the blob is the bias
+            b = self._view(x, self.bias, self._param_ndim(x))
+        else:
+            b = self._view(x, b, b.dim())
         return x.add_(b) if self.may_overwrite(x) and _fits(b, x) else x + b
 
     def caffe_blobs(self) -> list[np.ndarray]:

@@ -165,7 +165,7 @@ class PoolingLayer(CaffeLayer):
             self.fail(f"Pooling needs an input with spatial axes, got {list(s)}")
         if self.global_pooling:
             return [tuple(s[:-2]) + (1, 1)] * self.num_tops
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        (kh, kw), (sh, sw), (ph, pw) = self._window(), self.stride, self.padding
         oh = caffe_pooled_size(s[-2], kh, sh, ph, self.ceil)
         ow = caffe_pooled_size(s[-1], kw, sw, pw, self.ceil)
         if oh <= 0 or ow <= 0:
@@ -174,17 +174,22 @@ class PoolingLayer(CaffeLayer):
 
     def forward(self, x: torch.Tensor):
         if self.num_tops == 2:
-            k = (x.shape[-2], x.shape[-1]) if self.global_pooling else self.kernel_size
+            k = (x.shape[-2], x.shape[-1]) if self.global_pooling else self._window()
             st, pd = ((1, 1), (0, 0)) if self.global_pooling else (self.stride, self.padding)
-            out = tuple(caffe_pooled_size(n, kk, ss, pp, self.ceil) for n, kk, ss, pp in zip(x.shape[-2:], k, st, pd))
-            return max_pool_with_mask(x, k, st, pd, out)
+            oh, ow = (caffe_pooled_size(n, kk, ss, pp, self.ceil) for n, kk, ss, pp in zip(x.shape[-2:], k, st, pd))
+            return max_pool_with_mask(x, k, st, pd, (oh, ow))
         if self.global_pooling:
             if self.method == MAX:
                 return torch.amax(x, dim=(-2, -1), keepdim=True)
             if self.method == AVE:
                 return torch.mean(x, dim=(-2, -1), keepdim=True)
             return caffe_pool2d(x, STOCHASTIC, (x.shape[-2], x.shape[-1]), (1, 1), (0, 0), self.ceil)
-        return caffe_pool2d(x, self.method, self.kernel_size, self.stride, self.padding, self.ceil)
+        return caffe_pool2d(x, self.method, self._window(), self.stride, self.padding, self.ceil)
+
+    def _window(self) -> tuple[int, int]:
+        """The kernel (H, W) of a pooling that is not global."""
+        assert self.kernel_size is not None  # set in setup unless global_pooling
+        return self.kernel_size
 
     def extra_repr(self) -> str:
         m = {MAX: "MAX", AVE: "AVE", STOCHASTIC: "STOCHASTIC"}[self.method]

@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from amct_torch.algorithms.quant import fake_quant
-from amct_torch.caffe.layers.base import CaffeLayer, register
+from amct_torch.caffe.layers.base import CaffeLayer, node_layer, register
 from amct_torch.caffe.layers.integer import unpack_deq
 
 
@@ -91,17 +91,20 @@ class DeQuantLayer(CaffeLayer):
 def mark_integer_quants(gm: fx.GraphModule) -> int:
     """Let each Quant layer whose consumers all end in an integer DeQuant (a deploy model) emit
     codes instead of dequantized values; returns how many were marked."""
+    def integer_dequant(v: fx.Node) -> bool:
+        mod = node_layer(gm, v)
+        return isinstance(mod, DeQuantLayer) and mod.deq_scale is not None
+
+    def integer_user(u: fx.Node) -> bool:
+        return u.op == "call_module" and any(integer_dequant(v) for v in u.users)
+
     marked = 0
     for node in gm.graph.nodes:
-        if node.op != "call_module" or not isinstance(gm.get_submodule(node.target), QuantLayer):
+        quant = node_layer(gm, node)
+        if not isinstance(quant, QuantLayer):
             continue
         users = list(node.users)
-
-        def integer_user(u: fx.Node) -> bool:
-            return u.op == "call_module" and any(
-                v.op == "call_module" and isinstance(gm.get_submodule(v.target), DeQuantLayer)
-                and gm.get_submodule(v.target).deq_scale is not None for v in u.users)
         if users and all(integer_user(u) for u in users):
-            gm.get_submodule(node.target).emit_codes = True
+            quant.emit_codes = True
             marked += 1
     return marked

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import math
+from typing import ClassVar
 
 import torch
 
@@ -177,7 +178,7 @@ class PSROIPoolingLayer(CaffeLayer):
 def _anchor_sizes(base: int, ratios: list[float], scales: list[float]) -> list[tuple[float, float]]:
     """(width, height) per anchor, ratio-major: w = floor(base/sqrt(r) + 0.5), h = floor(w·r + 0.5),
     both times the scale (OpenCV's ProposalLayer; py-faster-rcnn's generate_anchors)."""
-    out = []
+    out: list[tuple[float, float]] = []
     for r in ratios:
         wd = math.floor(base / math.sqrt(r) + 0.5)
         ht = math.floor(wd * r + 0.5)
@@ -201,8 +202,8 @@ class ProposalBase(CaffeLayer):
     Not applied, as in OpenCV: py-faster-rcnn's ``min_size`` filter (boxes smaller than
     min_size × im_info[2] are dropped before the top-n)."""
 
-    bottoms = (3, 3)
-    tops = (1, 2)
+    bottoms: ClassVar[tuple[int, int | None]] = (3, 3)  # as CaffeLayer's: PythonLayer takes any count
+    tops: ClassVar[tuple[int, int | None]] = (1, 2)
     data_dependent = True
 
     def configure(self, feat_stride: int, base_size: int, ratios: list[float], scales: list[float],

@@ -34,6 +34,9 @@ class BNLayer(CaffeLayer):
 
     per_sample = True
     same_shape = True
+    bias: torch.Tensor  # SegNet's shift or PSPNet's bias: always set
+    mean: Optional[torch.Tensor]  # PSPNet's running statistics (buffers); None for SegNet
+    var: Optional[torch.Tensor]
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.bn_param
@@ -87,19 +90,26 @@ class BNLayer(CaffeLayer):
     def _view(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return t.reshape((1, -1) + (1,) * (x.dim() - 2)).to(x.dtype)
 
+    def _running(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """PSPNet's running mean and variance."""
+        assert self.mean is not None and self.var is not None  # set in setup when pspnet
+        return self.mean, self.var
+
     def affine(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """(a, b) with y = a * x + b per channel, or None when the batch's statistics are used."""
         if self.uses_batch_stats:
             return None
         if not self.pspnet:
             return self.weight, self.bias
-        inv = torch.pow(self.var + self.eps, -0.5)
-        return self.weight * inv, self.bias - self.weight * inv * self.mean
+        mean, var = self._running()
+        inv = torch.pow(var + self.eps, -0.5)
+        return self.weight * inv, self.bias - self.weight * inv * mean
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pspnet:  # Caffe's order: subtract, times (var + eps)^-1/2, times slope, plus bias
-            inv = torch.pow(self.var + self.eps, -0.5)
-            y = (x - self._view(self.mean, x)) * self._view(inv, x)
+            mean, var = self._running()
+            inv = torch.pow(var + self.eps, -0.5)
+            y = (x - self._view(mean, x)) * self._view(inv, x)
             return y * self._view(self.weight, x) + self._view(self.bias, x)
         if not self.uses_batch_stats:
             return x * self._view(self.weight, x) + self._view(self.bias, x)
@@ -112,7 +122,7 @@ class BNLayer(CaffeLayer):
     def caffe_blobs(self) -> list[np.ndarray]:
         out = [to_numpy(self.weight), to_numpy(self.bias)]
         if self.pspnet:
-            out += [to_numpy(self.mean), to_numpy(self.var)]
+            out += [to_numpy(t) for t in self._running()]
         return [a.reshape(self.blob_shape) for a in out]
 
     def extra_repr(self) -> str:

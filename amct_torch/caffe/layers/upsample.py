@@ -112,6 +112,7 @@ class UpsampleLayer(CaffeLayer):
             return x[:, :, :, None, :, None].expand(n, c, h, s, w, s).reshape(n, c, h * s, w * s)
         oh, ow = self._unpool_hw(h, w)
         size = oh * ow
+        assert mask is not None  # an unpooling layer has two bottoms (checked when it is built)
         idx = mask.reshape(n, c, h * w).to(torch.int64)  # Caffe's static_cast<int> (values are integral)
         idx = torch.where((idx < 0) | (idx >= size), torch.full_like(idx, size), idx)
         # the source position that writes each output element last (Caffe's order), then gather

@@ -23,7 +23,7 @@ from torch import fx
 
 from amct_torch.caffe.graph import unique_name
 from amct_torch.caffe.layers import CaffeLayer
-from amct_torch.caffe.layers.base import borrowing_blobs
+from amct_torch.caffe.layers.base import borrowing_blobs, node_layer
 from amct_torch.caffe.layers.traits import weight_param
 from amct_torch.caffe.netio import array_to_blob
 from amct_torch.errors import ExportError
@@ -211,17 +211,19 @@ def _caffe_layer(gm: fx.GraphModule, n: fx.Node, file: Optional[str]) -> Optiona
         return None
     if n.op == "call_function" and n.target is operator.getitem:
         return None
-    if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), CaffeLayer):
+    mod = node_layer(gm, n)
+    if mod is None:
         raise ExportError(f"graph node '{n.name}' ({n.op} {n.target}) is not a Caffe layer; "
                           "only graphs built by load_caffe (and fused) can be exported", file=file)
-    return gm.get_submodule(n.target)
+    return mod
 
 
 def _bottoms(n: fx.Node, mod: CaffeLayer, names: _BlobNames, file: Optional[str]) -> list[str]:
     """The blob names the layer of ``n`` reads."""
-    if any(not isinstance(a, fx.Node) for a in n.args):
+    args = [a for a in n.args if isinstance(a, fx.Node)]
+    if len(args) != len(n.args):
         raise ExportError("layer has a non-tensor input in the graph", file=file, layer=mod.caffe_name)
-    return [names.name_of[a] for a in n.args]
+    return [names.name_of[a] for a in args]
 
 
 class _QuantLayers:
@@ -281,7 +283,9 @@ def _add_tops(layer: pb.LayerParameter, n: fx.Node, mod: CaffeLayer, names: _Blo
         values = [None] * mod.num_tops
         for u in n.users:
             if u.op == "call_function" and u.target is operator.getitem:
-                values[int(u.args[1])] = u
+                top = u.args[1]
+                assert isinstance(top, int)  # the builder's getitem reads one top by its index
+                values[top] = u
     for k, v in enumerate(values):
         desired = mod.layer_param.top[k]
         if v is None:

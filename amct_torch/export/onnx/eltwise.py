@@ -32,6 +32,8 @@ from typing import Mapping, Optional
 from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.base import node_layer
+from amct_torch.caffe.layers.structure import EltwiseLayer
 from amct_torch.export.layer_quant import LayerQuant
 
 _SUM = 1
@@ -47,16 +49,9 @@ class EltwiseQuant:
     output: tuple[str, object] = ("calib", None)
 
 
-def _layer(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
-    if node.op != "call_module":
-        return None
-    mod = gm.get_submodule(node.target)
-    return mod if isinstance(mod, CaffeLayer) else None
-
-
 def _is_free_sum(mod: CaffeLayer, plan: Mapping[str, LayerQuant]) -> bool:
     """An Eltwise SUM without a joint-quant entry (the ones this mode quantizes)."""
-    return mod.caffe_type == "Eltwise" and mod.operation == _SUM and mod.caffe_name not in plan
+    return isinstance(mod, EltwiseLayer) and mod.operation == _SUM and mod.caffe_name not in plan
 
 
 def _consumer_factors(gm: fx.GraphModule, node: fx.Node, plan: Mapping[str, LayerQuant]) -> list[Optional[Factor]]:
@@ -65,7 +60,7 @@ def _consumer_factors(gm: fx.GraphModule, node: fx.Node, plan: Mapping[str, Laye
     left out: in this mode they read the value through its Q/DQ."""
     out: list[Optional[Factor]] = []
     for user in node.users:
-        mod = _layer(gm, user)
+        mod = node_layer(gm, user)
         lq = plan.get(mod.caffe_name) if mod is not None else None
         if lq is None and mod is not None and _is_free_sum(mod, plan):
             continue
@@ -89,12 +84,12 @@ def eltwise_plan(gm: fx.GraphModule, plan: Mapping[str, LayerQuant],
     """{Eltwise name: EltwiseQuant} for every non-joint Eltwise SUM of ``gm``."""
     out: dict[str, EltwiseQuant] = {}
     for node in gm.graph.nodes:
-        mod = _layer(gm, node)
+        mod = node_layer(gm, node)
         if mod is None or not _is_free_sum(mod, plan):
             continue
         eq = EltwiseQuant()
         for arg in node.args:
-            src = _layer(gm, arg)
+            src = node_layer(gm, arg)
             if src is not None and src.caffe_name in residual:
                 eq.inputs.append(("keep", None))
                 continue
@@ -107,7 +102,7 @@ def eltwise_plan(gm: fx.GraphModule, plan: Mapping[str, LayerQuant],
                 eq.inputs.append(("float", None))  # a network input: left as is
         own = _single(_consumer_factors(gm, node, plan))
         users = list(node.users)
-        relu = _layer(gm, users[0]) if len(users) == 1 else None
+        relu = node_layer(gm, users[0]) if len(users) == 1 else None
         if own is not None:
             eq.output = ("consumer", own)
         elif relu is not None and relu.caffe_type == "ReLU" and relu.negative_slope == 0.0 \

@@ -225,7 +225,7 @@ def _integer(b, node, xdq, wdq, flat, arrays: dict, prod: dict) -> None:
         acc = b.uniq(f"{name}_acc")
         new.append(helper.make_node("ConvInteger", [q, wu, x_zp, zero], [acc],
                                     name=b.uniq(f"{name}_ConvInteger"), **attrs))
-        view = (-1, 1, 1)
+        view: tuple[int, ...] = (-1, 1, 1)
     else:
         zero = b.init(f"{name}_w_zero", np.array(0, np.int8))
         if flat is not None:

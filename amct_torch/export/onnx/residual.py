@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from amct_torch.caffe.graph import layer_modules
+from amct_torch.caffe.layers.base import node_layer
 from amct_torch.caffe.layers.traits import is_weighted
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant
@@ -27,8 +28,7 @@ def residual_layers(gm: fx.GraphModule, plan: Mapping[str, LayerQuant]) -> list[
     """Quantized Conv/Deconv/InnerProduct layers with an Eltwise among their consumers that has
     no joint-quant entry (so nothing quantizes the layer's output), in graph order."""
     mods = layer_modules(gm)
-    by_node = {n: gm.get_submodule(n.target).caffe_name for n in gm.graph.nodes
-               if n.op == "call_module" and n.target in dict(gm.named_modules())}
+    by_node = {n: layer.caffe_name for n in gm.graph.nodes if (layer := node_layer(gm, n)) is not None}
     out = []
     for node, name in by_node.items():
         lq = plan.get(name)

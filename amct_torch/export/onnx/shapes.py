@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import fx
@@ -129,11 +129,12 @@ def _shape_run(gm: fx.GraphModule, shapes: list[list[int]]) -> dict:
     env: dict = {}
     inputs = iter(shapes)
     for n in gm.graph.nodes:
+        out: Any  # a tensor, or a tuple of them (a multi-top layer)
         if n.op == "placeholder":
             out = _meta(tuple(next(inputs)))
         elif n.op == "call_module":
             ins = [env[a] for a in n.args]
-            res = _module_shapes(gm.get_submodule(n.target), ins)
+            res = _module_shapes(gm.get_submodule(str(n.target)), ins)
             out = res[0] if len(res) == 1 and _single_top(gm, n) else tuple(res)
         elif n.op == "call_function" and n.target is operator.getitem:
             out = env[n.args[0]][n.args[1]]
@@ -151,7 +152,7 @@ def _shape_run(gm: fx.GraphModule, shapes: list[list[int]]) -> dict:
 
 def _single_top(gm: fx.GraphModule, node: fx.Node) -> bool:
     """True when the layer returns one tensor (one top), not a tuple."""
-    mod = gm.get_submodule(node.target)
+    mod = gm.get_submodule(str(node.target))
     tops = getattr(getattr(mod, "layer_param", None), "top", None)
     return tops is None or len(tops) == 1
 
@@ -168,7 +169,9 @@ def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
     """Propagate shapes at the declared size, batch 2 and (if ``try_spatial``) a larger
     spatial size."""
     cpu = _on_cpu(gm)
-    decl = [[1] + list(s[1:]) if s else [1] for _, s in gm.caffe_inputs]
+    from amct_torch.caffe.graph import declared_inputs
+
+    decl = [[1] + list(s[1:]) if s else [1] for _, s in declared_inputs(gm)]
     run = _shape_run
     try:
         base = _shape_run(cpu, decl)
@@ -194,18 +197,22 @@ def probe(gm: fx.GraphModule, try_spatial: bool = True) -> Probe:
 def blob_nodes(gm: fx.GraphModule) -> dict[str, fx.Node]:
     """Blob name → the node holding its final value (the last writer, as Caffe's in-place
     layers rewrite a blob under the same name)."""
+    from amct_torch.caffe.layers.base import node_layer
+
     out: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             out[node.meta.get("caffe_blob", node.name)] = node
         elif node.op == "call_module":
-            mod = gm.get_submodule(node.target)
+            mod = gm.get_submodule(str(node.target))
             tops = list(getattr(getattr(mod, "layer_param", None), "top", []))
             if len(tops) == 1:
                 out[tops[0]] = node
         elif node.op == "call_function" and "caffe_top_index" in node.meta:
-            mod = gm.get_submodule(node.args[0].target)
-            out[mod.layer_param.top[node.meta["caffe_top_index"]]] = node
+            producer = node.args[0]
+            layer = node_layer(gm, producer) if isinstance(producer, fx.Node) else None
+            assert layer is not None  # a top of a multi-top layer reads the layer's node
+            out[layer.layer_param.top[node.meta["caffe_top_index"]]] = node
     return out
 
 
