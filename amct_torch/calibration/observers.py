@@ -16,7 +16,7 @@ the compiled kernels on a CPU that has them; both give the same state.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NoReturn, Optional, Tuple, TypeVar
 
 import torch
 
@@ -33,6 +33,8 @@ TOPK = 1024
 STREAM_BINS = 16384
 #: most elements a state may claim (beyond it int64 sums could overflow)
 MAX_COUNT = 1 << 56
+
+_O = TypeVar("_O", bound="Observer")
 
 
 def _flat(x: torch.Tensor, order_free: bool = False) -> torch.Tensor:
@@ -74,7 +76,7 @@ class Observer:
         (``bad`` None: a CPU backend saw on the host that the batch was clean)."""
         if bad is None:
             return
-        if self._bad is None:
+        if self._bad is None or self._first_bad is None:  # set together
             self._bad = torch.zeros((), dtype=torch.bool, device=bad.device)
             self._first_bad = torch.full((), -1, dtype=torch.int64, device=bad.device)
         bad = bad.to(self._bad.device)
@@ -83,7 +85,7 @@ class Observer:
 
     def _raise_if_bad(self) -> None:
         """The one read-back of the flag: raise naming the layer and the first bad batch."""
-        if self._bad is None:
+        if self._bad is None or self._first_bad is None:
             return
         bad, first = torch.stack([self._bad.to(torch.int64), self._first_bad]).tolist()
         if bad:
@@ -94,7 +96,8 @@ class Observer:
         """Accumulate a non-empty flat float32 batch; return a 0-d bool NaN/Inf flag."""
         raise NotImplementedError
 
-    def merge(self, other: "Observer") -> None:
+    def merge(self: _O, other: _O) -> None:
+        """Fold in another observer of the same kind."""
         raise NotImplementedError
 
     def compute(self) -> Tuple[float, int]:
@@ -109,14 +112,14 @@ class Observer:
     def reset(self) -> None:
         raise NotImplementedError
 
-    def _empty(self) -> None:
+    def _empty(self) -> NoReturn:
         raise CalibrationError("no activation data was observed", layer=self.layer)
 
     def _merge_flags(self, other: "Observer") -> None:
         """Fold another observer's NaN/Inf flag and first bad batch into ours."""
-        if other._bad is None:
+        if other._bad is None or other._first_bad is None:
             return
-        if self._bad is None:
+        if self._bad is None or self._first_bad is None:
             self._bad, self._first_bad = other._bad.clone(), other._first_bad.clone()
             return
         ob, of = other._bad.to(self._bad.device), other._first_bad.to(self._bad.device)
@@ -263,7 +266,17 @@ class IfmrStreamingObserver(Observer):
 
     @property
     def frame(self) -> Tuple[int, int]:
-        return (0, 0) if self.state is None else tuple(int(v) for v in self.state.frame.tolist())
+        if self.state is None:
+            return 0, 0
+        e, base = self.state.frame.tolist()
+        return int(e), int(base)
+
+    def _observed(self) -> tuple[StreamState, torch.Tensor, torch.Tensor]:
+        """The state of an observer that has data, with its per-bin counts and offset sums
+        (``counts``, ``dsum``)."""
+        assert self.state is not None, "no data observed"
+        histogram.fold_overflow(self.state.counts, self.state.dsum)
+        return self.state, self.state.counts[:self.nbins], self.state.dsum[:self.nbins]
 
     def merge(self, other: "IfmrStreamingObserver") -> None:
         self._merge_flags(other)
@@ -272,17 +285,18 @@ class IfmrStreamingObserver(Observer):
         if self.count == 0:
             self.load_state_dict(other.state_dict())
             return
-        st, dev = self.state, self.state.top.device
+        (st, counts, dsum), (ost, ocounts, odsum) = self._observed(), other._observed()
+        dev = st.top.device
         with cpu_threads(dev):
-            st.top = torch.topk(torch.cat([st.top, other.state.top.to(dev)]), self.topk).values
-            st.bottom = torch.topk(torch.cat([st.bottom, other.state.bottom.to(dev)]), self.topk,
+            st.top = torch.topk(torch.cat([st.top, ost.top.to(dev)]), self.topk).values
+            st.bottom = torch.topk(torch.cat([st.bottom, ost.bottom.to(dev)]), self.topk,
                                    largest=False).values
-            (gmin, gmax), (ogmin, ogmax) = st.range.tolist(), other.state.range.tolist()
+            (gmin, gmax), (ogmin, ogmax) = st.range.tolist(), ost.range.tolist()
             gmin, gmax = min(gmin, ogmin), max(gmax, ogmax)
             e_old, base_old = self.frame
             e, base = histogram.frame_for(gmin, gmax, self.nbins, e_old)
-            mc, md = histogram.reframe(self.counts, self.dsum, e_old, base_old, e, base)
-            oc, od = histogram.reframe(other.counts.to(dev), other.dsum.to(dev), *other.frame, e, base)
+            mc, md = histogram.reframe(counts, dsum, e_old, base_old, e, base)
+            oc, od = histogram.reframe(ocounts.to(dev), odsum.to(dev), *other.frame, e, base)
             zero = torch.zeros(1, dtype=torch.int64, device=dev)
             st.counts = torch.cat([mc + oc, zero])
             st.dsum = torch.cat([md + od, zero.double()])
@@ -295,12 +309,13 @@ class IfmrStreamingObserver(Observer):
         if self.count == 0:
             self._empty()
         e, base = self.frame
-        dev = self.state.counts.device
+        st, counts, dsum = self._observed()
+        dev = st.counts.device
         ops = backend_for(dev)
         with cpu_threads(dev):
-            r = ifmr_from_histogram(self.count, self.state.top, self.state.bottom,
+            r = ifmr_from_histogram(self.count, st.top, st.bottom,
                                     histogram.bin_starts(e, base, self.nbins, dev),
-                                    math.ldexp(1.0, e), self.counts, self.dsum * math.ldexp(1.0, e),
+                                    math.ldexp(1.0, e), counts, dsum * math.ldexp(1.0, e),
                                     **self.params.kwargs(), losses_fn=ops.ifmr_hist_losses)
         return r.scale, r.offset
 
@@ -308,9 +323,9 @@ class IfmrStreamingObserver(Observer):
         self._raise_if_bad()
         if self.count == 0:
             return {"count": torch.zeros((), dtype=torch.int64)}
-        return {"count": self.state.count.clone(), "top": self.state.top, "bottom": self.state.bottom,
-                "counts": self.counts, "dsum": self.dsum, "frame": self.state.frame,
-                "range": self.state.range}
+        st, counts, dsum = self._observed()
+        return {"count": st.count.clone(), "top": st.top, "bottom": st.bottom,
+                "counts": counts, "dsum": dsum, "frame": st.frame, "range": st.range}
 
     def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
         """Restore a state, checking every tensor against this observer's sizes and the
@@ -373,7 +388,7 @@ class HfmgObserver(Observer):
 
     def _update(self, xf: torch.Tensor) -> torch.Tensor:
         dev = xf.device
-        if self._counts is None:
+        if self._counts is None or self._range is None or self._seen is None:  # set together
             self._counts = torch.zeros(self.nbins, dtype=torch.int64, device=dev)
             self._range = torch.full((2,), math.inf, dtype=torch.float64, device=dev)
             self._range[1:].fill_(-math.inf)
@@ -424,7 +439,7 @@ class HfmgObserver(Observer):
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         self._raise_if_bad()
-        if self._counts is None:
+        if self._counts is None or self._range is None:  # set together
             return {"counts": torch.zeros(0, dtype=torch.int64)}
         return {"counts": self._counts, "range": self._range}
 

@@ -14,19 +14,22 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, TypeVar
 
 import torch
 from torch import fx, nn
 
 from amct_torch.arguments import bool_arg, checked, graph_module, opt, path_arg
 from amct_torch.caffe.graph import set_inplace
-from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers import BatchNormLayer, CaffeLayer, ScaleLayer
+from amct_torch.caffe.layers.base import node_layer
 from amct_torch.caffe.layers.traits import folds_bn_after, folds_scale_before, is_transposed, weight_param
 from amct_torch.fusion import eligibility as rules
 from amct_torch.fusion.fold import all_finite, bn_scale_affine, fold_input_side, fold_output_side
 
 log = logging.getLogger(__name__)
+
+_L = TypeVar("_L", bound=CaffeLayer)
 
 @dataclass
 class FusionResult:
@@ -39,18 +42,24 @@ class FusionResult:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
-    if node.op != "call_module":
-        return None
-    mod = gm.get_submodule(node.target)
-    return mod if isinstance(mod, CaffeLayer) else None
+def _typed(gm: fx.GraphModule, node: object, cls: type[_L]) -> Optional[tuple[fx.Node, _L]]:
+    """(``node``, its layer) when ``node`` is a graph node calling a ``cls`` layer."""
+    mod = node_layer(gm, node) if isinstance(node, fx.Node) else None
+    return (node, mod) if isinstance(node, fx.Node) and isinstance(mod, cls) else None
 
 
-def _is(gm: fx.GraphModule, node: object, caffe_type: str) -> bool:
-    if not isinstance(node, fx.Node):
-        return False
-    mod = _module(gm, node)
-    return mod is not None and mod.caffe_type == caffe_type
+def _user(gm: fx.GraphModule, node: fx.Node, cls: type[_L]) -> Optional[tuple[fx.Node, _L]]:
+    """The first user of ``node`` that is a ``cls`` layer reading it as its first input."""
+    for u in node.users:
+        found = _typed(gm, u, cls)
+        if found is not None and u.args[0] is node:
+            return found
+    return None
+
+
+def _input(gm: fx.GraphModule, node: fx.Node, cls: type[_L]) -> Optional[tuple[fx.Node, _L]]:
+    """``node``'s first input when it is a ``cls`` layer, with that layer."""
+    return _typed(gm, node.args[0], cls) if node.args else None
 
 
 def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -68,14 +77,14 @@ def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) ->
 
 def _remember(layer: CaffeLayer, absorbed: list[str], fused: dict[str, list[str]]) -> None:
     prev = list(getattr(layer, "fused_layers", []))
-    layer.fused_layers = prev + absorbed
+    setattr(layer, "fused_layers", prev + absorbed)  # optional: read with getattr (export/quant_info.py)
     fused.setdefault(layer.caffe_name, []).extend(absorbed)
 
 
 def _remove(gm: fx.GraphModule, nodes: Iterable[fx.Node], removed: set[fx.Node]) -> None:
     for node in nodes:
         removed.add(node)
-        target = node.target
+        target = str(node.target)
         gm.graph.erase_node(node)
         gm.delete_submodule(target)
 
@@ -97,7 +106,7 @@ class _Fuser:
         (log.warning if warn else log.info)("%slayer '%s': BN fusion skipped: %s", where, name, reason)
         self.refused[name] = reason if name not in self.refused else f"{self.refused[name]}; {reason}"
 
-    def _common(self, layer: CaffeLayer, bn: CaffeLayer, scale: CaffeLayer) -> Optional[str]:
+    def _common(self, layer: CaffeLayer, bn: BatchNormLayer, scale: ScaleLayer) -> Optional[str]:
         channels = bn.mean.numel()
         return (rules.switch_reason(self.do_fusion)
                 or rules.skip_reason((layer.caffe_name, bn.caffe_name, scale.caffe_name), self.skip,
@@ -105,7 +114,7 @@ class _Fuser:
                 or rules.batchnorm_reason(bn)
                 or rules.scale_reason(scale, channels))
 
-    def _fold(self, layer: CaffeLayer, bn: CaffeLayer, scale: CaffeLayer, reason: Optional[str],
+    def _fold(self, layer: CaffeLayer, bn: BatchNormLayer, scale: ScaleLayer, reason: Optional[str],
               fold: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """Fold ``bn`` and ``scale`` into ``layer``'s weights with ``fold(weight, bias, a, c)``
         (the side's formula), or refuse: the pattern's ``reason`` (logged), or non-finite
@@ -123,28 +132,26 @@ class _Fuser:
         _set_weights(layer, w, b)
         return True
 
-    def _absorbed(self, layer: CaffeLayer, bn_node: fx.Node, sc_node: fx.Node) -> None:
+    def _absorbed(self, layer: CaffeLayer, bn: tuple[fx.Node, BatchNormLayer],
+                  scale: tuple[fx.Node, ScaleLayer]) -> None:
         """The BN and Scale nodes (folded into ``layer``, already rewired) leave the graph and
         are remembered as ``layer``'s."""
-        names = [self.gm.get_submodule(n.target).caffe_name for n in (bn_node, sc_node)]
-        _remove(self.gm, (sc_node, bn_node), self.removed)
-        _remember(layer, names, self.fused)
+        _remove(self.gm, (scale[0], bn[0]), self.removed)
+        _remember(layer, [bn[1].caffe_name, scale[1].caffe_name], self.fused)
 
     def output_side(self) -> None:
         gm = self.gm
         for node in list(gm.graph.nodes):
             if node in self.removed:
                 continue
-            layer = _module(gm, node)
+            layer = node_layer(gm, node)
             if layer is None or not folds_bn_after(layer):
                 continue
-            bn_node = next((u for u in node.users if _is(gm, u, "BatchNorm") and u.args[0] is node), None)
-            if bn_node is None:
+            found_bn = _user(gm, node, BatchNormLayer)
+            found_sc = None if found_bn is None else _user(gm, found_bn[0], ScaleLayer)
+            if found_bn is None or found_sc is None:
                 continue
-            sc_node = next((u for u in bn_node.users if _is(gm, u, "Scale") and u.args[0] is bn_node), None)
-            if sc_node is None:
-                continue
-            bn, scale = _module(gm, bn_node), _module(gm, sc_node)
+            (bn_node, bn), (sc_node, scale) = found_bn, found_sc
             reason = (self._common(layer, bn, scale)
                       or rules.single_consumer_reason(node, layer.caffe_name)
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
@@ -156,19 +163,19 @@ class _Fuser:
             del layer.layer_param.top[:]
             layer.layer_param.top.extend(scale.layer_param.top)
             sc_node.replace_all_uses_with(node)
-            self._absorbed(layer, bn_node, sc_node)
+            self._absorbed(layer, found_bn, found_sc)
 
     def input_side(self) -> None:
         gm = self.gm
         for node in list(gm.graph.nodes):
-            conv = None if node in self.removed or not node.args else _module(gm, node)
+            conv = None if node in self.removed or not node.args else node_layer(gm, node)
             if conv is None or not folds_scale_before(conv):
                 continue
-            sc_node = node.args[0]
-            if not _is(gm, sc_node, "Scale") or not _is(gm, sc_node.args[0], "BatchNorm"):
+            found_sc = _input(gm, node, ScaleLayer)
+            found_bn = None if found_sc is None else _input(gm, found_sc[0], BatchNormLayer)
+            if found_sc is None or found_bn is None:
                 continue
-            bn_node = sc_node.args[0]
-            bn, scale = _module(gm, bn_node), _module(gm, sc_node)
+            (sc_node, scale), (bn_node, bn) = found_sc, found_bn
             reason = (self._common(conv, bn, scale)
                       or rules.single_consumer_reason(bn_node, bn.caffe_name)
                       or rules.single_consumer_reason(sc_node, scale.caffe_name)
@@ -178,7 +185,7 @@ class _Fuser:
             del conv.layer_param.bottom[:]
             conv.layer_param.bottom.extend(bn.layer_param.bottom)
             node.replace_input_with(sc_node, bn_node.args[0])
-            self._absorbed(conv, bn_node, sc_node)
+            self._absorbed(conv, found_bn, found_sc)
 
 
 def _shared_weights(gm: fx.GraphModule) -> dict:

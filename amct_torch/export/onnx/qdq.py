@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from typing import Callable, Mapping, NoReturn, Optional, ParamSpec, Sequence, TypeVar
+from typing import Any, Callable, Mapping, NoReturn, Optional, ParamSpec, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -185,24 +185,29 @@ class _Builder:
         self.dq_factors[dq] = key[1:]
         return dq
 
-    def quant_weight(self, lq: LayerQuant, w_int8: np.ndarray, axis: int,
+    def quant_weight(self, lq: LayerQuant, w_int8: Optional[np.ndarray], axis: int,
                      scales: Optional[np.ndarray] = None) -> str:
+        scale_w = lq.scale_w
+        assert w_int8 is not None and scale_w is not None  # the entry of a weighted layer
         qw = self.init(f"{lq.name}_weight_int8", np.asarray(w_int8, np.int8))
         if lq.per_channel:
-            sw = lq.scale_w if scales is None else scales  # scales: laid along ``axis`` already
+            sw = scale_w if scales is None else scales  # scales: laid along ``axis`` already
             s = self.init(f"{lq.name}_weight_scale", sw.astype(np.float32))
             z = self.init(f"{lq.name}_weight_zero_point", np.zeros(sw.size, np.int8))
             return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight", axis=axis)[0]
-        s = self.init(f"{lq.name}_weight_scale", np.array(lq.scale_w[0], np.float32))
+        s = self.init(f"{lq.name}_weight_scale", np.array(scale_w[0], np.float32))
         z = self.init(f"{lq.name}_weight_zero_point", np.array(0, np.int8))
         return self.node("DequantizeLinear", [qw, s, z], f"{lq.name}_weight")[0]
 
     def quant_bias(self, lq: LayerQuant) -> str:
+        bias, deq_scale = lq.bias, lq.deq_scale
         if self.bias_form == "float":
-            return self.init(f"{lq.name}_bias", lq.bias.astype(np.float32))
+            assert bias is not None  # the entry of a layer with a bias
+            return self.init(f"{lq.name}_bias", bias.astype(np.float32))
+        assert deq_scale is not None  # the entry of a weighted layer
         qb = self.init(f"{lq.name}_bias_int32", np.asarray(lq.bias_int32, np.int32))
-        s = self.init(f"{lq.name}_bias_scale", lq.deq_scale.astype(np.float32))
-        z = self.init(f"{lq.name}_bias_zero_point", np.zeros(lq.deq_scale.size, np.int32))
+        s = self.init(f"{lq.name}_bias_scale", deq_scale.astype(np.float32))
+        z = self.init(f"{lq.name}_bias_zero_point", np.zeros(deq_scale.size, np.int32))
         return self.node("DequantizeLinear", [qb, s, z], f"{lq.name}_bias", axis=0)[0]
 
     # -- layers ------------------------------------------------------------------------
@@ -212,7 +217,7 @@ class _Builder:
         if lq is not None:
             n_q = len(xs) if lq.joint else 1
             xs = [self.quant_act(x, lq) for x in xs[:n_q]] + xs[n_q:]
-        outs = write_layer(self, mod, xs, in_shapes, out_shapes)
+        outs = write_layer(self, mod, xs, in_shapes, list(out_shapes))
         if outs is None:
             self.fail(mod, f"layer type {mod.caffe_type} (with these parameters) has no ONNX mapping here")
         return outs
@@ -287,7 +292,7 @@ class _Builder:
         if ph == 0 and pw == 0:
             # without padding Caffe's ceil/floor output size and divisor are ONNX's ceil_mode
             # with count_include_pad 0: valid at any input size
-            kw_ = dict(kernel_shape=[kh, kw], strides=[sh, sw], ceil_mode=int(mod.ceil))
+            kw_: dict[str, Any] = dict(kernel_shape=[kh, kw], strides=[sh, sw], ceil_mode=int(mod.ceil))
             if mod.method == _MAX:
                 return self.node("MaxPool", [x], mod.caffe_name, **kw_)[0]
             return self.node("AveragePool", [x], mod.caffe_name, count_include_pad=0, **kw_)[0]
@@ -315,9 +320,11 @@ class _Builder:
         def quantized(x: str, spec: tuple[str, object]) -> str:
             kind, p = spec
             if kind == "consumer":
-                return self.qdq(x, p[0], "in", p[1], p[2])  # type: ignore[index]
+                assert isinstance(p, tuple)  # a Factor
+                return self.qdq(x, p[0], "in", p[1], p[2])
             if kind == "calib":
-                return self.qdq(x, p, "out", *self.elt_factors[p])  # type: ignore[arg-type]
+                assert isinstance(p, str)  # the layer whose output was calibrated
+                return self.qdq(x, p, "out", *self.elt_factors[p])
             return x
         y = self.eltwise_node(mod, [quantized(x, sp) for x, sp in zip(xs, eq.inputs)] + xs[len(eq.inputs):])
         return quantized(y, eq.output)
@@ -421,18 +428,18 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
             value[node] = value[node.args[0]][node.args[1]]
         elif node.op != "output":
             raise ExportError(f"graph node '{node.name}' ({node.op}) cannot be exported", file=file)
-    outs = []
+    out_infos = []
     for key, v in chosen.items():
         src, name = value[v], key
         if src != key:
             b.nodes.append(helper.make_node("Identity", [src], [key], name=b.uniq(f"{key}_output")))
         shape = _shape_of(pr, v)
-        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
-                                                  _dims(shape, pr.dims(v, 0, spatial), "N", name)))
+        out_infos.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                       _dims(shape, pr.dims(v, 0, spatial), "N", name)))
     if plan and integer_ops:
-        rewrite(b, {o.name for o in outs})
+        rewrite(b, {o.name for o in out_infos})
     inits, weight_inputs = b.tensors()
-    graph = helper.make_graph(b.nodes, graph_name, g_inputs + weight_inputs, outs, initializer=inits)
+    graph = helper.make_graph(b.nodes, graph_name, g_inputs + weight_inputs, out_infos, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="amct_torch")
     model.ir_version = min(model.ir_version, 8)

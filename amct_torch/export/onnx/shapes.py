@@ -40,7 +40,7 @@ class Probe:
     spatial: bool = False
     shapes: dict = field(default_factory=dict)
 
-    def out(self, node: fx.Node) -> list[Optional[tuple]]:
+    def out(self, node: fx.Node) -> list[tuple]:
         """The output shapes of ``node`` at the declared size."""
         return list(self.shapes.get(node, []))
 
