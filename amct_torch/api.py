@@ -2,21 +2,11 @@
 ``save_model``, ``convert_model`` -- same names, arguments and files as ``amct_caffe``. The
 one-call ``quantize`` is the workflow layer above this one (``amct_torch.workflow``).
 
-Typical AMCT script::
-
-    create_quant_config("cfg.json", "deploy.prototxt", "w.caffemodel")
-    graph = init("cfg.json", "deploy.prototxt", "w.caffemodel", "record.txt")
-    model = quantize_model(graph, "modified.prototxt", "modified.caffemodel")
-    for batch in batches[:batch_num]:      # on CUDA too: model.cuda(); batch.cuda()
-        model(batch)
-    save_model(graph, "Both", "out/model")
-
-Why a thin layer: the work is done by the steps in ``amct_torch.steps`` over an in-memory
-graph and record; this module adds AMCT's argument checks and its files: ``init`` empties the
-record file, ``quantize_model`` writes the weight factors into it, the ``batch_num``-th forward
-rewrites it with the activation factors, and ``save_model`` reads it back (so a record edited
-by hand in between is what the models are written from, as with AMCT).
-"""
+Why a thin layer: the work is done by ``amct_torch.steps`` over an in-memory graph and record;
+this module adds AMCT's argument checks and its files: ``init`` empties the record file,
+``quantize_model`` writes the weight factors into it, the ``batch_num``-th forward rewrites it
+with the activation factors, and ``save_model`` reads it back (a record edited by hand in
+between is what the models are written from, as with AMCT). A typical script: README."""
 from __future__ import annotations
 
 import logging

@@ -1,18 +1,11 @@
 """Atomic file replacement: a crash or a full disk never leaves a half-written file.
 
-The text goes to a temporary file in the destination's own folder (so the final rename stays
-on one filesystem), is flushed to disk, and then replaces the destination with ``os.replace``,
-which is atomic on POSIX and Windows. The final file gets the permissions an ordinary
-``open(path, "w")`` would give (0666 minus the umask), not ``mkstemp``'s private 0600, so
-that a shared group or another container uid can read the results. A SIGTERM during the
-write removes the temporary file (``amct_torch.termination``) before the process ends.
-
-The pieces: ``atomic_write_bytes`` / ``atomic_write_text`` for content in memory,
-``atomic_file`` for content written piece by piece (the streaming caffemodel writer, through
-``direct_io.DirectFile``), ``staged_files`` for several files published together once all are
-written and checked (the ONNX models), and ``temp_beside`` / ``remove_quietly`` for the
-temporary file itself (also the ONNX checks' scratch view of a model).
-"""
+The content goes to a temporary file in the destination's own folder (the final rename stays on
+one filesystem), is flushed to disk and replaces the destination with ``os.replace``; the file
+gets the permissions a plain ``open(path, "w")`` would give, not ``mkstemp``'s 0600, so that a
+shared group can read the results. ``atomic_write_bytes``/``atomic_write_text`` take content in
+memory, ``atomic_file`` content written piece by piece, ``staged_files`` several files published
+together once all are checked, and ``temp_beside``/``remove_quietly`` handle the temporary file."""
 from __future__ import annotations
 
 import os

@@ -1,19 +1,12 @@
 """Writing a large output file around the page cache (``O_DIRECT``), with the device's write
 overlapped with the caller's work.
 
-Why: an ordinary ``write`` copies every byte into page-cache pages the kernel first has to find
-and account for, then flushes them from its own threads; for the half-gigabyte models of a
-VGG-16 job that was most of the job's system time (1.4 GB of outputs: 3-5 s of CPU on the
-shared 2-core machine, against ~0.05 s per 0.5 GB written direct, measured). The output files
-are not read back by the job except for the ONNX checks, which map only the pages they touch.
-Direct I/O needs block-aligned memory, offsets and lengths, so ``DirectFile`` copies what it is
-given into page-aligned buffers (a memcpy, far cheaper than the kernel's path) and writes whole
-buffers at aligned offsets from a helper thread while the caller fills the next buffer; the
-last, partial buffer is written rounded up to the block size and the file is then cut to its
-true length. Where the filesystem refuses ``O_DIRECT`` (tmpfs, some network filesystems) the
-same buffers go through ordinary writes. The bytes of the file are the bytes given, in order,
-either way.
-"""
+Why: an ordinary ``write`` copies every byte into page-cache pages the kernel must find,
+account for and flush; for the half-gigabyte models of a VGG-16 job that was most of the job's
+system time. ``DirectFile`` copies what it is given into page-aligned buffers and writes whole
+buffers at aligned offsets from a helper thread while the caller fills the next; the last buffer
+is rounded up and the file cut to its true length. Where the filesystem refuses ``O_DIRECT`` the
+same buffers go through ordinary writes; the bytes are the same either way. docs/performance.md."""
 from __future__ import annotations
 
 import errno

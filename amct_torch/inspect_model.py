@@ -1,17 +1,11 @@
-"""``amct-torch inspect MODEL [WEIGHTS]``: what a user asks first about a Caffe model, in about
-a second and without data.
+"""``amct-torch inspect MODEL [WEIGHTS]``: what a user asks first about a Caffe model, in about a
+second and without data.
 
-Why: before choosing calibration data and waiting for a calibration, a user wants to know
-whether the tool can handle the model at all: its inputs and their shapes, which layer types it
-has, which layers the (default or given) config quantizes, every layer the loader does not
-support (all of them, not only the first one a load would stop at), every prototxt field it
-does not read (a fork's parameter: the numbers may differ), and whether the ONNX export will
-work (the ONNX preflight's answer, ``export/onnx/preflight.py``).
-
-Exit codes: 0 everything is supported; 2 a file cannot be read (the one-line error every
-command prints); 3 the model was read but something is unsupported (a layer type, a Python
-layer, an unknown field unless allowed, or the ONNX export), each listed with its layer.
-"""
+Why: before choosing data and waiting for a calibration, a user wants to know whether the tool
+handles the model: its inputs and shapes, layer types, the layers the config quantizes, every
+layer the loader does not support (all of them), every prototxt field it does not read, and
+whether the ONNX export will work (``export/onnx/preflight.py``). Exit 0: supported; 2: a file
+cannot be read; 3: something is not supported. docs/cli.md."""
 from __future__ import annotations
 
 import argparse

@@ -1,22 +1,11 @@
 """Keep freed activation memory in the process for the next batch (glibc only, CLI only).
 
-Why: a CPU forward allocates every layer's output afresh, and glibc serves blocks above its
-mmap threshold (at most 32 MiB, and a batch-32 ResNet activation is ~100 MiB) with a fresh
-``mmap`` and returns them with ``munmap`` when freed. Each batch then page-faults its
-activations in again, zero-filled by the kernel: in the 256-image nsfw job that was ~14 % of
-the CPU time, all of it system time. With mmap off for new blocks and no trimming of the heap
-top, freed blocks stay mapped and the next batch reuses them (the caching-allocator pattern
-ONNX Runtime's arena uses), for a few per cent more peak memory.
-
-One arena (``M_ARENA_MAX=1``) for every thread: the command's helper threads (the read-ahead
-of the caffemodel, the exports written side by side) then reuse the memory the calibration
-freed instead of each growing an arena of its own -- with per-thread arenas the side-by-side
-writes of a VGG-16 job added 170-270 MiB to its peak, with one 8-10 MiB. A user's own
-``MALLOC_ARENA_MAX`` is left as it is.
-
-Only the ``amct-torch`` command calls this, for its own process: a library should not change
-the allocator policy of a user's program. ``AMCT_TORCH_KEEP_MEMORY=0`` turns it off.
-"""
+Why: glibc serves large blocks with a fresh ``mmap`` and returns them on free, so each CPU batch
+page-faults its activations in again, zero-filled by the kernel (~14 % of the CPU time of the
+256-image nsfw job). With mmap off for new blocks, no trimming and one arena for every thread
+(``M_ARENA_MAX=1``: helper threads reuse what the calibration freed), the next batch reuses the
+memory. Only the ``amct-torch`` command calls this, for its own process; a user's own
+``MALLOC_ARENA_MAX`` is kept, and ``AMCT_TORCH_KEEP_MEMORY=0`` turns it off. docs/performance.md."""
 from __future__ import annotations
 
 import ctypes

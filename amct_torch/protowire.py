@@ -1,15 +1,10 @@
 """Protobuf's wire format, the few pieces the streaming readers and writers need.
 
-Why by hand: a caffemodel or an ONNX model is one protobuf message, and protobuf's own API
-serialises or parses it whole, holding every weight twice. Written field by field (a key, a
-length, the bytes) the same message can go to a file layer by layer, and the bytes are the
-ones ``SerializeToString`` gives (tested); ``copy_fields`` gives such a writer the message
-without the fields it streams itself, ``split_before`` where its own field goes and ``parts_size``
-the length to announce. Reading works the same way backwards: ``fields`` gives each
-field's bounds without parsing it. Used by ``caffe/stream_writer.py``,
-``caffe/stream_reader.py``, ``caffe/netio.py``, ``caffe/limits.py``,
-``export/onnx/stream.py`` and ``export/onnx/validate.py``.
-"""
+Why by hand: protobuf's API serialises or parses a message whole, holding every weight twice.
+Written field by field (key, length, bytes) a caffemodel or ONNX model can go to a file layer by
+layer with the bytes ``SerializeToString`` gives (tested): ``copy_fields`` gives a writer the
+message without the fields it streams, ``split_before`` where its field goes, ``parts_size`` the
+length to announce; ``fields`` reads each field's bounds without parsing it."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Sequence

@@ -1,16 +1,12 @@
-"""On a busy machine, let torch's idle OpenMP threads sleep instead of spinning (CLI only,
-before torch loads).
+"""On a busy machine, let torch's idle OpenMP threads sleep instead of spinning (CLI only, before
+torch loads).
 
-Why: by default libgomp's worker threads spin for a while at every barrier, waiting for the
-next parallel region. When the cores are already taken by other work, the spinning threads
-take CPU from the thread the region waits for. Measured on the 32-image nsfw job on 2 cores
-(medians): with 4 other busy processes, spinning 12.5 s wall / 7.4 s CPU, a short spin
-(``GOMP_SPINCOUNT=20000``) 9.5 s / 5.1 s, ``OMP_WAIT_POLICY=PASSIVE`` 5.3 s / 2.2 s; on the
-nearly idle machine (load 1.1) spinning 1.84 s, the short spin 1.82 s, passive 2.07 s. So the
-policy follows the load: passive when more processes are runnable than there are cores (the
-1-minute load average), torch's default otherwise. It is read once, when the OpenMP runtime
-starts, so it must be set before torch is imported; a policy the user set is kept.
-"""
+Why: libgomp's worker threads spin at every barrier; when other work already takes the cores,
+the spinning threads take CPU from the thread the region waits for (on 2 busy cores the 32-image
+nsfw job took 12.5 s spinning, 5.3 s passive). So the policy follows the load: passive when more
+processes are runnable than there are cores (the 1-minute load average), torch's default
+otherwise. It must be set before torch is imported; a policy the user set is kept.
+docs/performance.md."""
 from __future__ import annotations
 
 import os

@@ -1,34 +1,12 @@
-"""Outputs as a transaction: every file one command writes appears together, complete, or not
-at all, and no input is ever overwritten.
+"""Outputs as a transaction: every file one command writes appears together, complete, or not at
+all, and no input is ever overwritten.
 
-Why: a container job is killed with SIGKILL when pre-empted, a typo in ``--output`` can name an
-input, and a temporary folder on another filesystem turns a rename into a copy that a kill can
-tear. So all outputs of one command are written into one staging folder *inside the
-destination folder* (same filesystem: every final step is a ``rename``), each file is fsynced,
-and only when every one is complete a small manifest is written (atomically, fsynced: the
-commit point) and the files are renamed into place, then the staging folder is removed.
-
-A kill before the commit point leaves the previous outputs untouched (the staging folder is
-garbage); a kill after it leaves the new set complete in the staging folder with its
-manifest, and the next command on the same output prefix (``OutputTransaction.begin`` or
-``recover``) finishes the renames before doing anything else. The staging folder is named
-``.{prefix name}.amct-partial`` beside the outputs, is locked (``flock``) while its run is
-alive, and is the only leftover a kill can cause.
-
-One run's whole set: a command that owns its output prefix (``owns_prefix``, the calibrate
-job) also removes, in the same commit, the files of the prefix that an earlier run wrote and
-this one does not (the ONNX models after a rerun without ONNX, the deploy model after a
-fake-quant-only rerun), so that the folder never mixes two runs. Only the prefix's known output
-names (``amct_torch.output_names.prefix_outputs``) are candidates, never an input file; the
-manifest lists them too, so a kill during the commit is finished the same way.
-
-Signals: while a transaction is open, SIGTERM (``docker stop``, Kubernetes) and SIGHUP end the
-command like Ctrl-C does -- the staging folder is removed -- and the process exits with the
-conventional status 128 + the signal number (``Terminated``). Inside the commit's renames the
-signal waits until the set is complete. A staging folder whose manifest is unreadable or
-malformed (not written by a run of ours: the manifest is written atomically) is treated as the
-leftover of a dead run that never committed, and discarded with a warning.
-"""
+Why: a job can be killed at any moment (SIGKILL on pre-emption) and a typo in ``--output`` can
+name an input. All outputs go into one staging folder inside the destination folder (same
+filesystem: every final step is a ``rename``), are fsynced, and a manifest written atomically
+is the commit point; the renames then run, and a kill after the commit is finished by the
+next command on the same prefix. SIGTERM and SIGHUP end an open transaction like Ctrl-C.
+The protocol, the leftovers a kill can cause and the signals: docs/workflow.md."""
 from __future__ import annotations
 
 import atexit

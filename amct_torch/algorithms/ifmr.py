@@ -1,15 +1,11 @@
 """IFMR activation calibration (docs/algorithms.md, "IFMR") as pure tensor functions.
 
-Two ways to get each candidate's loss, one search:
-
-* ``ifmr_exact`` — AMCT's definition: order statistics of all the data and the loss summed
-  over every element. All candidates are evaluated together on [candidates, chunk] blocks
-  (chunked to bound memory); no Python loop over candidates, no host sync until the result.
-* ``ifmr_from_histogram`` — the memory-bounded (streaming) variant: the init clip comes from
-  exact top-k/bottom-k buffers (histogram quantile when k exceeds them) and the losses from a
-  fine histogram that keeps, per bin, the count and the sum of offsets inside the bin (so bins
-  that do not straddle a rounding boundary contribute their exact loss up to a constant).
-"""
+Two ways to get each candidate's loss, one search: ``ifmr_exact`` (AMCT's definition: order
+statistics of all the data, every candidate evaluated at once on chunked [candidates, chunk]
+blocks, no host sync until the result) and ``ifmr_from_histogram`` (the memory-bounded streaming
+variant: the initial clip from exact top-k/bottom-k buffers, the losses from a fine histogram
+that keeps per bin the count and the sum of offsets, exact for bins that do not straddle a
+rounding boundary)."""
 from __future__ import annotations
 
 import math

@@ -1,15 +1,10 @@
 """The state of streaming IFMR and its update in tensor ops, with no host read.
 
-Why a state of tensors: on a GPU every Python-side decision about the data (has the range
-grown? which values can enter the top-K?) waits for the device. Here every quantity that
-depends on the data — element count, range, histogram frame, top/bottom buffers — is a
-tensor on the data's device, and each batch goes through the same fixed-shape operations
-whatever its values: the range grows by ``minimum``/``maximum``, the frame follows from the
-range (``histogram.frame_of``), the histogram is re-framed unconditionally (an unchanged
-frame comes out bit for bit the same), and the buffers take the batch's exact top-K
-(``select.extreme_values``). The result is the state the sequential definition gives,
-identical to the compiled CPU path (which may read its CPU scalars freely).
-"""
+Why: on a GPU every Python-side decision about the data waits for the device. Every quantity
+that depends on the data (count, range, histogram frame, top/bottom buffers) is a tensor on the
+data's device, and each batch goes through the same fixed-shape operations whatever its values
+(an unchanged frame re-frames bit for bit the same). The result is the state the sequential
+definition gives, identical to the compiled CPU path. docs/algorithms.md, "The sync-free design"."""
 from __future__ import annotations
 
 import math

@@ -1,17 +1,11 @@
 """Blobs a caffemodel does not hold, filled as Caffe fills them when it builds the net.
 
-Why: Caffe constructs every layer's blobs with the layer's fillers and then copies the trained
-blobs of the layers the caffemodel names (``CopyTrainedLayersFrom``); a layer the caffemodel
-does not name keeps its filler values. Real models rely on this for weights that are never
-trained, e.g. an upsampling ``Deconvolution`` with ``lr_mult: 0`` and
-``weight_filler { type: "bilinear" }``. Only the deterministic fillers can be reproduced:
-``constant`` (``value``) and ``bilinear``. A random filler (gaussian, xavier, msra, uniform,
-positive_unitball) would give other weights at every run, so the model is refused naming the
-caffemodel and the layer. A weight blob with no filler given is refused too: Caffe's default
-filler would make it all zeros, which is never a trained model. Biases and the per-channel
-factors of Scale, Bias, Normalize and PReLU fall back to Caffe's own defaults (bias 0, scale 1,
-PReLU slope 0.25), which are the identity a net is built with.
-"""
+Why: Caffe builds every layer's blobs with its fillers and then copies the trained blobs of the
+layers the caffemodel names; real models rely on this for weights never trained (an upsampling
+``Deconvolution`` with a ``bilinear`` filler). Only the deterministic fillers (``constant``,
+``bilinear``) can be reproduced: a random one, or a weight blob without a filler, is refused
+naming the caffemodel and the layer; biases and per-channel factors fall back to Caffe's
+identity defaults. docs/caffe_format.md, "Layers the caffemodel does not name"."""
 from __future__ import annotations
 
 import math

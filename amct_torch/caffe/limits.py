@@ -1,20 +1,11 @@
 """Bounds on the size of a model's structure, checked before the files are parsed.
 
-Why: protobuf turns every message into an object of several hundred bytes, so a small file of
-empty messages becomes gigabytes once parsed (a 7 MB caffemodel of 2.3 million empty layers
-takes 1.5 GB in ``ParseFromString`` alone; an 18 MB prototxt of empty layers 2.7 GB and a minute
-of text parsing). Real nets have at most a few thousand layers and a few blobs per layer, so
-counts far above that are refused with a ModelError naming the file, before any parsing:
-
-* ``MAX_LAYERS`` (100,000) layers in a prototxt or a caffemodel;
-* ``MAX_BLOBS`` (200,000) blobs in a caffemodel (all layers together).
-
-The caffemodel is counted by walking only the protobuf wire format of the net and of each layer
-(tags and lengths; blob data is skipped, never decoded), stopping at the first count over its
-limit, so the walk itself is bounded by the limits. The prototxt is counted with one regular
-expression over the text. Under the limits parsing is linear in the file size
-(``tests/caffe/test_caffe_parse_bounds.py``).
-"""
+Why: protobuf makes an object of hundreds of bytes of every message, so a small file of empty
+messages becomes gigabytes once parsed. ``MAX_LAYERS`` layers (prototxt or caffemodel) and
+``MAX_BLOBS`` blobs (caffemodel) are far above real nets and refused with a ModelError naming the
+file before any parsing: the caffemodel is counted on its wire format (blob data skipped, the
+walk stopping at the first count over its limit), the prototxt with one regular expression.
+docs/caffe_format.md, "Limits"."""
 from __future__ import annotations
 
 import re

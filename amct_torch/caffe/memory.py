@@ -1,27 +1,12 @@
 """Peak activation memory of a loaded net at a batch size, from the declared shapes alone.
 
-Why: the shape rules give every blob's size when the model loads, before any data runs. A
-model whose declared sizes cannot fit (a ``pad: 1200`` on an 8×8 input, a huge Deconvolution
-stride) should be refused naming the model and the layer, not fail with an allocation error
-blamed on the data, or take the machine down.
-
-Formula. The graph runs node by node; the tensor a node produces lives from that node until
-its last reader. With ``n_j`` the element count of node j's output at the declared input shape
-and ``N0`` the declared batch (first axis of the first input), the live elements at node i are
-``L_i = sum of n_j over the j <= i still read at or after i``. The estimate at batch size B is
-
-    peak(B) = 4 bytes × B / N0 × (max_i L_i + max_j n_j)
-
-that is the live blobs at the worst point of the forward plus one more blob of the largest size
-as working room (a layer's temporaries, a calibration observer's copy of its input). Values are
-float32. Blobs whose shape is unknown at load (after a layer whose output size depends on the
-data) count 0. It is an estimate of the activations only: the weights and the framework's own
-memory come on top.
-
-``check_activation_memory`` compares it with the memory available to this process: for CUDA the
-device's free memory, for the CPU the smallest of the kernel's MemAvailable, the cgroup's limit
-minus its usage, and the address-space limit (RLIMIT_AS) minus what the process maps.
-"""
+Why: the shape rules give every blob's size when the model loads, before any data runs; a model
+whose declared sizes cannot fit (a ``pad: 1200`` on an 8×8 input) is refused naming the model
+and the layer, not failed with an allocation error blamed on the data. The estimate is the live
+float32 blobs at the worst point of the forward plus one blob of the largest size, scaled to the
+batch size; ``check_activation_memory`` compares it with what this process may use (the CUDA
+device's free memory; on the CPU the smallest of MemAvailable, the cgroup's room and
+RLIMIT_AS). The formula: docs/caffe_format.md."""
 from __future__ import annotations
 
 import os

@@ -288,7 +288,7 @@ def _inputs(net: pb.NetParameter, layers: list[pb.LayerParameter], file: str) ->
         for i, top in enumerate(layer.top):
             shape = [] if not shapes else list(shapes[i if len(shapes) > 1 else 0].dim)
             out.append((top, shape))
-    for name, shape in out:  # declared sizes: positive, each below 2^31 (issue 16)
+    for name, shape in out:  # declared sizes: positive, each below 2^31
         if len(shape) > MAX_BLOB_AXES:
             raise ModelError(f"input '{name}' declares {len(shape)} axes; Caffe allows at most "
                              f"{MAX_BLOB_AXES}", file=file)

@@ -1,20 +1,12 @@
 """Protobuf text format for Caffe nets, tolerant of fields our schema does not know.
 
-Why: real prototxts carry fork-specific params (a Caffe fork's extra fields on a known layer).
-They must not stop loading, and a model read and written back must not lose them. The standard
-``text_format.Parse`` either fails on them or (``allow_unknown_field``) silently drops them.
-
-Design: before parsing, one pass over the tokens walks the text against the message
-descriptors. Every field whose name the schema does not know is cut out (replaced by spaces,
-newlines kept, so the line and column numbers of later syntax errors stay exact) and its text
-is recorded together with the path of known fields that encloses it, e.g.
-``layer[3]/convolution_param[0]``. The entries are stored *inside* the message, in the
-internal string field ``amct_unknown_text`` (5900) of the enclosing ``LayerParameter`` (path
-relative to the layer) or of the ``NetParameter`` (anything outside a layer), as
-``"<path>\\n<text>"``. Keeping them in the message means they follow the layer through
-copies, phase filtering and the graph (``layer_param``), and the writer re-emits each text
-block inside the block at its path. They are never written to a ``.caffemodel``.
-"""
+Why: real prototxts carry a Caffe fork's extra fields; they must not stop loading, and a model
+read and written back must not lose them (``text_format.Parse`` fails on them or drops them).
+One pass over the tokens walks the text against the message descriptors, cuts out every unknown
+field (spaces in its place, so later line and column numbers stay exact) and records its text
+with its path inside the enclosing ``LayerParameter`` or ``NetParameter`` (``amct_unknown_text``),
+where it follows the layer through copies and the graph and is written back at its path, never
+into a caffemodel. docs/caffe_format.md, "Unknown fields"."""
 from __future__ import annotations
 
 import re

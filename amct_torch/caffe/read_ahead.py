@@ -1,16 +1,11 @@
 """Reading the Caffe model on a helper thread while the command is still importing torch.
 
-Why: the ``amct-torch calibrate`` command spends 1.5-2 s importing torch before its first
-step, and reading a VGG-16's 553 MB caffemodel is another 0.5 s (on a busy machine 2-3 s) of
-copying and page faults that need no torch. The reader (``netio.read_net``: numpy and
-protobuf only) releases the interpreter lock in its large reads, so run on a thread it
-finishes inside the import's time.
-
-Only a read whose files are still the same when the job asks for them is used: the key is
-each file's path, device, inode, size and modification time, taken when the read starts and
-again when the job takes it. A read that failed is dropped: the job then reads the files
-itself and reports the problem exactly as without the read-ahead (same error, same place).
-"""
+Why: ``amct-torch calibrate`` spends 1.5-2 s importing torch, and reading a large caffemodel
+needs no torch (``netio.read_net``: numpy and protobuf, which release the interpreter lock in
+their large reads), so the read finishes inside the import's time. A read is used only if its
+files are still the same when the job asks (path, device, inode, size and modification time,
+before and after); a failed read is dropped and the job reads the files itself, reporting any
+problem exactly as without the read-ahead."""
 from __future__ import annotations
 
 import os

@@ -1,22 +1,12 @@
 """Reading a caffemodel's weights layer by layer, each float blob read straight into its array.
 
-Why: parsing a whole caffemodel holds the file's bytes, the parsed message (a second copy of
-every weight inside protobuf) and the arrays made from it at once: three copies of a 553 MB
-VGG-16. Protobuf's wire format lets a reader walk a message field by field, so this walks the
-``NetParameter`` in the file itself (``protowire.fields`` over reads of the file, a few bytes
-at a time): each ``layer`` (field 100) is parsed without its blobs,
-and a blob whose values are one packed ``data`` field (what Caffe writes) is read from the
-file into a fresh float32 array, the only copy. Anything else — V1 ``layers``, ``double_data``,
-``raw_data``, unpacked or split values, a malformed or truncated file, a net past the size
-limits — is left to the whole-message parser (``netio.parse_caffemodel``): ``read_weights``
-returns None and the caller reads the file as before, with its exact errors.
-
-The arrays are made with numpy's transparent-huge-page advice off (``_small_pages``): numpy
-advises the kernel to back every large array with 2 MiB pages, and on a busy machine the
-kernel then finds, compacts and zeroes 2 MiB blocks at each first touch; reading the VGG-16
-caffemodel took 1.1-1.4 s of system time and 5-8 s of wall time that way against 0.3 s and
-2 s with ordinary pages (three alternating runs each on the shared 2-core machine).
-"""
+Why: parsing a whole caffemodel holds the file's bytes, the parsed message and the arrays made
+from it at once (three copies of a 553 MB VGG-16). This walks the ``NetParameter`` in the file
+with ``protowire.fields``: each layer is parsed without its blobs, and a blob stored as one
+packed ``data`` field (what Caffe writes) is read into a fresh float32 array, the only copy.
+Anything else (V1 layers, other blob encodings, a malformed file, a net past the limits) is
+left to ``netio.parse_caffemodel`` with its exact errors. Arrays are made without numpy's
+huge-page advice (``_small_pages``; docs/performance.md has the figures)."""
 from __future__ import annotations
 
 import os

@@ -1,19 +1,11 @@
 """Writing a caffemodel layer by layer, never holding the whole serialised net in memory.
 
-Why: a VGG-16 caffemodel is 553 MB. Serialising the output nets the usual way builds every
-layer's ``BlobProto`` (a copy of its weights inside protobuf) and then the file's bytes (a
-second copy) while the arrays they came from are still alive: three copies of the model at
-once. Protobuf's wire format makes a message the concatenation of its fields' encodings, and
-``SerializeToString`` writes known fields in field-number order (unknown ones last), so a
-``NetParameter`` can be written as: the net's fields before ``layer`` (field 100), then each
-layer as a length-delimited field 100 made as soon as its blobs exist, then the net's later
-fields. A layer is itself its fields before ``blobs`` (7), each blob, then its later fields; a
-large blob's data goes to the file straight from the array's memory. The bytes are exactly
-those of ``caffemodel_bytes(net)`` on the same net with the blobs attached
-(``tests/caffe/test_caffe_stream_write.py`` checks it byte for byte). The file is written
-around the page cache (``amct_torch.direct_io``) and put in place atomically
-(``atomic.atomic_file``); the wire-format pieces are ``amct_torch.protowire``'s.
-"""
+Why: serialising a VGG-16 net the usual way holds its weights three times (the arrays, the
+``BlobProto`` copies, the file's bytes). Protobuf's wire format makes a message the concatenation
+of its fields in field-number order, so the net is written as its fields before ``layer`` (100),
+each layer as soon as its blobs exist (a large blob's data straight from the array's memory),
+then its later fields. The bytes are exactly ``caffemodel_bytes(net)``'s (tested byte for byte);
+the file goes around the page cache (``direct_io``) and into place atomically (``atomic``)."""
 from __future__ import annotations
 
 from typing import Iterable, Sequence

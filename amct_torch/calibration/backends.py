@@ -1,18 +1,11 @@
 """Which implementation of the observers' few heavy operations runs on a device.
 
-Why one dispatch: the maths lives once, as tensor functions in ``amct_torch.algorithms``
-(sync-free, any device). A faster implementation — today the compiled CPU kernels of
-``amct_torch.kernels`` — registers the same small set of named operations and is chosen once
-per device type; observers never test for it themselves. The operations:
-
-- ``stream_update(state, x)``: add a batch to a streaming-IFMR ``StreamState``;
-- ``hfmg_update(counts, rng, seen, x) -> (counts, rng)``: one HFMG histogram step;
-- ``ifmr_hist_losses``: the IFMR search losses from a histogram (``ifmr.histogram_losses``'s
-  signature), or None for the torch formula;
-- ``hfmg_search(counts, width) -> (lefts, rights, losses)``, or None for the tensor search.
-
-The CPU thread policy lives here too (``cpu_threads``), not in the observers.
-"""
+Why one dispatch: the maths lives once, as sync-free tensor functions in
+``amct_torch.algorithms``; a faster implementation (today the compiled CPU kernels of
+``amct_torch.kernels``) registers the same named operations (``stream_update``, ``hfmg_update``,
+``ifmr_hist_losses``, ``hfmg_search``) and is chosen once per device type, so observers never
+test for it. The CPU thread policy (``cpu_threads``) lives here too. docs/algorithms.md,
+"Backends"."""
 from __future__ import annotations
 
 import contextlib

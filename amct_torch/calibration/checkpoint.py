@@ -1,21 +1,11 @@
 """Save and resume a calibration: observer states after each batch, restored after a crash.
 
-Why: calibrating a large model on many batches can take long enough for a job to be killed
-(pre-emption, out of memory elsewhere, a closed notebook). Observer states are small mergeable
-tensors, so they are written after every batch and a new process continues where the old one
-stopped; since the observers get exactly the same data in the same order, the record is the
-same as an uninterrupted run.
-
-Safe to load: the file is a ``torch.save`` of a flat ``dict[str, Tensor]`` and is read with
-``torch.load(weights_only=True)`` — no pickled objects, so a tampered file cannot run code.
-Metadata (layer names, observer kinds, a SHA-256 of the fused weights, and a digest of the
-model file, quant config, calibration settings and data description set by ``quantize``)
-travels as a UTF-8 JSON string in a uint8 tensor and must match the session being resumed;
-the batch count, input shapes and keys are checked too; anything else is a
-``CalibrationError`` naming the file.
-Writes are atomic (temporary file + ``os.replace``): a kill during a save leaves the previous
-checkpoint intact.
-"""
+Why: a long calibration can be killed (pre-emption, a closed notebook); observer states are small
+mergeable tensors, so they are saved after every batch and a new process continues with the
+same data in the same order, giving the record of an uninterrupted run. Safe to load: a flat
+``dict[str, Tensor]`` read with ``torch.load(weights_only=True)``; its metadata (layers, observer
+kinds, digests of the weights, model, config, settings and data) must match the session being
+resumed, else a ``CalibrationError`` names the file. Writes are atomic."""
 from __future__ import annotations
 
 import hashlib

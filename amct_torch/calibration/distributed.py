@@ -1,22 +1,12 @@
-"""Calibration over several processes with ``torch.distributed`` (``torchrun --nproc_per_node=N``):
-the process context (``DistContext``: which block of the batches this rank calibrates, and the
-fold of all ranks' statistics before the factors) and the collectives. The loop itself is
-``loop.run_calibration`` given the context.
+"""Calibration over several processes with ``torch.distributed`` (``torchrun``): the rank's context
+(``DistContext``: which block of the batches it calibrates) and the collectives that fold all
+ranks' statistics before the factors; the loop itself is ``loop.run_calibration``.
 
-Why this shape: calibration statistics are mergeable values (``Observer.merge``), so each rank runs
-its own contiguous block of the calibration batches through its own copy of the model, and
-before the factors are computed every observer's ``state_dict`` (tensors) is all-gathered and
-folded with ``Observer.merge`` in rank order — on one owner rank per layer, which also runs the
-factor search, and the factors are then shared, so the costly compute is split too. Contiguous blocks + rank-order
-folding reproduce the single-process batch order, so order-sensitive modes (IFMR exact: the
-merge is a concatenation) give bit-identical factors; IFMR streaming and HFMG merge within the
-tolerances documented in docs/distributed.md. Every rank ends with the same factors; only
-rank 0 writes files (see ``is_writer``). NCCL is used for CUDA devices, gloo on CPU.
-
-The wire format is plain tensors (no pickling): per observer the union of state keys is
-agreed first (key names travel as uint8 tensors), then for each key a small int64 header
-(dtype code, ndim, shape) and the payload padded to the largest rank's size.
-"""
+Why this shape: observer states are mergeable, so each rank calibrates a contiguous block of
+batches, and before the factors every state is all-gathered and folded in rank order on one
+owner rank per layer, which also computes that layer's factors. Rank order reproduces the
+single-process order (IFMR exact is bit-identical). Only rank 0 writes files. The wire format is
+plain tensors, no pickling. docs/distributed.md."""
 from __future__ import annotations
 
 import logging

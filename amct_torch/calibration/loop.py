@@ -1,17 +1,11 @@
 """The calibration loop, for one process and for one rank of many: the first ``batch_num``
 batches through the model ``quantize_model`` returned, then the factors.
 
-Why its own file: an AMCT user writes this loop themselves; ours adds what a tool owes its
-user — a tqdm bar (silent when stderr is not a terminal or when asked), data errors turned
-into ``DataError`` naming the batch and its shape, a clear error when the data runs out before
-``batch_num`` batches, and a checkpoint saved after every batch and resumed after a crash.
-
-One loop serves one process and a ``torchrun`` job alike. A process calibrates alone unless
-it is given its ``Ranks`` (``distributed.DistContext``, which builds on this loop); every rank
-reads the same batches and forwards its contiguous block of them. The session is kept open
-while the loop runs (``CalibrationSession.kept_open``), so the statistics of all ranks are
-folded before the factors are computed; the loop then finishes the session itself.
-"""
+Why its own file: an AMCT user writes this loop themselves; ours adds a tqdm bar (silent when
+stderr is not a terminal), data errors as ``DataError`` naming the batch, a clear error when the
+data runs out early, and a checkpoint after every batch. Given its ``Ranks``
+(``distributed.DistContext``) a process forwards its block of the batches, and the session is
+kept open until the statistics of all ranks are folded."""
 from __future__ import annotations
 
 import sys

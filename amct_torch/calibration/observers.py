@@ -1,18 +1,12 @@
-"""Observers: one small mergeable state per quantized input (ARCHITECTURE: statistics are
-mergeable values).
+"""Observers: one small mergeable state per quantized input, with ``update``, ``merge``,
+``compute() -> (scale, offset)``, ``state_dict``/``load_state_dict`` (checked: a wrong shape,
+dtype or impossible value is a ``CalibrationError``) and ``reset``.
 
-Each observer has ``update(x)``, ``merge(other)``, ``compute() -> (scale, offset)``,
-``state_dict()`` (tensors only) / ``load_state_dict(d)`` (checked: a wrong shape, dtype or
-impossible value is a ``CalibrationError``) and ``reset()``.
-
-Why no host read in ``update``: calibration runs on the GPU, where every Python-side look at
-the data stalls the stream (with ~55 quantized layers, hundreds of stalls a batch). The whole
-state is tensors on the data's device, every per-batch decision is a fixed-shape tensor op,
-and NaN/Inf only sets a device flag (with the first bad batch) that ``compute()`` — which
-reads back once — turns into an error naming the layer. The heavy operations go through the
-device's backend (``backends.py``): the torch formulas of ``amct_torch.algorithms`` anywhere,
-the compiled kernels on a CPU that has them; both give the same state.
-"""
+Why no host read in ``update``: on a GPU every Python-side look at the data stalls the stream.
+The state is tensors on the data's device, every per-batch decision is a fixed-shape tensor op,
+and NaN/Inf only sets a device flag that ``compute`` (one read-back) turns into an error naming
+the layer. The heavy operations go through the device's backend (``backends.py``).
+docs/algorithms.md, "Observers"."""
 from __future__ import annotations
 
 import math

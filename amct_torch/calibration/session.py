@@ -1,17 +1,11 @@
 """The calibration state of a graph: observers fed by hooks for ``batch_num`` batches, then
 factors computed once and merged into the record.
 
-Why hooks on the user's module: AMCT's workflow hands the user a model to run on their own
-data loop (on any device). Forward pre-hooks see each quantized layer's input whatever the
-device; a forward hook on the whole module counts batches. When the ``batch_num``-th batch
-finishes, every group's observer computes its factors, they are merged into the record
-(read → update → atomic rewrite), and the hooks are removed, so further forwards change
-nothing.
-
-A loop that has work to do between the last batch and the factors (folding the statistics of
-several processes) keeps the session open: ``finish_when_done=False`` (or the ``kept_open()``
-context) stops the automatic finish, and the loop calls ``finish()`` itself.
-"""
+Why hooks on the user's module: AMCT hands the user a model to run in their own data loop, on
+any device. Forward pre-hooks see each quantized layer's input; a hook on the whole module
+counts batches. After the ``batch_num``-th batch the factors are computed and merged into the
+record and the hooks removed. A loop with work between the last batch and the factors (folding
+several processes' statistics) keeps the session open (``kept_open()``) and calls ``finish()``."""
 from __future__ import annotations
 
 import logging

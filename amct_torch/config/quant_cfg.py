@@ -1,16 +1,10 @@
 """quant.cfg (protobuf text, message ``AMCTConfig``): parse, then resolve per layer.
 
-Resolution (docs/config_and_record.md, "quant.cfg resolution"):
-- For each quantizable layer the *whole* ``CalibrationConfig`` of the highest-precedence
-  source applies: override_layer_configs > override_layer_types > common_config; missing parts
-  take the defaults (IFMR 0.7/1.3/0.01/0.999999/0.999999, HFMG 4096 bins, channel_wise true for
-  Convolution/Deconvolution, false otherwise).
-- ``asymmetric`` cascades on its own: the first of those sources (that applies to the layer)
-  that sets it wins, then ``activation_offset``.
-- Deprecated conv_calibration_config (Convolution, Deconvolution) and fc_calibration_config
-  (InnerProduct, AVE Pooling) are used, below override_layer_configs, only when neither
-  common_config nor override_layer_types is given; otherwise they are ignored with a warning.
-"""
+For each quantizable layer the whole ``CalibrationConfig`` of the highest-precedence source
+applies (override_layer_configs > override_layer_types > common_config, missing parts from the
+defaults); ``asymmetric`` cascades on its own; the deprecated conv_/fc_calibration_config apply
+only when neither common_config nor override_layer_types is given. The full rules:
+docs/config_and_record.md, "quant.cfg resolution"."""
 from __future__ import annotations
 
 import warnings

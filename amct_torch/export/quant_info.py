@@ -1,18 +1,7 @@
-"""The quant info JSON (``{save_path}_quant.json``, docs/export.md): which layers were inserted and
-which original layers each fused layer replaced, so a user can map the output model back to
-the model they gave.
-
-Layout (keys in this order)::
-
-    {"version": 1,
-     "quant_layers":   [{"name": "conv1_quant_layer", "type": "Quant", "bottom": "data",
-                         "quantized_layers": ["conv1"], "scale_d": 0.01, "offset_d": -128}],
-     "dequant_layers": [{"name": "conv1_dequant_layer", "type": "DeQuant", "layer": "conv1"}],
-     "fused_layers":   {"conv1": ["conv1", "conv1_bn", "conv1_scale"]}}
-
+"""The quant info JSON (``{save_path}_quant.json``): which layers were inserted and which original
+layers each fused layer replaced, so a user can map the output model back to the model they gave.
 ``fused_layers`` lists, for each layer that absorbed others, its own name first and then the
-absorbed names in model order.
-"""
+absorbed names in model order. The layout: docs/export.md."""
 from __future__ import annotations
 
 import json

@@ -1,57 +1,13 @@
-"""Learned weight rounding (opt-in, beyond AMCT; AdaRound-class, Nagel et al. 2020, "Up or
-Down? Adaptive Rounding for Post-Training Quantization").
+"""Learned weight rounding (opt-in, beyond AMCT; AdaRound, Nagel et al. 2020): per weight, floor
+or ceil of w/s on ARQ's grid, chosen so that the rounding errors cancel in the layer's output.
 
-Why: ARQ rounds every weight to the nearest point of its grid, which minimizes each weight's
-own error but not the error of the layer's *output*: the rounding errors of the weights that
-meet the same input add up, and choosing per weight between the grid point below and the one
-above (floor or ceil of w/s) so that they cancel on the data lowers the output error, often by
-several dB on small and depthwise layers, with the grid itself unchanged.
-
-What stays AMCT's: the grid. Every learned weight is an integer code q on ARQ's grid for the
-layer -- the record's scale_w per output channel (or per tensor), offset 0, q in [-128, 127] --
-and only floor(w/s) versus floor(w/s) + 1 is chosen. Elements whose nearest code is an end of
-the grid (the extreme that set ARQ's scale: |code| 127 or 128), elements already on the grid
-(w/s an integer: no second candidate) and channels whose codes are all 0 (dead channels) keep
-ARQ's code. The layer's float weights are then replaced by q·s (float32): the exporters
-quantize the graph's weights with the record's scale_w (``export/layer_quant.py``,
-clamp(round(w/s), -128, 127)), and round((q·s)/s) = q exactly in float32 for |q| ≤ 128 (the
-relative error of the product and the quotient is below 2^-22, far from the 0.5 that would
-change the rounding), so the record, the fake-quant and deploy Caffe models and the QDQ ONNX
-all carry the learned integers; the tests check it through the writers.
-
-The problem, per layer (one call of ``learn_rounding`` inside the sequential refining pass of
-``refine.py``, so the layer's input is what the quantized model really produces, every layer
-before it already quantized and refined): X, the layer's input patches from the quantized
-model (im2col rows at sampled output positions), Y, the float model's layer output at the same
-positions on the float input (the float bias taken off: the weights alone are learned), and
-
-    minimize_V  ||X·W(V)ᵀ − Y||² / ||X·W_nearestᵀ − Y||²  +  λ · mean(1 − |2h(V) − 1|^β)
-    W(V) = s · clamp(floor(W/s) + h(V), −128, 127),  h(V) = clamp(σ(V)·(ζ − γ) + γ, 0, 1)
-
-(rectified sigmoid, ζ = 1.1, γ = −0.1; V starts where h(V) = frac(W/s), i.e. at W itself);
-the regularizer is off for the first ``WARMUP`` of the iterations and then drives every h to 0
-or 1 while β anneals from 20 to 2; at the end the rounding is hard: ceil where h ≥ ½ (V ≥ 0).
-The reconstruction term is normalized by the nearest rounding's error, so λ means the same on
-every layer whatever its output's magnitude. Where the bias correction follows for the layer,
-X and Y are centered per channel first (the mean error is what the correction removes).
-
-Cost and memory: the output positions are sampled (a fixed number per layer, at most
-``MAX_POSITIONS`` fitting and ``HELD_POSITIONS`` held-out, capped so that a layer's samples
-stay within ``MAX_ELEMENTS`` floats), so memory does not grow with the data. When a group's
-patch length K is at most the number of positions, the loss is evaluated through the Gram
-matrix G = XᵀX (per group) and B = XᵀY, computed once: per iteration C_out·K² instead of
-P·K·C_out. The iteration count is scaled to the layer (``iterations``): a budget of
-``BUDGET`` times the layer's own forward cost on the fitting rows, between ``MIN_ITERS`` and
-``MAX_ITERS``. Every iteration is device work only (hand-written Adam, no host read); the
-guard's decision is a device tensor, read once per layer after the pass.
-
-Guard: the learned codes are kept only where they lower the layer's output error against the
-float output on held-out positions (rows held out from the fitting), else ARQ's codes stay.
-
-Layers: Convolution, grouped and depthwise ones (ConvolutionDepthwise, DepthwiseConvolution),
-and InnerProduct. Deconvolution is left to ARQ (an output position there mixes a different
-set of weights per phase; not worth its own patch gatherer here).
-"""
+Why: ARQ's nearest rounding minimizes each weight's own error, not the output's; learning the
+rounding on the data lowers the output error (often by several dB on small and depthwise
+layers) while the grid, the record's scale_w, stays AMCT's, so every exporter writes the
+learned integers. ``learn_rounding`` runs per layer inside ``refine.py``'s sequential pass and
+keeps its codes only where they lower the output error on held-out positions. The objective,
+the sampling, the cost bounds and the layers covered: docs/algorithms.md, "Improvements
+beyond AMCT"."""
 from __future__ import annotations
 
 import math

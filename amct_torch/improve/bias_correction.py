@@ -1,28 +1,13 @@
 """Empirical bias correction of the quantized layers (opt-in, beyond AMCT).
 
-Why: ARQ rounds every weight and the activation fake-quant clips and rounds every quantized
-input, so each quantized layer's output drifts by a per-channel mean error
-``E[W·x + b] − E[W_q·Q(x_q) + b]`` (``x``: the layer's input in the float model, ``x_q``: its
-input in the fake-quant model, upstream layers already quantized *and corrected*). On a ReLU
-network that mean is a large share of the error (``ΔW·E[x]`` with ``E[x] > 0``). Adding it to
-the layer's bias removes it without touching the int8 grid: the bias is float in the fake-quant
-model and int32 ``round(b/(scale_d·scale_w))`` in the deploy model, so the correction reaches
-every output through the fused graph's bias, which the exporters write.
-
-How: the float model's per-channel output means are measured over the calibration batches;
-then the fake-quant model runs once over the same samples as one batch, and a forward hook on
-each corrected layer, in graph order, measures its output mean, adds the difference to its bias
-*and* to the output it hands on, so every downstream layer is measured with its upstream
-layers already corrected (the sequential correction). Correcting all layers at once from one
-uncorrected pass is wrong on a residual network: upstream shifts reach downstream layers whose
-own deltas already counted them, the corrections compound and the error grows (measured on
-nsfw: 27.8 dB → 16.7 dB after one simultaneous pass, 2.2 dB after two), which is why this is
-sequential. Memory: one forward over ``max_samples`` samples (the first ones of the batches).
-
-Layers corrected: record entries that are Convolution, Deconvolution or InnerProduct with a
-bias (after BN fusion every convolution of a BN network has one). Layers without a bias are
-left alone (adding one would change the Caffe layer's ``bias_term``).
-"""
+Why: rounding the weights and fake-quantizing the inputs shifts each quantized layer's output by
+a per-channel mean error, a large share of the error on a ReLU network; adding it to the layer's
+float bias removes it without touching the int8 grid, and every exporter writes the corrected
+bias. The correction is sequential: a forward hook on each corrected layer, in graph order,
+measures its output mean on the fake-quant model and corrects both its bias and the output it
+hands on, so downstream layers see their upstream layers already corrected (correcting all at
+once compounds the errors on a residual net). Layers: Convolution, Deconvolution and
+InnerProduct entries that have a bias. docs/algorithms.md, "Improvements beyond AMCT"."""
 from __future__ import annotations
 
 import logging

@@ -1,25 +1,13 @@
-"""Cross-layer equalization (opt-in, beyond AMCT): per-channel weight ranges of two consecutive
-layers balanced by a positive rescaling that leaves the float model's function unchanged.
+"""Cross-layer equalization (opt-in, beyond AMCT; Nagel et al. 2019): the per-channel weight
+ranges of two consecutive layers balanced by a positive rescaling that leaves the float model's
+function unchanged.
 
-Why: per-tensor int8 grids (the activation between the layers, and the second layer's
-per-output-channel weight grid, which spans all its input channels) waste their levels when a
-few channels have much larger ranges than the rest -- typical of depthwise layers after BN
-folding. A positively homogeneous activation f (ReLU, leaky ReLU, PReLU: f(s·x) = s·f(x) for
-every s > 0, per element, so a per-channel s is exact even with per-channel PReLU slopes) lets
-output channel i of the first layer be divided by s_i and input channel i of the second be
-multiplied by it: W1_i/s_i, b1_i/s_i, W2[:, i]·s_i; the float outputs stay identical up to
-float rounding.
-
-The scale: with r1_i = max|W1_i| (the first layer's output channel i) and r2_i = max|W2[:, i]|
-(the second layer's input channel i, over the output channels that read it), equal ranges after
-scaling, r1_i/s_i = r2_i·s_i, give s_i = sqrt(r1_i/r2_i) = sqrt(r1_i·r2_i)/r2_i; both ranges
-become sqrt(r1_i·r2_i). Chains (A → B → C) are swept a few times, since equalizing B with C
-changes B's output ranges seen by the pair (A, B) (Nagel et al. 2019, "Data-Free Quantization").
-
-Pairs: a Convolution, ConvolutionDepthwise or InnerProduct whose output goes only to a ReLU or
-PReLU whose output goes only to a Convolution, ConvolutionDepthwise or InnerProduct (the
-second reading channels along axis 1); BN is already folded in the graph after ``fuse``.
-"""
+Why: per-tensor grids waste their levels when a few channels have much larger ranges than the
+rest (typical of depthwise layers after BN folding). Through a positively homogeneous activation
+(ReLU, PReLU) output channel i of the first layer can be divided by s_i and input channel i of
+the second multiplied by it; s_i = sqrt(r1_i / r2_i) makes both ranges sqrt(r1_i·r2_i). Pairs:
+Convolution/ConvolutionDepthwise/InnerProduct → ReLU/PReLU → the same, each read by the next
+only; chains are swept a few times. docs/algorithms.md, "Improvements beyond AMCT"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

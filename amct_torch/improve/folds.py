@@ -1,17 +1,11 @@
 """Cross-fitting of the refining stage over the calibration rows, for the stage guard.
 
-Why: the stage guard (``pipeline.py``) judges each candidate on rows that no fitting has seen.
-The job hands it the data beyond the calibration batches first; where the data has too few
-such rows, every calibration row is judged once by a model fitted without it: the rows are cut
-into ``k`` contiguous blocks, and for each block the refining pass is fitted on the other
-blocks (their last quarter its per-layer guard rows) and scored on that block. The model kept
-is the pass fitted on all calibration rows, so the guard judges the procedure, not the exact
-model; ``k`` is ``FOLDS_SMALL`` on a small net and ``FOLDS_LARGE`` on a large one (cost).
-
-Also here: whether a net's outputs are starved of held-out values (one position per row, few
-rows) and the net small enough that its range search is limited to widening AMCT's clip
-(``refine.WIDER``).
-"""
+Why: the stage guard (``pipeline.py``) judges each candidate on rows no fitting has seen. Where
+the data beyond the calibration batches has too few rows, every calibration row is judged once
+by a model fitted without it: ``k`` contiguous blocks, the refining pass fitted on the others and
+scored on each (``FOLDS_SMALL`` or ``FOLDS_LARGE`` blocks by the net's cost). The model kept is
+the pass fitted on all rows, so the guard judges the procedure. Also here: whether a small net's
+range search is limited to widening AMCT's clip (``refine.WIDER``)."""
 from __future__ import annotations
 
 import torch

@@ -1,19 +1,12 @@
 """The improvements of ``quantize(improve=...)`` applied in their fixed order, guarded.
 
-Order (``output_names.IMPROVEMENTS``): cross-layer equalization first (it changes the weights,
-so the weight factors and the activation calibration are computed again on the equalized
-model), then one sequential pass that refines each layer in graph order: the output-error
-activation range, the learned weight rounding (``adaround.py``) and the bias correction.
-
-Fitting data: the calibration batches the job kept; the last batch (a single batch: its last
-quarter) is the refining pass's per-layer guard rows, the others' first ``max_fit`` rows fit.
-Stage guard (docs/algorithms.md): each stage is judged against AMCT's default on rows no
-fitting saw -- the data beyond the calibration batches (``held``), and where it has fewer than
-``HELD_ROWS`` rows also every calibration row, cross-fitted (``folds.py``) -- by a paired
-statistic per net output: each row's error power, default minus candidate. A stage is kept
-when no output's lower confidence bound (mean − ``Z`` standard errors) is below zero and its
-worst output's SQNR gains; of those kept, the best worst output wins.
-"""
+Cross-layer equalization first (it changes the weights, so the factors are computed again),
+then one sequential pass that refines each layer in graph order (``refine.py``: output-error
+activation ranges, learned rounding, bias correction). Each stage is judged against AMCT's
+default on rows no fitting saw (the data beyond the calibration batches, cross-fitted by
+``folds.py`` where it is short) by a paired statistic per net output, and kept only when no
+output's lower confidence bound is below zero and its worst output gains. docs/algorithms.md,
+"Improvements beyond AMCT"."""
 from __future__ import annotations
 
 import copy

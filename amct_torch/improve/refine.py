@@ -1,35 +1,13 @@
-"""One sequential pass over the fake-quant model that refines it layer by layer, guarded
-(opt-in, beyond AMCT): activation ranges chosen by the layer's output error, and the empirical
-bias correction.
+"""One sequential pass over the fake-quant model that refines it layer by layer, guarded (opt-in,
+beyond AMCT): activation ranges chosen by the layer's output error, the learned rounding
+(``adaround.py``) and the empirical bias correction.
 
-Why one pass: both refinements must see each layer's input as the quantized model really
-produces it -- every layer before it already quantized and refined -- so they run inside
-forward hooks of a simulated fake-quant model, in graph order, over one batch made of the
-*fitting* samples followed by the *held-out* samples. Every statistic is computed on both
-parts separately: the choice is fitted on the first, and kept only where it also lowers the
-layer's output error on the second (the guard); otherwise the layer keeps AMCT's factors.
-
-- output ranges: for a weighted layer with AMCT's factors (scale_d, offset_d), candidates
-  scale_d·m (same offset, so the clip range [(−128−o)·s, (127−o)·s] shrinks or grows by m),
-  m in ``MULTIPLIERS``; the error of each candidate is the MSE of the layer's output
-  F(Q_m(x); W_q) against its float output F(x; W) on the same input x (the quantized model's
-  own input: the error this layer adds) -- less its per-channel mean when the bias correction
-  follows for this layer (that part it removes; a tighter clip that only shifts the mean
-  would otherwise look worse than it is, a looser one better). The candidates run on the
-  first ``SEARCH_ROWS`` fitting rows (cost); the held-out rows run AMCT's factor and the
-  winner only. IFMR minimizes the error of the *input*; the output
-  error weighs each input value by what the weights make of it.
-- bias correction: the float model's per-channel output means (measured in one float pass, fit
-  and held-out parts apart) minus the quantized layer's are added to its bias, as in
-  ``bias_correction.py``. The MSE against the float output is variance + squared mean error;
-  adding a constant per channel leaves the variance, so the held-out guard is exact: keep the
-  correction δ when Σ_c (e_c − δ_c)² < Σ_c e_c², e the held-out mean error.
-
-Simulation: a copy of the fused float graph whose record layers read their input(s) through
-the activation fake-quant (the first input, every input of a joint Eltwise) and hold the ARQ
-fake-quant weights -- what ``fake_quant_graph`` computes (the tests compare them). No host
-sync inside the pass; the chosen factors are read once at the end.
-"""
+Why one pass: each refinement must see the layer's input as the quantized model produces it,
+every earlier layer already quantized and refined; so they run in forward hooks of a simulated
+fake-quant model, in graph order, over the fitting rows followed by the held-out rows. A choice
+is fitted on the first part and kept only where it also lowers the layer's output error on the
+second, else the layer keeps AMCT's factors. The candidates and the exact guards:
+docs/algorithms.md, "Improvements beyond AMCT"."""
 from __future__ import annotations
 
 import copy

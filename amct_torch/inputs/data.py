@@ -1,17 +1,11 @@
 """Calibration data: turn what a user has into batches the model takes.
 
-Why: AMCT users feed Caffe models images preprocessed the Caffe way (BGR, mean subtraction,
-scale, resize + crop), or arrays they already prepared. This module accepts
-
-* an iterable whose items are batches (tensor or array, N×C×H×W, or C×H×W for one sample;
-  a tuple/list of those for nets with several inputs),
-* one array/tensor holding all samples (split into ``batch_size`` batches),
-* a path: a ``.npy``/``.npz`` file, or a folder of images or of ``.npy``/``.npz`` files,
-
-and checks every batch against the net's declared inputs, raising ``DataError`` naming the
-file (and what was expected) instead of failing deep inside a layer. Images are read with
-OpenCV (BGR, like Caffe's ``cv2``-based tools) and preprocessed by ``Preprocess``.
-"""
+Accepted: an iterable of batches (N×C×H×W or C×H×W, a tuple of those for several inputs), one
+array holding all samples (split into ``batch_size`` batches), or a path (a ``.npy``/``.npz``
+file, or a folder of images or of ``.npy``/``.npz`` files). Why the checks: every batch is held
+against the net's declared inputs, and a mismatch is a ``DataError`` naming the file and what
+was expected, not a failure deep inside a layer. Images are read with OpenCV (BGR, as Caffe's
+tools) and preprocessed by ``Preprocess``. docs/data.md."""
 from __future__ import annotations
 
 import logging

@@ -1,25 +1,13 @@
 """Building, verifying and loading ``hist_kernels.c`` (used by ``native.py``).
 
-Built once per machine with the system C compiler (``$CC`` — a command line such as
-``ccache gcc`` works — else ``cc``/``gcc``/``clang``; about a second) into a per-user cache
-(``$AMCT_TORCH_CACHE``, else ``$XDG_CACHE_HOME/amct_torch``, else ``~/.cache/amct_torch``),
-keyed by the sources, the compiler's identity and version, the flags and the platform.
-
-Why so careful: loading a shared library runs its code in the user's process, and the cache
-is a folder on disk — untrusted input. So:
-- the cache folder is created 0700; a folder not owned by the user or writable by group or
-  others is never used (one warning; the build goes to a private temp folder instead);
-- a library is loaded only if it is a regular file owned by the user, not writable by others,
-  and its SHA-256 equals the digest recorded beside it when it was built;
-- concurrent builds (every torchrun rank at once) take a file lock in the folder;
-- a library that fails the self-check is deleted (``discard``), never reused;
-- the whole build (the compiler's ``--version``, both compile attempts, waiting for another
-  process's build lock) has a time limit, ``BUILD_TIMEOUT_S`` = 60 s (``$AMCT_TORCH_BUILD_TIMEOUT``
-  overrides it, in seconds): a ``$CC`` that hangs is killed with every process it started, and
-  calibration goes on with the torch formulas (one warning at its end, as without a compiler).
-With ``-fopenmp`` the library's ``libgomp.so.1`` resolves to the copy torch already loaded, so
-the kernels run on torch's own worker threads; a compiler without OpenMP gets a serial build.
-"""
+Built once per machine with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``) into a
+per-user cache (``$AMCT_TORCH_CACHE``, else ``$XDG_CACHE_HOME/amct_torch``, else
+``~/.cache/amct_torch``), keyed by the sources, the compiler, the flags and the platform. Why so
+careful: loading a library runs its code, and the cache is untrusted input. The cache folder
+must be the user's and private, a library loads only if its SHA-256 matches the digest recorded
+at build time, builds take a file lock, a library failing its self-check is deleted, and the
+whole build has a time limit (``$AMCT_TORCH_BUILD_TIMEOUT``, 60 s) after which calibration uses
+the torch formulas. The trust rules: README, "GPU and CPU"."""
 from __future__ import annotations
 
 import ctypes

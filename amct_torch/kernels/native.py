@@ -1,21 +1,12 @@
 """Optional compiled CPU kernels for the observers (``hist_kernels.c``): the histograms of
 streaming IFMR and HFMG, and the IFMR and HFMG searches.
 
-Why: on the CPU a histogram update written with torch ops costs ~5 passes over the data
-plus a single-threaded ``index_add_``, and the searches dozens of passes over [candidates,
-levels] tensors; the C kernels read each element once, evaluate each candidate in
-registers, and run on torch's own OpenMP threads. The histogram kernels compute the very
-same integers as the torch formulas in ``histogram.py`` / ``hfmg.py`` (the tests compare them
-bit for bit), so whether they are present changes speed only; the search losses sum in
-another order (they agree to 1e-12 and choose alike; tested).
-
-The library is built once per machine (``build.py``), before calibration starts
-(``calibration.backends.prepare``) or with ``amct-torch build-kernels``. No compiler, a failed
-build or a failed self-check → the torch ops are used, one INFO line says why at load and one
-warning at the end of a calibration that ran slower for it. ``AMCT_TORCH_NATIVE=0`` turns
-the kernels off (no warning). Every wrapper here checks the tensors it hands to C (device,
-dtype, contiguity, length) so that no caller can make a kernel read or write out of bounds.
-"""
+Why: on the CPU the torch formulas cost several passes over the data per batch; the C kernels
+read each element once and run on torch's own OpenMP threads. The histograms are the same
+integers as the torch formulas (tested bit for bit), the search losses agree to 1e-12. Built
+once per machine (``build.py``); without them the torch ops run, with one warning, and
+``AMCT_TORCH_NATIVE=0`` turns them off. Every wrapper checks the tensors it hands to C so that no
+caller can make a kernel read or write out of bounds. docs/algorithms.md, "Compiled kernels"."""
 from __future__ import annotations
 
 import ctypes

@@ -1,18 +1,12 @@
-"""``accuracy_based_auto_calibration``: AMCT's accuracy-driven search of which layers to leave
-in float.
+"""``accuracy_based_auto_calibration``: AMCT's accuracy-driven search of which layers to leave in
+float.
 
-Why: when the int8 model misses the user's accuracy target, AMCT's answer is to calibrate
-once, rank the quantized layers by how much quantization disturbs their output (cosine
-similarity of the fake-quant vs float layer output), and binary-search how many of the worst
-layers must stay in float for the user's metric to pass. Activation factors come from the
-float model, so they do not depend on which other layers are skipped: one calibration serves
-every candidate, and each search step is only a fake-quant model and one ``evaluate``.
-
-Same name, arguments and evaluator methods as ``amct_caffe``. One deliberate difference: with
-no Caffe runtime here, the evaluator receives torch modules (the float/fake-quant models,
-taking the net inputs in Caffe's order and returning ``{output blob: tensor}``) instead of
-prototxt/caffemodel paths.
-"""
+Why: when the int8 model misses the user's accuracy target, AMCT calibrates once, ranks the
+quantized layers by how much quantization disturbs their output (cosine similarity), and
+binary-searches how many of the worst must stay float. Activation factors come from the float
+model, so one calibration serves every candidate. Same name, arguments and evaluator methods as
+``amct_caffe``, except that the evaluator receives torch modules (taking the net inputs in
+Caffe's order, returning ``{output blob: tensor}``) instead of file paths."""
 from __future__ import annotations
 
 import json

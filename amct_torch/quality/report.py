@@ -1,18 +1,12 @@
 """Per-layer accuracy report: how far each quantized layer's output in the fake-quant model is
-from the float model on held-out batches.
+from the float model on held-out batches, worst (lowest cosine) first.
 
-Why: AMCT's documentation tells users to look for layers whose output cosine similarity drops
-below 0.99 and to skip or re-configure them. Both models run on the same batch in lockstep,
-node by node: each graph frees a value after its last use, and when a reported layer's output
-appears in both, running sums (Σxy, Σx², Σy², Σ(y−x)²) take it in and it is dropped. So the
-report holds the two forwards' live activations and a few numbers per layer, whatever the
-number of layers or batches (capturing every layer's output of a batch took the 32-image nsfw
-job from 0.58 to 1.0 GB), and costs one float and one fake-quant forward per batch. Where
-every layer treats each sample on its own, a batch runs in pieces of ``CHUNK_SAMPLES``
-samples, so the memory does not grow with the batch size either (the figures are those of
-batch-8 forwards; conv kernels may round in the last bit differently at other batch sizes).
-Rows are sorted worst first (lowest cosine).
-"""
+Why: AMCT tells users to look for layers whose output cosine similarity drops below 0.99. Both
+models run on the same batch in lockstep, node by node, and each reported layer's pair of outputs
+goes into running sums as soon as both exist, so the report holds the two forwards' live
+activations and a few numbers per layer, whatever the number of layers. Where every layer treats
+each sample on its own, a batch runs in pieces of ``CHUNK_SAMPLES`` samples, so the memory does
+not grow with the batch size either. docs/performance.md."""
 from __future__ import annotations
 
 import json

@@ -1,16 +1,11 @@
 """``amct_torch.quantize``: the whole AMCT workflow in one call.
 
-Why: most users do not want five calls and two intermediate files. This runs the AMCT steps
-(``amct_torch.steps``: load, BN fusion + ARQ, calibration, finish) with the data loading, the
-calibration loop, the per-layer report and the exporters, with sensible defaults, and writes
-every output under one prefix. The job has four steps over one ``QuantizeOptions``: plan
-(validate, refuse bad outputs, open the output transaction), load and check (the model, the
-config, and every option against them -- ONNX included -- before any calibration work),
-calibrate (the record, weight and activation factors, stays in memory and is validated once),
-write. All files are written into a staging folder beside the outputs, the record once, and
-committed together at the end (``amct_torch.transaction``): a failure or a kill leaves no file
-of the run published.
-"""
+Why: most users do not want five calls and two intermediate files. The job runs the AMCT steps
+(``amct_torch.steps``) with the data loading, the calibration loop, the per-layer report and the
+exporters, over one ``QuantizeOptions``, in four steps: plan (validate, open the output
+transaction), load and check (the model, the config and every option, ONNX included, before any
+calibration), calibrate (the record stays in memory), write. Every file is committed together at
+the end (``amct_torch.transaction``): a failure or a kill publishes no file of the run."""
 from __future__ import annotations
 
 import logging

@@ -1,15 +1,10 @@
 """Two pieces of work at once: the first on a helper thread, the second on the caller's.
 
 Why: the job writes the Caffe models and the ONNX models from the same calibrated graph, and
-neither reads what the other writes. Written one after the other, each spends much of its time
-waiting: the Caffe writers on quantizing and framing blobs, the ONNX writer on the disk taking
-its direct writes and on ONNX Runtime's check of the file. Side by side the waits overlap.
-
-The outcome is the one of running them in order: the first one's error wins over the
-second's, and the caller's thread never leaves (with a result, an error or an interrupt)
-before the helper thread has stopped -- so the job's clean-up never removes a folder the
-other is still writing into.
-"""
+neither reads what the other writes; side by side their waits (quantizing blobs, the disk, ONNX
+Runtime's check) overlap. The outcome is that of running them in order: the first one's error
+wins, and the caller never leaves before the helper thread has stopped, so the clean-up never
+removes a folder the other is still writing into."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional

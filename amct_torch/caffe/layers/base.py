@@ -129,7 +129,7 @@ class CaffeLayer(nn.Module):
         self._check_counts(len(lp.bottom), len(lp.top))
         self.setup(None if blobs is None else [np.asarray(b) for b in blobs],
                    None if bottom_shapes is None else [tuple(int(d) for d in s) for s in bottom_shapes])
-        # Loaded models are for inference (issue 17): no parameter records autograd history, so
+        # Loaded models are for inference: no parameter records autograd history, so
         # running the model outside ``torch.no_grad`` neither builds a graph nor warns.
         self.requires_grad_(False)
 

@@ -2,14 +2,10 @@
 model a user ships: weights from ``int8_data``, bias from ``int32_data``, DeQuant factors from
 ``uint64_data``.
 
-Why float64: the layers compute Σ code·w_int8 + bias_int32 in float64, whose 53-bit mantissa
-holds every int32 accumulator exactly, on CPU and CUDA alike with torch's own convolutions
-(no integer conv kernels needed). The accumulator then leaves the layer as float64 and the
-DeQuant after it multiplies by deq_scale (float32 bits of ``uint64_data``) and returns float32.
-A Quant layer in front of such a layer emits the codes q − offset_d (AscendQuant:
-clamp(round(x·(1/scale_d)) + offset_d, −128, 127), the offset removed as the hardware does),
-set by ``quant.mark_integer_quants`` once the graph is built.
-"""
+Why float64: Σ code·w_int8 + bias_int32 computed in float64 is exact for every int32
+accumulator, on CPU and CUDA alike with torch's own convolutions. The DeQuant after such a layer
+multiplies by deq_scale and returns float32; the Quant in front of it emits the codes
+q − offset_d (``quant.mark_integer_quants``), as the hardware does."""
 from __future__ import annotations
 
 from typing import Optional

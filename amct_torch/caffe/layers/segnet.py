@@ -1,16 +1,13 @@
 """The forks' own ``BN`` layer type (``bn_param``), in its two blob layouts.
 
-* SegNet (alexgkendall/caffe-segnet and its cuDNN 5 port): two blobs, scale and shift, each
-  (1, C, 1, 1). ``bn_mode: INFERENCE`` (what SegNet's inference prototxts use once the
-  statistics are folded into the blobs) is y = scale * x + shift; the default ``LEARN`` uses the
-  batch's own statistics even at test time: y = scale * (x - mean) / sqrt(var + 1e-9) + shift,
-  mean and the biased variance E[x^2] - mean^2 over (N, H, W).
-* PSPNet / yjxiong's fork: four blobs, slope, bias, running mean and running variance, each
-  (1, C, 1, 1); at test time y = slope * (x - mean) / sqrt(var + eps) + bias (eps 1e-5).
+* SegNet: two blobs, scale and shift (1, C, 1, 1); ``bn_mode: INFERENCE`` is
+  y = scale * x + shift, the default ``LEARN`` normalises with the batch's own statistics even
+  at test time (biased variance over N, H, W; eps 1e-9).
+* PSPNet / yjxiong's fork: four blobs, slope, bias, running mean and variance;
+  y = slope * (x - mean) / sqrt(var + eps) + bias.
 
-The blob count tells the layouts apart; without weights the parameters written decide
-(``bn_mode`` or the SegNet fillers: SegNet; the PSPNet fields: PSPNet; neither: SegNet).
-"""
+The blob count tells the layouts apart; without weights the fields written decide (PSPNet's
+fields: PSPNet; otherwise SegNet)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,19 +1,11 @@
 """The forks' ``Upsample`` type, and the argmax mask of a MAX Pooling's second top.
 
-Two forks use the one type name and ``upsample_param``:
-
-* darknet2caffe / caffe-yolov3 / MobileNet-YOLO (one bottom): nearest-neighbour upsampling of
-  the last two axes by the integer ``scale`` (fork default 1): out[h, w] = in[h // s, w // s].
-* SegNet (two bottoms: values and the mask of a MAX Pooling's second top): max-unpooling. The
-  output is zero except at the mask positions, where the pooled values land (a later value wins
-  when two share a position, as Caffe's loop writes them in order). Its size is
-  ``upsample_h`` x ``upsample_w``, else H * scale_h - pad_out_h by W * scale_w - pad_out_w
-  (``scale`` defaults to 2 there). A mask index outside the output (Caffe aborts) is dropped.
-
-Caffe's PoolingLayer writes the mask (BVLC's optional second top for MAX) as float indices
-h * W + w into each input plane, the first maximum of the window in raster order;
-``max_pool_with_mask`` computes it with the same window rules as the output.
-"""
+Two forks use the one type name: darknet2caffe/caffe-yolov3 (one bottom: nearest-neighbour
+upsampling by the integer ``scale``) and SegNet (two bottoms, the values and a MAX Pooling's
+mask: max-unpooling into ``upsample_h`` x ``upsample_w`` or H * scale_h - pad_out_h by
+W * scale_w - pad_out_w, a later value winning a shared position, an index outside the output
+dropped). ``max_pool_with_mask`` computes Caffe's mask: float indices h * W + w of each
+window's first maximum in raster order. docs/caffe_format.md, "Supported layer types"."""
 from __future__ import annotations
 
 import torch

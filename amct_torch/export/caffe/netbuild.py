@@ -1,16 +1,11 @@
 """Graph → Caffe ``NetParameter`` with AMCT's Quant/DeQuant layers inserted.
 
-Why not the layers' own ``bottom``/``top`` lists: after BN fusion the graph's edges are the
-truth (absorbed layers are gone, their consumers now read the fused layer), so every layer's
-bottoms are derived from the fx nodes it reads, and its tops keep their Caffe names unless that
-would overwrite a value some later layer still needs. Both output models (fake-quant and
-deploy) come from this one walk; only the blobs differ (see ``BlobFn``).
-
-Insertion (docs/export.md, "Fake-quant Caffe model"): before each quantized layer a ``Quant``
-layer (one per distinct input value and factor pair: layers reading the same fx node with the
-same scale_d/offset_d share it), after it an in-place ``DeQuant`` layer named
-``{layer}_dequant_layer``.
-"""
+Why not the layers' own ``bottom``/``top`` lists: after BN fusion the graph's edges are the truth
+(absorbed layers are gone), so every layer's bottoms come from the fx nodes it reads, and its
+tops keep their Caffe names unless that would overwrite a value a later layer still needs. Both
+output models come from this one walk; only the blobs differ (``BlobFn``). Before each quantized
+layer a shared ``Quant`` layer (one per input value and factor pair), after it an in-place
+``DeQuant`` named ``{layer}_dequant_layer`` (docs/export.md, "Fake-quant Caffe model")."""
 from __future__ import annotations
 
 import operator

@@ -1,16 +1,11 @@
-"""SSD DetectionOutput as standard ONNX ops: box decoding, per-class top_k, NonMaxSuppression
-and keep_top_k, with weiliu89/caffe's semantics (docs/export.md lists what differs).
+"""SSD DetectionOutput as standard ONNX ops: box decoding, per-class top_k, NonMaxSuppression and
+keep_top_k, with weiliu89/caffe's semantics (docs/export.md lists what differs).
 
-Why this shape: ONNX's NonMaxSuppression caps the boxes it *keeps* per class, while Caffe's
-ApplyNMSFast caps the *candidates* (top_k best above the confidence threshold) before NMS. So
-the candidates are taken first with TopK per (image, class), and every (image, class) pair is
-one NMS batch with a single class: then the NMS runs on exactly Caffe's candidates, in Caffe's
-order. keep_top_k is a TopK over a dense (image, class × candidate) score matrix in which only
-the kept boxes hold their score; sorting the survivors by that flat index gives Caffe's output
-order (label ascending, score descending within a label) with or without truncation.
-
-The priors must be a constant (a folded PriorBox), as in every SSD deploy net.
-"""
+Why this shape: ONNX's NonMaxSuppression caps the boxes it keeps per class, Caffe's ApplyNMSFast
+caps the candidates before NMS. So the candidates are taken first with TopK per (image, class),
+each pair is one single-class NMS batch, and keep_top_k is a TopK over a dense score matrix in
+which only kept boxes hold their score, giving Caffe's output order. The priors must be a
+constant (a folded PriorBox), as in every SSD deploy net."""
 from __future__ import annotations
 
 import numpy as np

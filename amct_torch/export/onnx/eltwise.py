@@ -1,29 +1,13 @@
-"""Where the opt-in ``quantize_eltwise`` ONNX export (speed mode, NOT AMCT semantics) puts its
+"""Where the opt-in ``quantize_eltwise`` ONNX export (speed mode, not AMCT's semantics) puts its
 extra Q/DQ pairs around each Eltwise SUM.
 
-Why: ONNX Runtime runs an ``Add`` as the int8 kernel ``QLinearAdd`` only when every input comes
-from a ``DequantizeLinear`` and the output goes to a ``QuantizeLinear``; otherwise the float Add
-between ResNet blocks forces DQ/Q and NCHW↔NHWC conversions around every block. AMCT's model
-has float Eltwise inputs and outputs, so this mode adds quantizers, choosing for each the factors
-that cost the least accuracy:
-
-inputs
-  ``keep``      the input is a ``quantize_residual_outputs`` conv output, already Q/DQ'd;
-  ``consumer``  the value is quantized anyway by a later layer's Quant (e.g. the shortcut of an
-                identity block is the previous block's ReLU output, which the next convolution
-                quantizes): the Add reads that same DQ output (one rounding of the shortcut,
-                which AMCT keeps float);
-  ``calib``     otherwise: min/max factors of the producing layer's output on calibration data.
-output
-  ``consumer``  every consumer quantizes the sum with one factor: the Add output gets that very
-                Q/DQ (the one the consumers would apply: no extra rounding);
-  ``relu``      the sole consumer is a plain ReLU whose output is quantized by one factor with
-                zero at the grid minimum (offset −128): nothing is added; Q(ReLU(s)) = Q(s) for
-                such a grid, and ORT drops the ReLU before the Q (no extra rounding);
-  ``calib``     otherwise: a Q/DQ with min/max factors of the sum on calibration data (one extra
-                rounding).
-Joint-quant Eltwise entries (already quantized inputs) and PROD/MAX are left alone.
-"""
+Why: ONNX Runtime runs an ``Add`` as the int8 ``QLinearAdd`` only when every input comes from a
+``DequantizeLinear`` and the output goes to a ``QuantizeLinear``; AMCT's float Eltwise forces
+float work around every ResNet block. Each input and the output gets the factors that cost the
+least accuracy: those a consumer applies anyway (``consumer``), none when already quantized or
+after a ReLU whose grid makes the pair exact (``keep``, ``relu``), else min/max factors from
+calibration data (``calib``). Joint-quant entries and PROD/MAX are left alone; the choices are
+detailed in docs/export.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,27 +1,13 @@
 """Integer form of the quantized convolutions and inner products whose output no later layer
 quantizes, so that ONNX Runtime runs every quantized layer with int8 kernels.
 
-Why: ORT turns ``DQ → Conv → Q`` into ``QLinearConv`` (and ``DQ → Gemm → Q`` into ``QGemm``),
-but in AMCT's model the output of a convolution that feeds an Eltwise, a graph output or any
-layer that is not quantized has no Q: ORT then keeps a float Conv over dequantized tensors
-(on a ResNet, 20 of 53 convolutions; on an SSD backbone, every head). The same arithmetic
-written with integer operators is ``ConvInteger(q_x, q_w)`` (or ``MatMulInteger``) → int32
-accumulator → ``Cast`` to float → ``Mul`` by scale_d·scale_w per output channel → + bias: the
-fake-quant model's numbers with the exact integer sum instead of a float one (the two differ by
-float rounding only), and no Q added (AMCT's semantics kept). ORT's ``ConvInteger`` takes a
-scalar weight zero point, which ARQ's symmetric weights satisfy (0).
-
-Why Cast and Mul, not an int32 ``DequantizeLinear`` (the same arithmetic): ORT's QDQ passes
-treat every DequantizeLinear as an activation pair end and copy it, zero point included, across
-a Transpose/Reshape that follows (an SSD head: conv without bias → Permute → Flatten), writing a
-``QuantizeLinear`` with an int32 zero point that ORT itself then refuses to load.
-
-The pass rewrites the builder's node list after the graph is written (``rewrite``); a layer
-that ORT fuses anyway (its output goes only to a QuantizeLinear, possibly through a ReLU that
-the Q's zero point makes redundant) keeps the QDQ form — except an inner product fed through a
-Flatten (a 4-D input: an SE block's squeeze, a classifier after pooling), which ORT 1.32 leaves a
-float Gemm even then.
-"""
+Why: ORT fuses ``DQ → Conv → Q`` into ``QLinearConv``, but a convolution feeding an Eltwise, a net
+output or an unquantized layer has no Q in AMCT's model, and ORT keeps it a float Conv (20 of 53
+on a ResNet). ``ConvInteger``/``MatMulInteger`` → ``Cast`` → ``Mul`` by scale_d·scale_w → + bias is
+the same arithmetic with an exact integer sum and no Q added; not an int32 ``DequantizeLinear``,
+which ORT's QDQ passes copy into a QuantizeLinear it then refuses. ``rewrite`` applies the form
+after the graph is written; layers ORT fuses anyway keep the QDQ form, except an inner product fed
+through a Flatten, which ORT leaves a float Gemm even then. docs/export.md."""
 from __future__ import annotations
 
 from collections import defaultdict

@@ -1,17 +1,11 @@
-"""ONNX mappings of the Caffe layers beyond the quantizable core: shape layers (Flatten,
-Reshape, Permute, Slice, Split, Crop), element-wise layers (PReLU, ELU, Power, Exp, Log, BNLL,
-Threshold, Clip, Swish), normalisations (Normalize, LRN, Bias, general Scale, batch-statistics
-BatchNorm), ArgMax, PriorBox (constant-folded) and DetectionOutput (``onnx_detection``).
+"""ONNX mappings of the Caffe layers beyond the quantizable core: shape layers, element-wise
+layers, normalisations, ArgMax, PriorBox (constant-folded) and DetectionOutput (``detection``).
 
-Why a separate file: ``onnx_qdq`` places the Q/DQ nodes; this file only knows how one Caffe
-layer is written with standard ONNX ops (opset 17), with Caffe's semantics (the torch modules in
-``amct_torch.caffe.layers`` are the reference, and OpenCV's Caffe importer checks both).
-
-Dynamic sizes: every mapping keeps the batch axis symbolic (Reshape copies it with 0). A mapping
-that needs a spatial size as a constant (PriorBox, a Reshape/Flatten tail, Caffe pooling with
-padding in ceil mode, Crop offsets are fine) calls ``b.static(...)`` so that the exporter falls
-back to a fixed spatial size.
-"""
+Why a separate file: ``qdq`` places the Q/DQ nodes; this file only knows how one Caffe layer is
+written with standard ONNX ops (opset 17) with Caffe's semantics (the torch modules are the
+reference, OpenCV's Caffe importer checks both). Every mapping keeps the batch axis symbolic; one
+that needs a spatial size as a constant calls ``b.static(...)`` so that the exporter falls back to
+a fixed spatial size. The table of mappings: docs/caffe_format.md, "Supported layer types"."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union

@@ -1,16 +1,11 @@
-"""ONNX mappings of the two-stage detectors' layers, opset 17: ``ROIPooling`` (MaxRoiPool,
-whose definition is py-faster-rcnn's), ``PSROIPooling`` (bin masks built from the ROIs and
-contracted with Einsum) and ``Proposal`` / py-faster-rcnn's Python proposal layer (anchor
-decoding, TopK, NonMaxSuppression).
+"""ONNX mappings of the two-stage detectors' layers, opset 17: ``ROIPooling`` (MaxRoiPool),
+``PSROIPooling`` (bin masks built from the ROIs, contracted with Einsum) and ``Proposal`` /
+py-faster-rcnn's Python proposal layer (anchor decoding, TopK, NonMaxSuppression).
 
 Why these shapes: ONNX has no position-sensitive ROI pooling, but R-FCN's bins are intervals on
-each axis, so one ROI's bin (p, q) is the product of a row mask and a column mask, and the
-average is two contractions with those masks divided by the bin area. The proposals' NMS uses
-Caffe's pixel convention (sizes x2 − x1 + 1): giving ONNX's NonMaxSuppression the boxes with
-x2 + 1 and y2 + 1 makes its areas and intersections Caffe's, except for two boxes less than one
-pixel apart, which Caffe counts as not overlapping and ONNX as overlapping by under a pixel
-(docs/export.md). The anchors are constants: the proposal layer fixes the spatial size.
-"""
+each axis, so a bin is a row mask times a column mask. The proposals' NMS gets boxes with x2 + 1
+and y2 + 1 so that its areas are Caffe's (x2 − x1 + 1); boxes less than a pixel apart are the
+one difference (docs/export.md). The anchors are constants: the layer fixes the spatial size."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,29 +1,12 @@
 """Checks, before calibration starts, that the ONNX models of a run can be written.
 
-Why: whether a graph can be exported is a property of the model, the quant config and the
-ONNX options, all known as soon as the model is loaded; finding a problem only after a long
-calibration wastes the user's time, and by then other outputs may be on their way to disk.
-``preflight_onnx`` builds both models in memory the way the exporter will (BN fusion as the
-config says, the float model, the QDQ model with the integer form, the speed mode's extra
-pairs) with placeholder factors for every layer the config quantizes (one per calibration
-group, so that Q/DQ pairs are shared as after calibration; int8 weights 0), checks the
-``--onnx-outputs`` blob names, runs ``onnx.checker``'s full check on every model and has ONNX
-Runtime load them (when installed). The only structural choice that depends on calibrated
-values is the form of a quantized conv followed by a ReLU (QDQ when the next quantizer's zero
-sits at the grid minimum, else the integer form): the QDQ model is built twice, with offsets 0
-and -128, so that both forms are checked.
-
-The runtime target (``--onnx-target``) is part of the check: its activation type, its form
-(plain QDQ for openvino and tensorrt: built once, no integer form to choose), its rewrite of the
-built model, and for tensorrt the zero points, so that a layout the target cannot express is
-reported here and not after calibration. TensorRT takes zero point 0 only: every calibration
-group must be symmetric, including the Eltwise SUMs that ``joint_quant`` quantizes, which
-follow the config's global ``activation_offset`` (no per-layer setting reaches them).
-
-Cheap by design: large arrays (weights) are written as shape-only graph inputs, never
-serialised (``_Builder.light``), and sizes come from the layers' shape rules (no forward
-pass); on the nsfw ResNet-50 it takes about 0.2 s plus one BN fusion.
-"""
+Why: whether a graph can be exported depends on the model, the quant config and the ONNX
+options, all known once the model is loaded; a problem found after a long calibration wastes
+the user's time. ``preflight_onnx`` builds both models in memory as the exporter will, with
+placeholder factors (the QDQ model twice, offsets 0 and −128, so that both forms of a
+conv + ReLU are covered), for the chosen runtime target, and runs ``onnx.checker`` and ONNX
+Runtime on them. Cheap by design: weights are shape-only graph inputs and sizes come from the
+shape rules (about 0.2 s plus one BN fusion on the nsfw ResNet-50). docs/export.md, "Preflight"."""
 from __future__ import annotations
 
 import logging

@@ -1,35 +1,12 @@
 """ONNX export: the (fused) float model and its fake-quant model as standard QDQ.
 
-Why a direct builder and not ``torch.onnx.export``: the graph is a Caffe graph whose every
-node is one Caffe layer, so mapping layer → ONNX ops (Conv, Gemm, pools, Relu, Add, Softmax …)
-is short, needs no tracing or extra dependencies, and puts the Q/DQ nodes exactly where the
-Caffe fake-quant model has its Quant layers.
-
-Quant model (docs/export.md, "ONNX"): before each quantized layer ``QuantizeLinear(x, scale_d, zp) →
-DequantizeLinear`` (one pair per distinct input and factors, shared like the Caffe Quant);
-weights are int8 initializers (ARQ grid with the record's scale_w) behind ``DequantizeLinear``
-(per channel through ``axis``). A bias stays float by default (``bias="float"``), as in the
-fake-quant Caffe/torch model, so that ONNX Runtime with graph optimizations disabled computes the
-torch fake-quant model to float rounding; ORT's own bias quantization (scale scale_d·scale_w)
-turns it into the int32 bias of QLinearConv when it fuses int8 kernels. ``bias="int32"`` writes
-round(b/(scale_d·scale_w)) behind ``DequantizeLinear`` instead (the deploy model's bias; for
-runtimes that want it explicit; the torch model then differs by up to half an accumulator unit).
-``activations="uint8"`` (default) writes the grid as uint8 with zero point offset_d + 128 (the
-same values; ORT fuses those pairs into int8 kernels more often); "int8" uses zero point
-offset_d. A quantized layer whose output nothing requantizes (ORT would keep it a float conv) is
-rewritten into ConvInteger/MatMulInteger form by ``onnx_integer`` (``integer_ops``, default on),
-so every quantized layer runs as an int8 kernel. Every layer is written by the mapping its class
-registered (``layers_core``, ``layers`` and the forks' files; DetectionOutput: ``detection``);
-symbolic sizes and the output cut come from ``shapes``.
-
-``quantize_residual_outputs`` (opt-in, NOT AMCT semantics): a quantized Conv/InnerProduct whose
-output feeds an Eltwise is float in AMCT (nothing quantizes it), so ORT keeps it a float conv;
-this option adds a Q/DQ pair on that output with factors from calibration data
-(``onnx_residual``), which lets ORT run those convolutions with int8 kernels too.
-``quantize_eltwise`` (opt-in speed mode, NOT AMCT semantics, implies the former) also puts
-Q/DQ around each Eltwise SUM (``onnx_eltwise`` decides where and with which factors) so that
-ORT runs QLinearAdd and the whole ResNet stays int8 between blocks.
-"""
+Why a direct builder and not ``torch.onnx.export``: every node of the graph is one Caffe layer,
+so mapping layer → ONNX ops is short, needs no tracing, and puts the Q/DQ pairs exactly where
+the Caffe fake-quant model has its Quant layers. Each layer is written by the mapping its class
+registered (``layers_core``, ``layers`` and the forks' files); symbolic sizes and the output cut
+come from ``shapes``; a quantized layer whose output nothing requantizes gets the integer form
+(``integer``); the opt-in speed modes add pairs (``residual``, ``eltwise``). The model's layout
+(bias, activation types, the speed modes): docs/export.md, "ONNX"."""
 from __future__ import annotations
 
 import functools

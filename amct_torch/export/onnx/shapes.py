@@ -2,17 +2,11 @@
 spatial size (they become symbolic dims), and which part of the graph feeds the outputs a user
 picked (``--onnx-outputs``).
 
-Why probing: a Caffe net does not say which of its sizes are free. Propagating shapes through
-the graph at the declared size, at batch 2, and at a larger spatial size shows which dims move
-with which input dim; a net that cannot run at another spatial size (an InnerProduct, a Reshape
-to constants) keeps its declared spatial size.
-
-Why shapes and not a forward pass: the layers' own shape rules (``infer_shapes``, else a
-forward on the meta device, as the loader does) give every size without computing a value, so
-probing a ResNet-50 costs milliseconds instead of three forward passes. A layer whose output
-size depends on values (``data_dependent``: DetectionOutput, Proposal) is run alone on zeros
-of its input shapes; when that fails the probe runs the whole net on zeros as before.
-"""
+Why probing: a Caffe net does not say which of its sizes are free. Propagating shapes at the
+declared size, at batch 2 and at a larger spatial size shows which dims move with which input
+dim; a net that cannot run at another spatial size keeps its declared one. The layers' own shape
+rules (else a meta-device forward) give every size without computing a value; a layer whose
+output size depends on values runs alone on zeros, else the whole net does."""
 from __future__ import annotations
 
 import copy

@@ -1,35 +1,13 @@
 """The QDQ model's layout for the runtime that will run it (``--onnx-target``).
 
-Why targets: every runtime turns QuantizeLinear/DequantizeLinear pairs into int8 kernels by
-its own pattern rules, and a layout one runtime fuses another leaves in float. Measured on the
-models of docs/export.md ("Runtime targets"):
-
-- ``onnxruntime`` (default): the model as ``export_onnx`` has always written it (uint8
-  activations, the ConvInteger/MatMulInteger integer form where nothing requantizes a layer's
-  output). Nothing here touches it.
-- ``openvino``: OpenVINO's low-precision transformations recognise a quantized convolution or
-  MatMul only as dequantization (Convert/Subtract/Multiply, i.e. DequantizeLinear) feeding it
-  directly on both the activation and the int8 weight; ConvInteger/MatMulInteger are
-  decomposed into float arithmetic, so the integer form ran in f32 (every layer of a PReLU
-  net). The target writes the plain QDQ form (``integer_ops`` off), uint8 activations (with int8
-  activations the CPU plugin left the convolution after a Concat in float), and moves the
-  stride of a 1×1 strided, unpadded convolution into an explicit subsampling (``Slice`` with
-  steps) in front of its quantizer: the CPU plugin otherwise inserts that subsampling itself
-  between the DequantizeLinear and the convolution, after which the convolution is no longer
-  recognised (ResNet's projection shortcuts ran in bf16/f32). Subsampling before rounding is
-  exact: the same values reach the same kernel.
-- ``tensorrt``: TensorRT's explicit quantization takes signed int8 with zero point 0 only
-  (symmetric activations: AMCT's ``activation_offset: false``), per-tensor activation scales,
-  weights per output channel (Conv axis 0, Gemm with transB axis 0), float bias, and plain
-  Q/DQ in front of every quantized Conv/Gemm (no ConvInteger). It fuses an elementwise Add into
-  the convolution producing one of its inputs when the other input (the residual) arrives
-  through a DequantizeLinear: where the residual is a value some layer already quantizes (a
-  ResNet identity shortcut is the previous block's output, which the next convolution
-  quantizes), the Add reads it through that same Q/DQ pair (one rounding the AMCT model does not
-  apply; no new factors). An FC's Q/DQ is repeated after its Flatten (the same codes) so
-  that the Gemm reads a DequantizeLinear directly. The record's offsets must all be 0; ``check_config`` refuses an
-  asymmetric quant config before calibration.
-"""
+Why: every runtime turns QuantizeLinear/DequantizeLinear pairs into int8 kernels by its own
+pattern rules, and a layout one runtime fuses another leaves in float. ``onnxruntime`` (the
+default) is the model as ``export_onnx`` writes it; ``openvino`` gets plain QDQ, uint8
+activations and a 1×1 strided convolution's stride moved into a ``Slice`` before its
+quantizer; ``tensorrt`` gets plain QDQ with int8 zero point 0 (symmetric activations only,
+refused before calibration otherwise), a residual Add reading its shortcut through the Q/DQ
+that already quantizes it, and an FC's Q/DQ repeated after its Flatten. What each runtime does
+and why: docs/export.md, "Runtime targets"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

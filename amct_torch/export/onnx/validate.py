@@ -1,26 +1,13 @@
-"""The checks every ONNX model passes before it is written: ``onnx.checker`` (full check, with
-strict shape inference) and, when ONNX Runtime is installed, an ``InferenceSession`` created on
-it with ORT's default (all) graph optimizations.
+"""The checks every ONNX model passes before it is written: ``onnx.checker`` (full check, strict
+shape inference) and, when ONNX Runtime is installed, an ``InferenceSession`` on it with all
+graph optimizations.
 
-Why both: the checker proves the model follows the ONNX standard, but a runtime applies its
-own rewrites when it loads a model, and those can refuse a valid model (an int32 zero point
-copied into a QuantizeLinear by ORT's QDQ propagation was one). A model written without these
-checks could pass the command and fail in the user's deployment; with them a problem is an
-``ExportError`` naming the user's model file and, where an ONNX name in the message belongs to
-one, the Caffe layer. ``onnxruntime`` is optional: without it only the checker runs, and
-``runtime_status`` says so.
-
-A model file is checked through a *view* of it (``file_view``): the file's own bytes, parsed
-field by field, with each large initializer's ``raw_data`` replaced by an external-data
-reference to that very byte range of the file. Why: the checker given the file reads it whole
-and parses it (two copies of the weights: 1.1 GB for a VGG-16), and ONNX Runtime then loads a
-third; given the view, the checker sees the same graph, nodes, types and small constants
-without the weights, and ONNX Runtime reads each weight from the file itself (memory-mapped),
-the same bytes it would have parsed out of it. ONNX Runtime's prepacking (a copy of each weight
-in its kernels' layout, made after the graph is optimized and every kernel created, which
-never refuses a model: a kernel that cannot pack a weight runs it unpacked) is off for the
-check: it would copy the weights once more for a session that is thrown away.
-"""
+Why both: the checker proves the model follows the standard, but a runtime's own rewrites at
+load can still refuse a valid model; a failure is an ``ExportError`` naming the user's model
+file and, where it can, the Caffe layer. A file is checked through a view of it (``file_view``)
+whose large initializers are external-data references to the file's own bytes, so neither
+checker holds another copy of the weights; ORT's prepacking is off for the check.
+docs/performance.md has the memory figures."""
 from __future__ import annotations
 
 import importlib.util
