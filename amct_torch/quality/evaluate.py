@@ -133,7 +133,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
         raise AmctError("reference must be (prototxt, caffemodel)")
     model = load_caffe(model_file, weights_file).to(dev)
     ref = load_caffe(*reference).to(dev) if reference else None
-    if ref is not None:
+    if ref is not None and reference:
         _check_reference_inputs(model, ref, model_file, reference)
     decl = model.caffe_inputs
     check_data_settings(data, decl, preprocess, model_file)
