@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from typing import Any, Callable, Mapping, NoReturn, Optional, ParamSpec, Sequence, TypeVar
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -248,10 +248,12 @@ class _Builder:
         if lq is None:
             ins = [self.init(f"{mod.caffe_name}_weight", mod.weight.detach().cpu().float().numpy())]
         elif grouped_deconv and lq.per_channel:
-            rows = grouped_deconv_row_scales(lq.scale_w, tuple(lq.int8_weight.shape), int(mod.groups))
-            ins = [self.quant_weight(lq, lq.int8_weight, axis=0, scales=rows) if rows is not None else
+            w8, sw = lq.int8_weight, lq.scale_w
+            assert w8 is not None and sw is not None  # the entry of a weighted layer
+            rows = grouped_deconv_row_scales(sw, tuple(w8.shape), int(mod.groups))
+            ins = [self.quant_weight(lq, w8, axis=0, scales=rows) if rows is not None else
                    self.init(f"{mod.caffe_name}_weight",  # no single axis: the same numbers in float
-                             dequantized_grouped_deconv(lq.int8_weight, lq.scale_w, int(mod.groups)))]
+                             dequantized_grouped_deconv(w8, sw, int(mod.groups)))]
         else:
             ins = [self.quant_weight(lq, lq.int8_weight, axis=axis)]
         if mod.bias is not None:
@@ -423,15 +425,14 @@ def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, elt
     return model, b
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
+_F = TypeVar("_F", bound=Callable[..., Any])  # not ParamSpec: typing has it from Python 3.10
 
 
-def _float_staged_removed_on_error(fn: Callable[P, R]) -> Callable[P, R]:
+def _float_staged_removed_on_error(fn: _F) -> _F:
     """``fn`` (``export_onnx``) that removes the temporary file of its ``float_staged`` when it
     raises, wherever it raises: the caller handed that file on."""
     @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except BaseException:
@@ -439,7 +440,7 @@ def _float_staged_removed_on_error(fn: Callable[P, R]) -> Callable[P, R]:
             if isinstance(staged, tuple):
                 remove_quietly(staged[0])
             raise
-    return wrapper
+    return cast(_F, wrapper)
 
 
 @checked(graph=graph_module, records=instance(Mapping, what="a mapping of layer name to LayerRecord"),
