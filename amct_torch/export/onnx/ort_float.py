@@ -1,21 +1,12 @@
 """Which quantized layers ONNX Runtime still runs in float, and the weight form of a grouped
 Deconvolution.
 
-Why: every quantized Convolution and InnerProduct of the QDQ model runs in an int8 kernel of
-ONNX Runtime (QLinearConv/QGemm where it fuses them, the integer form of ``integer.py``
-otherwise), but ORT 1.32 has no int8 transposed convolution (``QLinearConvTranspose`` is not a
-registered CPU kernel), and the same arithmetic written as ``ConvInteger`` over a zero-stuffed
-input measured 2-26x slower than its float ``ConvTranspose`` (benchmarks/bench_export_deconv.py).
-So a quantized Deconvolution runs as a float ConvTranspose over the dequantized int8 input and
-weights: the fake-quant model's numbers, not an int8 kernel. ``inspect`` and the calibrate
-summary list those layers (``float_in_ort``).
-
-A per-channel grouped Deconvolution's weight (C_in, C_out/g, kh, kw) has its output channels
-along axis 1 within a group and along axis 0 across groups: with one output channel per group
-(the bilinear upsampling of FCN/SegNet, group = channels) the scales lie along axis 0, one per
-input row (``grouped_deconv_row_scales``); otherwise no single ONNX quantization axis holds them,
-and the weight is written as its dequantized float values (the same numbers).
-"""
+Why: ORT 1.32 has no int8 transposed convolution, and ``ConvInteger`` over a zero-stuffed input
+measured 2-26x slower than a float ``ConvTranspose``; so a quantized Deconvolution runs as a float
+ConvTranspose over its dequantized input and weights (``inspect`` and the calibrate summary list
+these layers, ``float_in_ort``). A per-channel grouped Deconvolution's scales lie along one ONNX
+axis only with one output channel per group (``grouped_deconv_row_scales``); otherwise its weight
+is written as its dequantized float values, the same numbers. docs/export.md, "Deconvolution"."""
 from __future__ import annotations
 
 from typing import Any, Optional
