@@ -271,6 +271,10 @@ def _add_test(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantized", metavar="PREFIX",
                    help="a calibrate --output prefix: also score its fake-quant and deploy Caffe "
                         "models and its QDQ ONNX model (ONNX Runtime)")
+    p.add_argument("--ap-version", choices=("11point", "MaxIntegral", "Integral"), default="Integral",
+                   help="how an SSD net's DetectionEvaluate output becomes its mAP, as the SSD "
+                        "fork's solver ap_version (default: %(default)s, the fork's default; "
+                        "VOC2007 nets use 11point)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     page = p.add_mutually_exclusive_group()
     page.add_argument("--report-html", metavar="PATH",

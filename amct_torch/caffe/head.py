@@ -68,6 +68,16 @@ class NetHead:
                     values[top] = v
         return values
 
+    def tallies(self, ap_version: str = "Integral") -> dict[str, Any]:
+        """Head top -> its tally, for the tops whose test figure is not a scalar's mean (the
+        DetectionEvaluate rows' mAP, ``ap_version`` as the SSD fork's solver says)."""
+        out: dict[str, Any] = {}
+        for m in self.modules:
+            tally = m.test_tally(ap_version)
+            if tally is not None and len(m.layer_param.top):
+                out[m.layer_param.top[0]] = tally
+        return out
+
     def loss_weights(self) -> dict[str, float]:
         """Head top -> its loss weight."""
         out: dict[str, float] = {}

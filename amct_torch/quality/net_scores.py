@@ -22,6 +22,7 @@ from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, pos
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.output_names import TEST_REPORT_SUFFIX, output_path
+from amct_torch.quality.detection_map import AP_VERSIONS
 
 #: the forms ``test`` scores, in its table's order: name -> (label, the files under a prefix)
 FORMS = {"float": "float", "fake_quant": "fake-quant Caffe", "deploy": "deploy Caffe",
@@ -55,6 +56,8 @@ class CaffeTestResult:
     outputs: list[NetOutput]
     forms: list[FormScores] = field(default_factory=list)
     quantized: Optional[str] = None
+    #: output -> what its figure is when not the mean of a scalar (e.g. "mAP, 11point")
+    figures: dict[str, str] = field(default_factory=dict)
 
     def drop(self, form: FormScores, name: str) -> float:
         """float's mean minus ``form``'s for output ``name`` (a positive drop is a loss of
@@ -62,8 +65,10 @@ class CaffeTestResult:
         return self.forms[0].outputs[name] - form.outputs[name]
 
     def labels(self) -> list[tuple[str, str]]:
-        """(output, its label in the tables): a loss output shows its loss weight."""
-        return [(o.name, o.name + (f" (* {o.loss_weight:g} loss)" if o.loss_weight else "")) for o in self.outputs]
+        """(output, its label in the tables): a loss output shows its loss weight, a tallied
+        one what its figure is."""
+        return [(o.name, o.name + (f" (* {o.loss_weight:g} loss)" if o.loss_weight else "")
+                 + (f" ({self.figures[o.name]})" if o.name in self.figures else "")) for o in self.outputs]
 
     def report_html(self) -> str:
         """The visual report as an HTML fragment: the summary and the accuracy section (each
@@ -83,7 +88,9 @@ class CaffeTestResult:
 
     def as_json(self) -> dict:
         return {"iterations": self.iterations, "batch_size": self.batch_size,
-                "outputs": [{"name": o.name, "loss_weight": o.loss_weight} for o in self.outputs],
+                "outputs": [{"name": o.name, "loss_weight": o.loss_weight,
+                             **({"figure": self.figures[o.name]} if o.name in self.figures else {})}
+                            for o in self.outputs],
                 "forms": [{"form": f.form, "files": f.files, "outputs": f.outputs, "loss": f.loss,
                            "images": f.images, "seconds": round(f.seconds, 3),
                            "images_per_second": round(f.images_per_second, 2),
@@ -92,10 +99,13 @@ class CaffeTestResult:
 
 class Scores:
     """Caffe's running sums: every element of every scalar output summed in float32 over the
-    iterations, and the iteration's loss (sum of loss weight x loss top)."""
+    iterations, and the iteration's loss (sum of loss weight x loss top); an output with a
+    tally (``NetHead.tallies``: DetectionEvaluate's rows) feeds it instead, and its figure is
+    the tally's value (the mAP)."""
 
-    def __init__(self, outputs: Sequence[NetOutput]) -> None:
+    def __init__(self, outputs: Sequence[NetOutput], tallies: Optional[dict[str, Any]] = None) -> None:
         self.outputs = list(outputs)
+        self.tallies = dict(tallies or {})
         self.sums: dict[str, np.float32] = {}
         self.loss = np.float32(0.0)
         self.iterations = 0
@@ -104,6 +114,9 @@ class Scores:
         it_loss = np.float32(0.0)
         for o in self.outputs:
             v = values.get(o.name)
+            if v is not None and o.name in self.tallies:
+                self.tallies[o.name].add(v)
+                continue
             if v is None or v.numel() != 1:
                 continue
             x = np.float32(float(v.reshape(())))
@@ -115,7 +128,9 @@ class Scores:
 
     def means(self) -> dict[str, float]:
         n = np.float32(max(self.iterations, 1))
-        return {k: float(np.float32(v / n)) for k, v in self.sums.items()}
+        out = {k: float(np.float32(v / n)) for k, v in self.sums.items()}
+        out.update({k: float(t.value()) for k, t in self.tallies.items()})
+        return out
 
     def mean_loss(self) -> float:
         return float(np.float32(self.loss / np.float32(max(self.iterations, 1))))
@@ -216,11 +231,12 @@ def quantized_forms(prefix: str) -> list[tuple[str, list[str]]]:
 
 
 def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: PhaseData,
-          iterations: int, label: str, quiet: bool, start: int = 0) -> tuple[Scores, int, float]:
+          iterations: int, label: str, quiet: bool, start: int = 0,
+          ap_version: str = "Integral") -> tuple[Scores, int, float]:
     """``iterations`` batches through ``forward`` and ``head``: (the sums, images, seconds)."""
     from tqdm import tqdm
 
-    sums = Scores(outputs)
+    sums = Scores(outputs, head.tallies(ap_version))
     images = 0
     t0 = time.perf_counter()
     batches = data.batches(start)
@@ -236,19 +252,23 @@ def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: P
 
 
 @checked(model_file=path_arg, weights_file=path_arg, iterations=positive_int, quantized=opt(path_arg),
-         device=opt(instance(str)), quiet=bool_arg)
+         device=opt(instance(str)), quiet=bool_arg, ap_version=instance(str))
 def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quantized: Optional[str] = None,
-               device: Optional[str] = None, quiet: bool = False) -> CaffeTestResult:
+               device: Optional[str] = None, quiet: bool = False, ap_version: str = "Integral") -> CaffeTestResult:
     """``caffe test`` without Caffe: ``iterations`` batches of the net's TEST-phase data layers
     through the float model and, with ``quantized`` (a calibrate ``--output`` prefix), each
     quantized form it holds (fake-quant and deploy Caffe models, the QDQ ONNX model in ONNX
     Runtime), on the same batches. Every scalar net output (accuracy, loss...) is averaged over
-    the iterations as ``caffe test`` prints it; ``CaffeTestResult.drop`` gives float minus int8."""
+    the iterations as ``caffe test`` prints it; a DetectionEvaluate output (SSD) gives the mAP of
+    its rows over all the iterations, ``ap_version`` "11point", "MaxIntegral" or "Integral" (as
+    the SSD fork's solver); ``CaffeTestResult.drop`` gives float minus int8."""
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.calibration.loop import resolve_device
 
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise AmctError(f"iterations must be a positive integer, got {iterations!r}")
+    if ap_version not in AP_VERSIONS:
+        raise AmctError(f"ap_version must be one of {', '.join(AP_VERSIONS)}, got {ap_version!r}")
     for p, what in ((model_file, "model file"), (weights_file, "weights file")):
         if not os.path.isfile(p):
             raise ModelError(f"{what} not found", file=str(p))
@@ -261,10 +281,12 @@ def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quan
     data = PhaseData(gm.meta.get("caffe_data_layers", []), model_file)
     outputs = [o for o in net_outputs(gm)]
     head = NetHead(gm.meta.get("caffe_head", []), model_file).to(dev)
-    result = CaffeTestResult(iterations, data.batch_size, outputs, quantized=quantized)
+    result = CaffeTestResult(iterations, data.batch_size, outputs, quantized=quantized,
+                             figures={k: t.label for k, t in head.tallies(ap_version).items()})
 
     def run(form: str, files: list[str], forward: Forward) -> None:
-        sums, images, secs = score(forward, head, outputs, data, iterations, FORMS[form], quiet)
+        sums, images, secs = score(forward, head, outputs, data, iterations, FORMS[form], quiet,
+                                   ap_version=ap_version)
         result.forms.append(FormScores(form, files, sums.means(), sums.mean_loss(), images, secs))
 
     try:
@@ -317,7 +339,7 @@ def cmd_test(args: Any) -> int:
     if page is not None:
         check_page_path(page, [args.model, args.weights])
     result = caffe_test(args.model, args.weights, iterations=args.iterations, quantized=args.quantized,
-                        device=args.device, quiet=args.quiet)
+                        device=args.device, quiet=args.quiet, ap_version=getattr(args, "ap_version", "Integral"))
     if page is not None:
         result.write_html(page)
     if args.json:

@@ -3,6 +3,8 @@ mid feature, two PriorBox heads, Softmax over the class axis, DetectionOutput) w
 each PriorBox / DetectionOutput variant, for the ONNX, deploy and calibration tests."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from helpers.caffe_nets import make_net
@@ -92,3 +94,61 @@ def _num_priors(pp: str) -> int:
     ars = [float(t.split()[1]) for t in pp.split("aspect_ratio:")[1:] for t in [("x " + t.strip())]]
     n_ar = 1 + len(ars) * (2 if "flip: true" in pp else 1)
     return mins * n_ar + maxs
+
+
+def ssd_test_net(folder, *, images: int = 8, batch: int = 4, size: int = 64, difficult_gt: bool = False,
+                 overlap: float = 0.3, seed: int = 0) -> tuple[str, str, str, list]:
+    """The SSD net above as the SSD fork's TEST-phase net: an AnnotatedData layer (TEST) over
+    an LMDB of ``images`` encoded PNGs with boxes of labels 1 and 2 (every third box difficult),
+    a TRAIN-only AnnotatedData and MultiBoxLoss, and DetectionEvaluate on detection_out and the
+    label rows. Returns (test prototxt, caffemodel, deploy prototxt, the annotations as
+    [(item, label, xmin, ymin, xmax, ymax, difficult)] per record)."""
+    from google.protobuf import text_format
+
+    from amct_torch.proto import amct_caffe_pb2 as pb
+    from helpers.caffe_dbs import encoded_datum, sized_images, write_lmdb
+
+    deploy, weights = ssd_net(folder, size=size, conf_thr=0.05, keep_top_k=40, top_k=60, seed=seed, loc_scale=0.05)
+    rng = np.random.default_rng(seed + 1)
+    recs, annos = [], []
+    for i, im in enumerate(sized_images(images, (size, size))):
+        a = pb.AnnotatedDatum(type=pb.AnnotatedDatum.BBOX)
+        a.datum.CopyFrom(encoded_datum(im, 0, ".png"))
+        boxes = []
+        for k in range(3):
+            g = a.annotation_group.add(group_label=1 + k % 2)
+            x0, y0 = (float(v) for v in rng.uniform(0.0, 0.6, 2).astype(np.float32))
+            w, h = (float(v) for v in rng.uniform(0.12, 0.35, 2).astype(np.float32))
+            b = g.annotation.add(instance_id=0).bbox
+            b.xmin, b.ymin, b.xmax, b.ymax, b.difficult = x0, y0, x0 + w, y0 + h, (i + k) % 3 == 0
+            boxes.append((1 + k % 2, b.xmin, b.ymin, b.xmax, b.ymax, b.difficult))
+        annos.append(boxes)
+        recs.append((f"{i:08d}_img.png".encode(), a.SerializeToString()))
+    write_lmdb(os.path.join(str(folder), "voc_test_lmdb"), recs)
+    net = pb.NetParameter()
+    with open(deploy) as f:
+        text_format.Merge(f.read(), net)
+    layers = [l for l in net.layer if l.type != "Input"]
+    head = (
+        'layer { name: "data" type: "AnnotatedData" top: "data" top: "label" include { phase: TRAIN } '
+        'data_param { source: "voc_train_lmdb" batch_size: 32 backend: LMDB } '
+        'annotated_data_param { label_map_file: "labelmap_voc.prototxt" } }\n'
+        'layer { name: "data" type: "AnnotatedData" top: "data" top: "label" include { phase: TEST } '
+        f'data_param {{ source: "voc_test_lmdb" batch_size: {batch} backend: LMDB }} '
+        'transform_param { scale: 0.017 mean_value: 104 mean_value: 117 mean_value: 123 } }\n')
+    tail = (
+        'layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "mbox_loc" bottom: "mbox_conf" '
+        'bottom: "mbox_priorbox" bottom: "label" top: "mbox_loss" include { phase: TRAIN } '
+        'propagate_down: true propagate_down: true propagate_down: false propagate_down: false '
+        'loss_param { normalization: VALID } multibox_loss_param { loc_loss_type: SMOOTH_L1 '
+        f'conf_loss_type: SOFTMAX num_classes: {NUM_CLASSES} share_location: true match_type: PER_PREDICTION '
+        'overlap_threshold: 0.5 neg_pos_ratio: 3.0 code_type: CENTER_SIZE } }\n'
+        'layer { name: "detection_eval" type: "DetectionEvaluate" bottom: "detection_out" bottom: "label" '
+        'top: "detection_eval" include { phase: TEST } detection_evaluate_param { '
+        f'num_classes: {NUM_CLASSES} background_label_id: 0 overlap_threshold: {overlap} '
+        f'evaluate_difficult_gt: {str(difficult_gt).lower()} }} }}\n')
+    body = text_format.MessageToString(pb.NetParameter(layer=layers))
+    proto = os.path.join(str(folder), "ssd_test.prototxt")
+    with open(proto, "w") as f:  # written as text: MultiBoxLoss's params are not in the schema
+        f.write('name: "ssd_test"\n' + head + body + tail)
+    return proto, weights, deploy, annos

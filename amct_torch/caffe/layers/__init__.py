@@ -13,6 +13,7 @@ from amct_torch.caffe.layers import (  # noqa: F401
     rcnn,
     segnet,
     ssd,
+    ssd_eval,
     structure,
     upsample,
     yolo,

@@ -8,7 +8,7 @@ of the float (truncation toward zero); a label out of range is a DataError namin
 """
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,12 @@ class HeadLayer(CaffeLayer):
         if not given:
             given = [self.default_loss_weight]
         return [float(given[k]) if k < len(given) else 0.0 for k in range(self.num_tops)]
+
+    def test_tally(self, ap_version: str = "Integral") -> Optional[Any]:
+        """What ``amct-torch test`` reports of the first top when it is not the mean of a scalar
+        over the iterations: an object with ``add(top)``, ``value()`` and ``label`` (the
+        DetectionEvaluate rows' mAP); None: the mean."""
+        return None
 
     def data_fail(self, message: str) -> None:
         raise DataError(message, layer=self.caffe_name)
