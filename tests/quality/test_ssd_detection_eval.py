@@ -106,9 +106,40 @@ def test_map_counts_difficult_when_asked():
     assert m11.per_class()[1] == pytest.approx((1 + 3 / 4 + 3 / 4) / 3, abs=1e-6)
 
 
+def test_name_size_file_compares_in_pixels(tmp_path):
+    """With name_size_file the boxes are scaled to each image's size and compared in pixels
+    (each side + 1): in a 10x10 image the corner-touching boxes (0, 0, 1, 1) and (1, 1, 2, 2)
+    overlap in one pixel, IoU 1 / (4 + 4 - 1) = 1/7; in a 1000x1000 one 1 / (2 x 101^2 - 1);
+    normalised they do not overlap. The image count moves one per item and wraps."""
+    (tmp_path / "test_name_size.txt").write_text("000001 10 10\n000002 1000 1000\n\n000003 1000 1000\n")
+    gt = [[0, 1, 0, 0.0, 0.0, 0.1, 0.1, 0], [1, 1, 0, 0.0, 0.0, 0.1, 0.1, 0]]
+    det = [[0, 1, 0.9, 0.1, 0.1, 0.2, 0.2], [1, 1, 0.8, 0.1, 0.1, 0.2, 0.2]]
+    assert _run(_layer(overlap_threshold=0.1), det, gt)[2:] == [[0, 1, 0.9, 0, 1], [1, 1, 0.8, 0, 1]]
+    lp = pb.LayerParameter(name="detection_eval", type="DetectionEvaluate", bottom=["d", "l"], top=["e"])
+    p = lp.detection_evaluate_param
+    p.num_classes, p.overlap_threshold, p.name_size_file = 3, 0.1, "test_name_size.txt"
+    layer = DetectionEvaluateLayer(lp, file=str(tmp_path / "test.prototxt"))
+    layer.test_tally()
+    assert _run(layer, det, gt)[2:] == [[0, 1, 0.9, 1, 0], [1, 1, 0.8, 0, 1]]    # sizes 1, 2
+    assert _run(layer, det, gt)[2:] == [[0, 1, 0.9, 0, 1], [1, 1, 0.8, 1, 0]]    # sizes 3, 1
+    layer.test_tally()                                                           # a new form
+    assert _run(layer, det, gt)[2:] == [[0, 1, 0.9, 1, 0], [1, 1, 0.8, 0, 1]]
+    assert float(np.float32(1) / np.float32(7)) > 0.1 > 1 / (2 * 101 ** 2 - 1)
+    (tmp_path / "bad.txt").write_text("000001 10\n")
+    p.name_size_file = "bad.txt"
+    with pytest.raises(DataError, match="line 1"):
+        DetectionEvaluateLayer(lp, file=str(tmp_path / "test.prototxt")).evaluate(
+            torch.tensor(det).view(1, 1, -1, 7), torch.tensor(gt).view(1, 1, -1, 8))
+    p.name_size_file = "missing.txt"
+    with pytest.raises(DataError, match="missing.txt"):
+        DetectionEvaluateLayer(lp, file=str(tmp_path / "test.prototxt")).evaluate(
+            torch.tensor(det).view(1, 1, -1, 7), torch.tensor(gt).view(1, 1, -1, 8))
+    p.resize_param.resize_mode = pb.ResizeParameter.FIT_SMALL_SIZE
+    with pytest.raises(ModelError, match="WARP"):
+        DetectionEvaluateLayer(lp)
+
+
 def test_bad_params_and_blobs():
-    with pytest.raises(ModelError, match="name_size_file"):
-        _layer(name_size_file="test_name_size.txt")
     lp = pb.LayerParameter(name="e", type="DetectionEvaluate", bottom=["d", "l"], top=["e"])
     with pytest.raises(ModelError, match="num_classes"):
         DetectionEvaluateLayer(lp)
