@@ -1,7 +1,8 @@
 """The SSD fork's TEST-phase net: DetectionEvaluate's rows on hand-worked boxes, the mAP of
 accumulated rows against hand-worked numbers for each ap_version, and ``amct-torch test`` on
-an SSD test net over an AnnotatedData LMDB, its float mAP against OpenCV's Caffe importer's
-detections scored by a plain VOC-style evaluation written here."""
+an SSD test net over an AnnotatedData LMDB: its float mAP against OpenCV's Caffe importer's
+detections, its int8 ONNX mAP against ONNX Runtime's, both scored by a plain VOC-style
+evaluation written here."""
 from __future__ import annotations
 
 import json
@@ -192,24 +193,48 @@ def _voc_map(dets, annos, overlap, labels=(1, 2)):
     return sum(aps) / len(aps)
 
 
-def _opencv_detections(deploy, weights, folder):
+def _inputs(folder):
+    """The LMDB's images as the TEST transform makes them: decoded BGR, (x - mean) x scale."""
     import cv2
     import lmdb
 
-    net = cv2.dnn.readNetFromCaffe(deploy, weights)
-    dets = []
+    out = []
     env = lmdb.open(str(folder / "voc_test_lmdb"), readonly=True, lock=False)
     with env.begin() as txn:
-        for item, (_, value) in enumerate(txn.cursor()):
+        for _, value in txn.cursor():
             a = pb.AnnotatedDatum()
             a.ParseFromString(value)
             im = cv2.imdecode(np.frombuffer(a.datum.data, np.uint8), cv2.IMREAD_COLOR).astype(np.float32)
             x = (im - np.array([104, 117, 123], np.float32)) * np.float32(0.017)
-            net.setInput(x.transpose(2, 0, 1)[None])
-            for row in net.forward().reshape(-1, 7):
-                if row[1] >= 1:
-                    dets.append((item, int(row[1]), float(row[2]), *map(float, row[3:])))
+            out.append(x.transpose(2, 0, 1)[None])
     env.close()
+    return out
+
+
+def _rows(item, out):
+    return [(item, int(r[1]), float(r[2]), *map(float, r[3:])) for r in out.reshape(-1, 7) if r[1] >= 1]
+
+
+def _opencv_detections(deploy, weights, folder):
+    import cv2
+
+    net = cv2.dnn.readNetFromCaffe(deploy, weights)
+    dets = []
+    for item, x in enumerate(_inputs(folder)):
+        net.setInput(x)
+        dets += _rows(item, net.forward())
+    return dets
+
+
+def _ort_detections(onnx_path, folder):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    out = sess.get_outputs()[0].name
+    dets = []
+    for item, x in enumerate(_inputs(folder)):
+        dets += _rows(item, sess.run([out], {name: x})[0])
     return dets
 
 
@@ -237,6 +262,13 @@ def test_ssd_test_net_map_calibrate_and_quantized_forms(tmp_path, capsys):
     forms = {f["form"]: f["outputs"]["detection_eval"] for f in out["forms"]}
     assert set(forms) == {"float", "fake_quant", "deploy", "onnx"}
     assert all(0 <= v <= 1 for v in forms.values())
+    # the int8 ONNX model's mAP: its detections from ONNX Runtime, run here image by image
+    pytest.importorskip("onnxruntime")
+    both = caffe_test(proto, weights, iterations=2, quiet=True, quantized=prefix)
+    onnx_form = next(f for f in both.forms if f.form == "onnx")
+    want_int8 = _voc_map(_ort_detections(onnx_form.files[0], tmp_path), annos, overlap=0.3)
+    assert onnx_form.outputs["detection_eval"] == pytest.approx(want_int8, abs=1e-4)
+    assert both.forms[0].outputs["detection_eval"] == pytest.approx(want, abs=1e-4)
     with pytest.raises(SystemExit) as bad:
         main(["test", proto, weights, "--iterations", "2", "-q", "--ap-version", "VOC"])
     assert bad.value.code == 2
