@@ -13,7 +13,8 @@ import functools
 import inspect
 import math
 import os
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, TypeVar
 
 from amct_torch.errors import ArgumentError
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import contextmanager
-from typing import IO, Any, Callable, Iterator, Protocol, TypeVar
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import IO, Any, Callable, Protocol, TypeVar
 
 from amct_torch.output_errors import write_error
 from amct_torch.termination import clean_exit_on_signals
@@ -75,10 +76,8 @@ def temp_beside(path: str, suffix: str = ".tmp") -> tuple[int, str]:
 def remove_quietly(path: str) -> None:
     """Remove ``path`` if it is there (cleaning up after an error: a second error would hide
     the first)."""
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _plain(fd: int) -> IO[bytes]:

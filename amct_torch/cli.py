@@ -9,12 +9,14 @@ with the preprocessing knobs they know from Caffe's ``transform_param``. Every u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
 import sys
 import textwrap
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
@@ -532,10 +534,8 @@ def _forgiving_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):
-                pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -559,10 +559,8 @@ def _exit_now(code: int) -> None:
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

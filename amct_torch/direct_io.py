@@ -108,7 +108,7 @@ class DirectFile:
             self._views, self._bufs = [], []
             os.close(self.fd)
 
-    def __enter__(self) -> "DirectFile":
+    def __enter__(self) -> DirectFile:
         return self
 
     def __exit__(self, kind, value, tb) -> None:

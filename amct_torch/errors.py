@@ -37,7 +37,7 @@ class AmctError(Exception):
         self.line = line
         super().__init__(self._format())
 
-    def with_file(self, file: Optional[str]) -> "AmctError":
+    def with_file(self, file: Optional[str]) -> AmctError:
         """The same error naming ``file`` instead (e.g. the user's file rather than a private
         working copy); returns ``self`` so that it can be re-raised."""
         self.file = None if file is None else str(file)

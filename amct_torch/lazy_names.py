@@ -8,7 +8,8 @@ that defines it when first read, then kept in the package's namespace.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
 __all__ = ["lazy_names"]
 

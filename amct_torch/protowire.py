@@ -7,7 +7,8 @@ message without the fields it streams, ``split_before`` where its field goes, ``
 length to announce; ``fields`` reads each field's bounds without parsing it."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Callable
 
 #: wire type of a length-delimited field (a message, bytes, a packed repeated field)
 LENGTH_DELIMITED = 2

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import signal
 import threading
-from contextlib import contextmanager
-from typing import Any, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
 
 #: the signals that end a command with its staging folder cleaned (as Ctrl-C does)
 CLEAN_EXIT_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -63,10 +64,8 @@ class SignalGuard:
 
     def restore(self) -> None:
         for sig, old in self._old.items():
-            try:
+            with suppress(OSError, ValueError):
                 signal.signal(sig, old)
-            except (OSError, ValueError):
-                pass
         self._old = {}
 
 

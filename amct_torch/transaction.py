@@ -10,13 +10,15 @@ The protocol, the leftovers a kill can cause and the signals: docs/workflow.md."
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import json
 import logging
 import os
 import shutil
 import stat
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError, excerpt
@@ -174,10 +176,8 @@ def make_folder(folder: str) -> list[str]:
         os.makedirs(folder, exist_ok=True)
     except OSError as err:
         for made in created:  # deepest first: nothing of this attempt stays
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(made)
-            except OSError:
-                pass
         why = REASONS.get(err.errno or 0) or err.strerror or str(err)
         raise AmctError(f"cannot create the output folder: {why}", file=excerpt(folder, 200)) from None
     if not os.path.isdir(folder):
@@ -325,10 +325,8 @@ def abort_open() -> None:
     command between ``begin()`` and the caller's own ``try``/``finally``. Run by the CLI on
     ``Terminated`` and at interpreter exit."""
     for tx in list(_OPEN):
-        try:
+        with contextlib.suppress(Exception):  # best effort at exit; the next run recovers the rest
             tx.abort()
-        except Exception:  # noqa: BLE001 - best effort at exit; the next run recovers the rest
-            pass
 
 
 atexit.register(abort_open)
@@ -365,7 +363,7 @@ class OutputTransaction:
         self._signals = SignalGuard()
         self._committed = False  # past the commit point (the manifest is written)
 
-    def begin(self, name: Optional[str] = None) -> "OutputTransaction":
+    def begin(self, name: Optional[str] = None) -> OutputTransaction:
         """Check the outputs, create the folder, clean a killed run's staging folder and make
         a fresh one named after ``name`` (default: the first output's file name)."""
         check_outputs(self.finals, self.inputs)
@@ -511,7 +509,7 @@ class OutputTransaction:
         _OPEN.discard(self)
         self._signals.restore()
 
-    def __enter__(self) -> "OutputTransaction":
+    def __enter__(self) -> OutputTransaction:
         return self if self.staging is not None else self.begin()
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -16,7 +16,8 @@ import os
 import statistics
 import sys
 import time
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 
@@ -49,7 +50,7 @@ def mse(x: torch.Tensor, scale: float, offset: int) -> float:
     return float(((fake_quant(x, scale, offset) - x) ** 2).double().mean())
 
 
-def batches(device: str, n: int, size: int, kind: str = "relu", seed: int = 0) -> List[torch.Tensor]:
+def batches(device: str, n: int, size: int, kind: str = "relu", seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -150,8 +151,8 @@ def bench_ifmr_exact(device: str, sizes: Sequence[int], rounds: int = 5) -> None
             x = batches(device, 1, size, kind)[0]
             ours, loop = [], []
             for _ in range(rounds):
-                ours.append(timed(lambda: ifmr_exact(x), device, reps=1))
-                loop.append(timed(lambda: loop_ifmr(x), device, reps=1))
+                ours.append(timed(lambda x=x: ifmr_exact(x), device, reps=1))
+                loop.append(timed(lambda x=x: loop_ifmr(x), device, reps=1))
             emit(bench="ifmr_exact_batched_vs_loop", device=device, kind=kind, elements=size,
                  batched_s=statistics.median(ours), loop_s=statistics.median(loop),
                  batched_min_s=min(ours), loop_min_s=min(loop),
@@ -234,7 +235,7 @@ def bench_throughput(device: str, size: int) -> None:
         obs = mk()
         for _ in range(1 if name == "ifmr_exact" else SETTLE):     # exact keeps every batch
             obs.update(x)
-        t = timed(lambda: obs.update(x), device, reps=5)
+        t = timed(lambda obs=obs: obs.update(x), device, reps=5)
         emit(bench="update_throughput", device=device, observer=name, elements=size,
              elements_per_s=size / t, aminmax_elements_per_s=size / t_ref, relative_to_aminmax=t_ref / t)
 

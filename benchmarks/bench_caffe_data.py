@@ -56,11 +56,11 @@ def main() -> None:
              size="256x256", crop=224, batch_size=args.batch_size, cpus=os.cpu_count(),
              load_avg_1min=os.getloadavg()[0])
         for threads in args.threads:
-            def opencv_alone() -> None:
+            def opencv_alone(threads: int = threads) -> None:
                 with ThreadPoolExecutor(threads) as pool:
                     list(pool.map(lambda b: cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_UNCHANGED), blobs))
 
-            def source() -> None:
+            def source(threads: int = threads) -> None:
                 with open_data_layer(layer, base_dir=tmp, threads=threads) as src:
                     it = src.batches()
                     for _ in range(n_batches):

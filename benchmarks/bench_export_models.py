@@ -144,7 +144,7 @@ def bench(name, proto, model, calib, evalx, outputs, detection, threads, rounds,
     for kind in ("fake_quant", "deploy"):
         g = load_caffe(f"{prefix}_{kind}_model.prototxt", f"{prefix}_{kind}_weights.caffemodel")
         o, gm_mods = {}, layer_modules(g)
-        hs = [gm_mods[k].register_forward_hook(lambda m, i, y, k=k: o.__setitem__(k, y.detach().double().numpy().copy()))
+        hs = [gm_mods[k].register_forward_hook(lambda m, i, y, k=k, o=o: o.__setitem__(k, y.detach().double().numpy().copy()))
               for k in cmp_outs if k in gm_mods]
         with torch.no_grad():
             o.update({k: v.double().numpy() for k, v in g(torch.from_numpy(evalx)).items()})

@@ -124,7 +124,7 @@ def bench_api_arguments(work: str) -> None:
     from amct_torch.errors import AmctError
     from helpers.api_misuse import call, rows
     clean_n, bad = 0, []
-    for i, (name, args, kwargs, arg) in enumerate(rows(os.path.join(work, "api_args"))):
+    for _i, (name, args, kwargs, arg) in enumerate(rows(os.path.join(work, "api_args"))):
         folder = os.path.join(work, "api_args")
         try:
             call(name, args, kwargs)
@@ -258,7 +258,7 @@ def bench_fuzz(work: str, n: int) -> None:
     for name, (base, ext, call) in readers.items():
         ok = errors = escaped = 0
         examples = []
-        for i in range(n):
+        for _i in range(n):
             b = bytearray(base)
             how = rng.randrange(3)
             if how == 0:

@@ -84,11 +84,11 @@ def main() -> None:
         x = (np.random.default_rng(0).standard_normal((batch, 3, 224, 224)) * 50).astype(np.float32)
         xt = torch.from_numpy(x)
 
-        def cv_run():
+        def cv_run(x=x):
             net.setInput(x)
             return net.forward()
 
-        def ours(g, channels_last):
+        def ours(g, channels_last, xt=xt):
             def run():
                 with torch.inference_mode():
                     return g(xt.contiguous(memory_format=cl) if channels_last else xt)["prob"]
@@ -111,7 +111,7 @@ def main() -> None:
         prob_diff, fc_diff = {}, {}
         for n, (g, _) in graphs.items():
             seen: list[torch.Tensor] = []
-            hook = layer_modules(g)["fc_nsfw"].register_forward_hook(lambda m, i, o: seen.append(o.clone()))
+            hook = layer_modules(g)["fc_nsfw"].register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.clone()))
             try:
                 prob = np.asarray(fns[n]()).reshape(batch, -1)
             finally:

@@ -46,7 +46,7 @@ def observer_reads(device: str, batches: int) -> None:
                        ("hfmg", lambda: HfmgObserver("l", 4096)), ("ifmr_exact", lambda: IfmrExactObserver("l"))):
         obs = make()
         xs = [torch.randn(8, 64, 56, 56, generator=g, device=device) * (i + 1) for i in range(batches)]
-        reads, where, _ = count_syncs(lambda: [obs.update(x) for x in xs])
+        reads, where, _ = count_syncs(lambda obs=obs, xs=xs: [obs.update(x) for x in xs])
         emit(bench="host_reads_per_batch", what=name, device=device, reads=reads / batches, where=where)
 
 

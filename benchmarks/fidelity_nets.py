@@ -166,7 +166,7 @@ def build(family: str, folder: str, crops: np.ndarray, seed: int = 0) -> tuple[s
             fan_in = w[0].numel()
             w.data = torch.from_numpy(rng.normal(0, np.sqrt(2.0 / fan_in), w.shape).astype(np.float32))
             got = {}
-            h = mod.register_forward_hook(lambda _m, _a, y: got.setdefault("y", y.detach()))
+            h = mod.register_forward_hook(lambda _m, _a, y, got=got: got.setdefault("y", y.detach()))
             gm(x)
             h.remove()
             y = got["y"]

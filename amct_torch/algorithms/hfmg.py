@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 
@@ -44,7 +44,7 @@ def histogram_in_range(x: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor, nbin
 
 
 def update(counts: torch.Tensor, rng: torch.Tensor, seen: torch.Tensor,
-           x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch of the sequential rule (HFMG step 1) in tensor ops, no host read: the
     histogram (int64 [nbins]) of [mn, mx] (``rng`` float64 [2]) grows to the union with the
     batch's range (old counts redistributed, ``redistribute``), then the batch is added.
@@ -100,7 +100,7 @@ def redistribute_in_range(counts: torch.Tensor, old_min: torch.Tensor, old_max: 
     return torch.where(same, counts, torch.where(old_max == old_min, const, general))
 
 
-def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def candidates(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate bin ranges (left, right) of the greedy walk (HFMG step 2), in walk
     order (one recorded after each trim). Compact tensors on counts' device;
     this public form reads the valid count back (the search itself does not: see
@@ -111,7 +111,7 @@ def candidates(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return lefts[valid], rights[valid]
 
 
-def _host_walk(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _host_walk(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same walk on the host with bisection over the prefix sums: the fallback for an end
     game longer than ``_walk_table`` unrolls (not expected to happen; kept for safety)."""
     nbins = counts.numel()

@@ -10,7 +10,6 @@ exact for every bin that does not straddle a rounding boundary.
 from __future__ import annotations
 
 import math
-from typing import Tuple
 
 import torch
 
@@ -19,7 +18,7 @@ REL_BITS = 21
 MIN_EXP = -100
 
 
-def frame_for(gmin: float, gmax: float, nbins: int, e_floor: int = MIN_EXP) -> Tuple[int, int]:
+def frame_for(gmin: float, gmax: float, nbins: int, e_floor: int = MIN_EXP) -> tuple[int, int]:
     """Smallest e ≥ max(the magnitude floor, ``e_floor``) whose grid holds [gmin, gmax] in
     nbins bins, and base = floor(gmin / 2^e): ``frame_of`` (the one definition) for host
     values."""
@@ -79,10 +78,7 @@ def add_packed(acc: torch.Tensor, counts: torch.Tensor, dsum: torch.Tensor) -> N
     ``counts``/``dsum``: the integer fields are summed first, so the result does not depend
     on the slicing. (``native.add_packed`` does the same in one kernel call.)"""
     fields = [acc >> OFFSET_BITS, acc & ((1 << OFFSET_BITS) - 1)]
-    if acc.shape[0] > 1:
-        fields = [f.sum(0) for f in fields]
-    else:
-        fields = [f[0] for f in fields]
+    fields = [f.sum(0) for f in fields] if acc.shape[0] > 1 else [f[0] for f in fields]
     counts.add_(fields[0])
     dsum.add_(fields[1].double().mul_(OFFSET_UNIT))
 
@@ -117,14 +113,14 @@ def count_bins(idx: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new,
-            base_new) -> Tuple[torch.Tensor, torch.Tensor]:
+            base_new) -> tuple[torch.Tensor, torch.Tensor]:
     """Move a histogram of nbins bins to a coarser (or shifted) frame; counts move exactly.
     Frames as Python ints or 0-d int64 device tensors (then no host read: an unchanged frame
     goes through the same ops and comes out bit for bit the same)."""
     nbins = counts.numel()
-    if all(isinstance(v, int) for v in (e_old, base_old, e_new, base_new)):
-        if (e_old, base_old) == (e_new, base_new):
-            return counts, dsum
+    if all(isinstance(v, int) for v in (e_old, base_old, e_new, base_new)) \
+            and (e_old, base_old) == (e_new, base_new):
+        return counts, dsum
     dev = counts.device
     d = torch.as_tensor(e_new, device=dev) - torch.as_tensor(e_old, device=dev)
     p = torch.bitwise_left_shift(torch.ones((), dtype=torch.int64, device=dev), d.clamp(0, 62))
@@ -138,7 +134,7 @@ def reframe(counts: torch.Tensor, dsum: torch.Tensor, e_old, base_old, e_new,
 
 
 def frame_of(gmin: torch.Tensor, gmax: torch.Tensor, nbins: int,
-             e_floor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+             e_floor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``frame_for`` in tensor ops (0-d float64 range, 0-d int64 floor; no host read): the
     smallest e ≥ ``e_floor`` whose grid holds [gmin, gmax] in nbins bins, and its base.
     frame_for's loop adds at most two steps to its first guess (with 2^e ≤ span/nbins the

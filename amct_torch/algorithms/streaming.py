@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -32,8 +33,11 @@ class StreamState:
     frame: torch.Tensor
     range: torch.Tensor
 
+    def __post_init__(self) -> None:
+        self.backend_cache: Any = None  # what a backend derives from the tensors (kernels/ops.py), not state
+
     @classmethod
-    def empty(cls, nbins: int, topk: int, device) -> "StreamState":
+    def empty(cls, nbins: int, topk: int, device) -> StreamState:
         return cls(count=torch.zeros((), dtype=torch.int64, device=device),
                    top=torch.full((topk,), -math.inf, device=device),
                    bottom=torch.full((topk,), math.inf, device=device),
@@ -42,7 +46,7 @@ class StreamState:
                    frame=_pair(histogram.MIN_EXP, 0, torch.int64, device),
                    range=_pair(math.inf, -math.inf, torch.float64, device))
 
-    def clone(self) -> "StreamState":
+    def clone(self) -> StreamState:
         return StreamState(**{f.name: getattr(self, f.name).clone() for f in fields(self)})
 
     @property

@@ -8,7 +8,8 @@ and the Caffe exporters write the layers back unchanged.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 
 def is_data_layer(type_name: str) -> bool:

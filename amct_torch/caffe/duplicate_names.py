@@ -11,7 +11,8 @@ entry belongs to once the models carry the user's names again.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 from amct_torch.errors import ModelError
 

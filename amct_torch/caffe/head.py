@@ -9,8 +9,9 @@ them in a std::set); a loss top carries its loss weight.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -42,7 +43,7 @@ class NetHead:
     def __len__(self) -> int:
         return len(self.modules)
 
-    def to(self, device: Any) -> "NetHead":
+    def to(self, device: Any) -> NetHead:
         for m in self.modules:
             m.to(device)
         return self

@@ -23,9 +23,7 @@ _LAYER_TOKEN = re.compile(rb"\blayers?\s*[:{<]")
 
 def check_prototxt_counts(raw: bytes, path: str) -> None:
     """Refuse a prototxt declaring more than ``MAX_LAYERS`` layers (counted on the text)."""
-    count = 0
-    for _ in _LAYER_TOKEN.finditer(raw):
-        count += 1
+    for count, _ in enumerate(_LAYER_TOKEN.finditer(raw), start=1):
         if count > MAX_LAYERS:
             raise ModelError(f"the prototxt declares more than {MAX_LAYERS:,} layers, far more than "
                              "any real net; refused before parsing", file=path)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 from amct_torch.errors import ModelError
 

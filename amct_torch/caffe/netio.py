@@ -118,9 +118,9 @@ def parse_prototxt(path: str) -> pb.NetParameter:
                 raise _syntax_error(err2, path) from err2
             except RecursionError:
                 raise ModelError("prototxt blocks are nested too deeply", file=path) from None
-        warnings.warn(f"{path}: unknown fields could not be kept and were dropped ({err})")
+        warnings.warn(f"{path}: unknown fields could not be kept and were dropped ({err})", stacklevel=2)
         if net.ByteSize() == 0:
-            raise ModelError("empty prototxt (no net definition)", file=path)
+            raise ModelError("empty prototxt (no net definition)", file=path) from None
         _ptx.refuse_nan(net, path)
         return net  # not remembered: a later read warns again
     if net.ByteSize() == 0:
@@ -171,9 +171,7 @@ def _rule_met(rule: pb.NetStateRule, state: pb.NetState) -> bool:
         return False
     if any(s not in state.stage for s in rule.stage):
         return False
-    if any(s in state.stage for s in rule.not_stage):
-        return False
-    return True
+    return not any(s in state.stage for s in rule.not_stage)
 
 
 def layer_included(layer: pb.LayerParameter, state: pb.NetState, file: Optional[str] = None) -> bool:

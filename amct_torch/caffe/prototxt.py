@@ -256,7 +256,7 @@ def to_text(net: _message.Message) -> str:
     for text in wanted.pop("", []):
         out.extend(text.splitlines())
     for path in wanted:
-        warnings.warn(f"unknown prototxt fields at '{path}' dropped: the block they were in is gone")
+        warnings.warn(f"unknown prototxt fields at '{path}' dropped: the block they were in is gone", stacklevel=2)
     return "\n".join(out) + "\n"
 
 
@@ -273,10 +273,9 @@ def find_nan(msg: _message.Message, path: str = "") -> Optional[str]:
                 found = find_nan(item, f"{where}[{i}]" if repeated else where)
                 if found:
                     return found
-        elif field.type in (_descriptor.FieldDescriptor.TYPE_FLOAT,
-                            _descriptor.FieldDescriptor.TYPE_DOUBLE):
-            if any(math.isnan(v) for v in (value if repeated else [value])):
-                return where
+        elif field.type in (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE) \
+                and any(math.isnan(v) for v in (value if repeated else [value])):
+            return where
     return None
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Callable, Iterator, Optional
+from typing import IO, Callable, Optional
 
 import numpy as np
 from google.protobuf import message as _message

@@ -8,7 +8,7 @@ then its later fields. The bytes are exactly ``caffemodel_bytes(net)``'s (tested
 the file goes around the page cache (``direct_io``) and into place atomically (``atomic``)."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

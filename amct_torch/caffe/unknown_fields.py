@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from amct_torch.caffe.prototxt import UNKNOWN_FIELD
 from amct_torch.errors import ModelError

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Callable, Dict, Iterator, Optional
+from collections.abc import Iterator
+from typing import Callable, Optional
 
 import torch
 
@@ -58,7 +59,7 @@ class TorchBackend:
 
 
 _lock = threading.Lock()
-_chosen: Dict[str, object] = {}
+_chosen: dict[str, object] = {}
 #: set when CPU data went through the torch formulas because the kernels were unavailable
 _fallback = {"used": False, "warned": False}
 

@@ -254,7 +254,7 @@ class Checkpointer:
         if os.path.exists(self.path):
             os.unlink(self.path)
 
-    def attach(self) -> "Checkpointer":
+    def attach(self) -> Checkpointer:
         def hook(_m: Any, _a: Any, _o: Any) -> None:
             if self.session.done:
                 self.remove()

@@ -9,7 +9,8 @@ kept open until the statistics of all ranks are folded."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Iterator, Optional, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional, Protocol
 
 import torch
 from torch import nn

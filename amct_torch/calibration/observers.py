@@ -10,7 +10,7 @@ docs/algorithms.md, "Observers"."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List, NoReturn, Optional, Tuple, TypeVar
+from typing import NoReturn, Optional, TypeVar
 
 import torch
 
@@ -94,13 +94,13 @@ class Observer:
         """Fold in another observer of the same kind."""
         raise NotImplementedError
 
-    def compute(self) -> Tuple[float, int]:
+    def compute(self) -> tuple[float, int]:
         raise NotImplementedError
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -109,7 +109,7 @@ class Observer:
     def _empty(self) -> NoReturn:
         raise CalibrationError("no activation data was observed", layer=self.layer)
 
-    def _merge_flags(self, other: "Observer") -> None:
+    def _merge_flags(self, other: Observer) -> None:
         """Fold another observer's NaN/Inf flag and first bad batch into ours."""
         if other._bad is None or other._first_bad is None:
             return
@@ -143,7 +143,7 @@ class _IfmrParams:
                     asymmetric=self.asymmetric)
 
 
-def _tensor(d: Dict[str, torch.Tensor], key: str, obs: Observer, dims: int, numel: Optional[int] = None,
+def _tensor(d: dict[str, torch.Tensor], key: str, obs: Observer, dims: int, numel: Optional[int] = None,
             floating: Optional[bool] = None) -> torch.Tensor:
     """``d[key]`` checked: a tensor of ``dims`` dimensions (``numel`` elements), floating
     point or integer as asked."""
@@ -168,7 +168,7 @@ class IfmrExactObserver(Observer):
         self.reset()
 
     def reset(self) -> None:
-        self.chunks: List[torch.Tensor] = []
+        self.chunks: list[torch.Tensor] = []
         self._bad = self._first_bad = None
 
     def _update(self, xf: torch.Tensor) -> torch.Tensor:
@@ -176,7 +176,7 @@ class IfmrExactObserver(Observer):
         self.chunks.append(xf.clone())
         return ~(torch.isfinite(lo) & torch.isfinite(hi))
 
-    def merge(self, other: "IfmrExactObserver") -> None:
+    def merge(self, other: IfmrExactObserver) -> None:
         self._merge_flags(other)
         self.chunks.extend(other.chunks)
 
@@ -187,16 +187,16 @@ class IfmrExactObserver(Observer):
             self.chunks = [torch.cat(self.chunks)]
         return self.chunks[0]
 
-    def compute(self) -> Tuple[float, int]:
+    def compute(self) -> tuple[float, int]:
         self._raise_if_bad()
         r = ifmr_exact(self.data(), **self.params.kwargs())
         return r.scale, r.offset
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         self._raise_if_bad()
         return {"data": self.data() if self.chunks else torch.zeros(0)}
 
-    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         self.reset()
         data = _tensor(d, "data", self, 1, floating=True)
         if data.numel() and not bool(torch.isfinite(data).all()):
@@ -259,7 +259,7 @@ class IfmrStreamingObserver(Observer):
         return self.state.dsum[:self.nbins]
 
     @property
-    def frame(self) -> Tuple[int, int]:
+    def frame(self) -> tuple[int, int]:
         if self.state is None:
             return 0, 0
         e, base = self.state.frame.tolist()
@@ -272,7 +272,7 @@ class IfmrStreamingObserver(Observer):
         histogram.fold_overflow(self.state.counts, self.state.dsum)
         return self.state, self.state.counts[:self.nbins], self.state.dsum[:self.nbins]
 
-    def merge(self, other: "IfmrStreamingObserver") -> None:
+    def merge(self, other: IfmrStreamingObserver) -> None:
         self._merge_flags(other)
         if other.count == 0 or self._poisoned():
             return
@@ -298,7 +298,7 @@ class IfmrStreamingObserver(Observer):
             st.range = torch.tensor([gmin, gmax], dtype=torch.float64, device=dev)
             st.count = st.count + other.count
 
-    def compute(self) -> Tuple[float, int]:
+    def compute(self) -> tuple[float, int]:
         self._raise_if_bad()
         if self.count == 0:
             self._empty()
@@ -313,7 +313,7 @@ class IfmrStreamingObserver(Observer):
                                     **self.params.kwargs(), losses_fn=ops.ifmr_hist_losses)
         return r.scale, r.offset
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         self._raise_if_bad()
         if self.count == 0:
             return {"count": torch.zeros((), dtype=torch.int64)}
@@ -321,7 +321,7 @@ class IfmrStreamingObserver(Observer):
         return {"count": st.count.clone(), "top": st.top, "bottom": st.bottom,
                 "counts": counts, "dsum": dsum, "frame": st.frame, "range": st.range}
 
-    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         """Restore a state, checking every tensor against this observer's sizes and the
         invariants an honest state has (a checkpoint is untrusted input)."""
         self.reset()
@@ -407,7 +407,7 @@ class HfmgObserver(Observer):
     def mx(self) -> float:
         return -math.inf if self._range is None else float(self._range[1])
 
-    def merge(self, other: "HfmgObserver") -> None:
+    def merge(self, other: HfmgObserver) -> None:
         self._merge_flags(other)
         if other._counts is None or self._poisoned():
             return
@@ -421,7 +421,7 @@ class HfmgObserver(Observer):
         self._counts = mine + theirs
         self._range = torch.tensor([nmn, nmx], dtype=torch.float64, device=self._counts.device)
 
-    def compute(self) -> Tuple[float, int]:
+    def compute(self) -> tuple[float, int]:
         self._raise_if_bad()
         if self._counts is None:
             self._empty()
@@ -431,13 +431,13 @@ class HfmgObserver(Observer):
                                   search=backend_for(dev).hfmg_search)
         return r.scale, r.offset
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         self._raise_if_bad()
         if self._counts is None or self._range is None:  # set together
             return {"counts": torch.zeros(0, dtype=torch.int64)}
         return {"counts": self._counts, "range": self._range}
 
-    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
         """Restore a state, checking its sizes and values (a checkpoint is untrusted input)."""
         self.reset()
         counts = _tensor(d, "counts", self, 1, floating=False)

@@ -9,8 +9,9 @@ several processes' statistics) keeps the session open (``kept_open()``) and call
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -93,7 +94,7 @@ class CalibrationSession:
             self.finish()
 
     @contextmanager
-    def kept_open(self) -> Iterator["CalibrationSession"]:
+    def kept_open(self) -> Iterator[CalibrationSession]:
         """Within this block the session does not finish by itself (whatever the batch count);
         the previous ``finish_when_done`` comes back on leaving it."""
         before, self.finish_when_done = self.finish_when_done, False

@@ -9,8 +9,9 @@ is its merge rule. Adding an algorithm: one entry here, its observer, and its pr
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 from amct_torch.config.checks import check_bins, check_percentile, check_search
 

@@ -7,7 +7,8 @@ weights file is only checked to exist, as AMCT does.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from google.protobuf import text_format
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, NoReturn, Optional, Sequence, cast
+from collections.abc import Sequence
+from typing import Any, NoReturn, Optional, cast
 
 from amct_torch.atomic import atomic_write_text
 from amct_torch.caffe.layers.traits import is_channel_wise
@@ -62,7 +63,7 @@ class _Obj(dict):
     duplicates: list
 
     @classmethod
-    def from_pairs(cls, pairs: list) -> "_Obj":
+    def from_pairs(cls, pairs: list) -> _Obj:
         obj = cls()
         obj.duplicates = []
         for k, v in pairs:
@@ -83,7 +84,7 @@ class _Reader:
     def fail(self, text: str, layer: Optional[str] = None) -> NoReturn:
         raise ConfigError(text, file=self.path, layer=layer)
 
-    def obj(self, value: Any, where: str, layer: Optional[str] = None) -> "_Obj":
+    def obj(self, value: Any, where: str, layer: Optional[str] = None) -> _Obj:
         if not isinstance(value, dict):
             self.fail(f"{where} must be a JSON object, got {_kind(value)}", layer)
         duplicates = getattr(value, "duplicates", None)

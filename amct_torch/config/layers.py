@@ -6,8 +6,9 @@ list from a Caffe ``NetParameter`` with the rules of docs/config_and_record.md, 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from amct_torch.caffe.layers import traits
 

@@ -8,8 +8,9 @@ docs/config_and_record.md, "quant.cfg resolution"."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 

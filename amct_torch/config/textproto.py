@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Optional, Type, TypeVar
+from typing import Optional, TypeVar
 
 from google.protobuf import text_format
 from google.protobuf.message import Message
@@ -129,7 +129,7 @@ def _all_field_names(descriptor, full_name: str) -> list[str]:
     return []
 
 
-def parse_text_proto(text: str, message_cls: Type[M], path: str, error_cls: Type[AmctError],
+def parse_text_proto(text: str, message_cls: type[M], path: str, error_cls: type[AmctError],
                      what: str) -> M:
     """Parse protobuf ``text`` into a new ``message_cls``; any problem raises ``error_cls``
     naming ``path`` and the line.
@@ -157,11 +157,11 @@ def parse_text_proto(text: str, message_cls: Type[M], path: str, error_cls: Type
     return msg
 
 
-def read_text_file(path: str, error_cls: Type[AmctError], what: str) -> str:
+def read_text_file(path: str, error_cls: type[AmctError], what: str) -> str:
     """Read a user's text file; missing files and bad encodings become ``error_cls``."""
     check_regular_file(path, what, error_cls)  # a FIFO or device would block the read
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return f.read()
     except FileNotFoundError:
         raise error_cls(f"{what} not found", file=path) from None

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import torch
 
@@ -33,7 +34,8 @@ def refuse_quantized_model(model_file: str, weights_file: Optional[str]) -> None
     """A model that already has Quant/DeQuant layers or int8/int32/uint64 blob data is an
     output of quantization, not an input: ModelError naming the file and layer."""
     try:
-        text = open(model_file, encoding="utf-8", errors="replace").read()
+        with open(model_file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         text = ""
     m = _QUANT_TYPE_TEXT.search(text)

@@ -10,7 +10,8 @@ from).
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from amct_torch.export import convert_model, export_onnx, save_quant_models
 from amct_torch.output_names import model_paths

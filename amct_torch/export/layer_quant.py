@@ -6,8 +6,9 @@ from the graph's (fused) float weights and the record's factors (docs/algorithms
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -202,7 +203,7 @@ class RowBlocks:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def reshape(self, shape: tuple[int, ...]) -> "RowBlocks":
+    def reshape(self, shape: tuple[int, ...]) -> RowBlocks:
         """The same values in another shape (C order), as ``ndarray.reshape``."""
         return RowBlocks(self.w, self.s, self.fake, tuple(shape))
 

@@ -5,7 +5,8 @@ absorbed names in model order. The layout: docs/export.md."""
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import torch
 

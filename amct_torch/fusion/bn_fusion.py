@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import torch
 from torch import fx, nn
@@ -77,7 +78,7 @@ def _set_weights(layer: CaffeLayer, weight: torch.Tensor, bias: torch.Tensor) ->
 
 def _remember(layer: CaffeLayer, absorbed: list[str], fused: dict[str, list[str]]) -> None:
     prev = list(getattr(layer, "fused_layers", []))
-    setattr(layer, "fused_layers", prev + absorbed)  # optional: read with getattr (export/quant_info.py)
+    layer.fused_layers = prev + absorbed
     fused.setdefault(layer.caffe_name, []).extend(absorbed)
 
 

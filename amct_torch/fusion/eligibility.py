@@ -5,7 +5,8 @@ Each rule is a small function returning None (allowed) or a one-line reason (ref
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 from torch import fx
 
@@ -76,8 +77,9 @@ def input_side_reason(conv: CaffeLayer, channels: int) -> Optional[str]:
         return f"input-side fusion only into Convolution, not {conv.caffe_type}"
     if getattr(conv, "groups", 1) != 1:
         return f"input-side fusion needs group 1, '{conv.caffe_name}' has group {conv.groups}"
-    if any(p != 0 for p in getattr(conv, "padding", (0, 0))):
-        return f"input-side fusion needs pad 0, '{conv.caffe_name}' pads {list(getattr(conv, 'padding'))}"
+    pad = getattr(conv, "padding", (0, 0))
+    if any(p != 0 for p in pad):
+        return f"input-side fusion needs pad 0, '{conv.caffe_name}' pads {list(pad)}"
     if conv.weight.shape[1] != channels:
         return f"'{conv.caffe_name}' takes {conv.weight.shape[1]} channels, BatchNorm has {channels}"
     return None

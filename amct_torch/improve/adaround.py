@@ -94,10 +94,7 @@ def choose_sites(name: str, mod: Any, n_all: int, per_row: int, n_fit: int, devi
 
     def pick(lo: int, hi: int, most: int) -> torch.Tensor:
         total = (hi - lo) * per_row
-        if total <= most:
-            idx = torch.arange(total)
-        else:
-            idx = torch.randperm(total, generator=gen)[:most].sort().values
+        idx = torch.arange(total) if total <= most else torch.randperm(total, generator=gen)[:most].sort().values
         return (idx + lo * per_row).to(device)
 
     return Sites(pick(0, n_fit, min(MAX_POSITIONS, cap)), pick(n_fit, n_all, min(HELD_POSITIONS, cap)), per_row)

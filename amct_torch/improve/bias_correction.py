@@ -11,7 +11,8 @@ InnerProduct entries that have a bias. docs/algorithms.md, "Improvements beyond 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch import fx, nn

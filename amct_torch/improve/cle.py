@@ -10,8 +10,9 @@ Convolution/ConvolutionDepthwise/InnerProduct → ReLU/PReLU → the same, each 
 only; chains are swept a few times. docs/algorithms.md, "Improvements beyond AMCT"."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 import torch
 from torch import fx

@@ -11,7 +11,8 @@ of the graph holding the equalized model.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import fx

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import IO, Any, Optional, Union
 
 import numpy as np
 import torch
@@ -78,7 +79,7 @@ def _hw(v: Union[int, Sequence[int]]) -> tuple[int, int]:
     return (vals[0], vals[0]) if len(vals) == 1 else (vals[0], vals[1])
 
 
-def check_resize(hw: Optional[tuple[int, int]], pre: "Preprocess", file: Optional[str]) -> None:
+def check_resize(hw: Optional[tuple[int, int]], pre: Preprocess, file: Optional[str]) -> None:
     """Refuse, before any image is read, a resize target above ``MAX_IMAGE_PIXELS`` (e.g. a
     prototxt declaring a 100000x100000 input): ``DataError`` naming ``file`` (the model)."""
     target = pre.resize if pre.resize is not None else (None if pre.crop is not None else hw)
@@ -104,7 +105,7 @@ class _NativeStderr:
         self._saved: Optional[int] = None
         self._tmp: Any = None
 
-    def __enter__(self) -> "_NativeStderr":
+    def __enter__(self) -> _NativeStderr:
         import sys
         import tempfile
         try:
@@ -365,7 +366,7 @@ def _load_arrays(path: str) -> list[np.ndarray]:
     return [a.rows(0, a.rows_total) if a.shape else a.rows(0, 1) for a in array_files(path)]
 
 
-def _array_chunks(arrays: Sequence[ArrayFile], spec: "InputSpec", chunk: int
+def _array_chunks(arrays: Sequence[ArrayFile], spec: InputSpec, chunk: int
                   ) -> Iterator[tuple[np.ndarray, str]]:
     """Samples of lazily read arrays, ``chunk`` rows at a time (one sample when an array is
     one sample, i.e. has one dimension fewer than the declared input)."""
@@ -382,7 +383,7 @@ def count_samples(data: Any, inputs: Sequence[tuple[str, Optional[Sequence[int]]
     """Samples in ``data`` without reading it (headers only): an array's first dimension, the
     rows of a .npy/.npz file, the files of an image folder; None for iterables."""
     shape = list(inputs[0][1]) if inputs and inputs[0][1] else None
-    if hasattr(data, "shape") and len(getattr(data, "shape")) >= 1:
+    if hasattr(data, "shape") and len(data.shape) >= 1:
         return int(data.shape[0]) if shape is None or len(data.shape) == len(shape) else 1
     if not isinstance(data, (str, os.PathLike)):
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Optional, Type
+from typing import Optional
 
 from amct_torch.errors import AmctError, DataError
 
@@ -31,7 +31,7 @@ def file_kind(mode: int) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
-def check_regular_file(path: str, what: str = "file", error: Type[AmctError] = DataError) -> None:
+def check_regular_file(path: str, what: str = "file", error: type[AmctError] = DataError) -> None:
     """Refuse (``error`` naming ``path``) anything but a regular file (links followed) before
     it is opened: reading a FIFO, device or socket could block forever or never end."""
     try:
@@ -45,7 +45,7 @@ def check_regular_file(path: str, what: str = "file", error: Type[AmctError] = D
         raise error(f"the {what} is {file_kind(mode)}, not a regular file{why}", file=path)
 
 
-def check_checkpoint_path(path: str, error: Type[AmctError] = DataError) -> None:
+def check_checkpoint_path(path: str, error: type[AmctError] = DataError) -> None:
     """A ``--checkpoint`` path, before calibration starts: an existing one must be a regular
     file, a new one needs an existing folder to be written in (``error`` naming it)."""
     path = os.fspath(path)
@@ -62,7 +62,7 @@ def check_checkpoint_path(path: str, error: Type[AmctError] = DataError) -> None
 
 
 def check_batch_num(value: object, file: Optional[str] = None,
-                    error: Type[AmctError] = DataError) -> int:
+                    error: type[AmctError] = DataError) -> int:
     """``value`` as a batch count in [1, MAX_BATCH_NUM] (``error`` otherwise, naming ``file``:
     the calibration data, which no such count could be drawn from)."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -10,7 +10,8 @@ before any batch is built, so a wrong file fails with the names the net expects.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
 
 import torch
 

@@ -16,7 +16,7 @@ def floats(text: str) -> list[float]:
     try:
         vals = [float(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
     return vals
@@ -27,7 +27,7 @@ def sizes(text: str) -> list[int]:
     try:
         vals = [int(v) for v in text.lower().replace("x", ",").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 256,256, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a size such as 224 or 256,256, got {text!r}") from None
     if len(vals) not in (1, 2) or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected one or two positive sizes, got {text!r}")
     return vals

@@ -10,6 +10,7 @@ whole build has a time limit (``$AMCT_TORCH_BUILD_TIMEOUT``, 60 s) after which c
 the torch formulas. The trust rules: README, "GPU and CPU"."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 log = logging.getLogger("amct_torch")
 
@@ -64,7 +65,7 @@ def _left(deadline: Optional[float], what: str) -> Optional[float]:
     return left
 
 
-def _run(cmd: List[str], deadline: Optional[float], what: str,
+def _run(cmd: list[str], deadline: Optional[float], what: str,
          cap: Optional[float] = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own, output captured, until ``deadline`` (and at most
     ``cap`` seconds); past it the whole process group is killed (a compiler wrapper script's
@@ -89,10 +90,8 @@ def _run(cmd: List[str], deadline: Optional[float], what: str,
         raise BuildTimeout(f"{what} did not finish within the build time limit of "
                            f"{build_timeout():g} s (AMCT_TORCH_BUILD_TIMEOUT)") from None
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
         proc.wait()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
@@ -203,7 +202,7 @@ def build(cc: str) -> Path:
     raise RuntimeError("; ".join(errors))
 
 
-def library_name(cc: str, flags: List[str], deadline: Optional[float] = None) -> str:
+def library_name(cc: str, flags: list[str], deadline: Optional[float] = None) -> str:
     """File name of the library for this compiler and flags (the cache key)."""
     src = b"\0".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(b"\0".join([src, cc.encode(), compiler_identity(cc, deadline).encode(),
@@ -235,10 +234,8 @@ def verified(target: Path) -> bool:
 def discard(target: Path) -> None:
     """Delete a library (and its digest) that must not be used again (failed self-check)."""
     for p in (target, target.with_suffix(".sha256")):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(p)
-        except OSError:
-            pass
 
 
 def _lock_until(lock, deadline: Optional[float]) -> None:
@@ -252,7 +249,7 @@ def _lock_until(lock, deadline: Optional[float]) -> None:
             time.sleep(0.05)
 
 
-def build_with(cc: str, flags: List[str], deadline: Optional[float] = None) -> Path:
+def build_with(cc: str, flags: list[str], deadline: Optional[float] = None) -> Path:
     """Compile with ``flags`` into the cache (or find a verified build there); its path.
     The check and the build hold a lock on the folder, so concurrent processes build once.
     Past ``deadline`` (``time.monotonic()``; None: no limit) it raises ``BuildTimeout``."""
@@ -273,7 +270,7 @@ def build_with(cc: str, flags: List[str], deadline: Optional[float] = None) -> P
     return target
 
 
-def _compile(cc: str, flags: List[str], target: Path, deadline: Optional[float] = None) -> None:
+def _compile(cc: str, flags: list[str], target: Path, deadline: Optional[float] = None) -> None:
     """Compile into a temp file in the folder, record its digest, rename both into place."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -317,14 +314,21 @@ _SIGNATURES = {
 }
 
 
-def load_library(cc: str) -> ctypes.CDLL:
+class KernelLibrary(ctypes.CDLL):
+    """The loaded kernels, and the file they were loaded from (``_amct_path``, for ``discard``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self._amct_path = path
+
+
+def load_library(cc: str) -> KernelLibrary:
     """Build (or find) the kernels with ``cc``, check them again, load them and declare their
-    signatures. The loaded file's path is ``lib._amct_path`` (for ``discard``)."""
+    signatures."""
     path = build(cc)
     if not verified(path):            # e.g. replaced between the build and here
         raise RuntimeError(f"the built library {path} failed its checksum or ownership check")
-    lib = ctypes.CDLL(str(path))
-    setattr(lib, "_amct_path", path)
+    lib = KernelLibrary(path)
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import threading
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -33,7 +33,7 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _load() -> Optional[ctypes.CDLL]:
+def _load() -> Optional[native_build.KernelLibrary]:
     if native_build.turned_off():
         _state["why"] = "turned off by AMCT_TORCH_NATIVE"
         return None
@@ -46,7 +46,7 @@ def _load() -> Optional[ctypes.CDLL]:
     return native_build.load_library(cc)
 
 
-def library() -> Optional[ctypes.CDLL]:
+def library() -> Optional[native_build.KernelLibrary]:
     """The loaded kernels, or None (then ``unavailable_reason()`` says why). Built and
     self-checked once per process."""
     if "lib" not in _state:
@@ -58,7 +58,7 @@ def library() -> Optional[ctypes.CDLL]:
                         _state["lib"] = lib       # the self-check calls the kernels through library()
                         problem = self_check()
                         if problem:
-                            native_build.discard(getattr(lib, "_amct_path"))     # never reused
+                            native_build.discard(lib._amct_path)     # never reused
                             lib = None
                             _state["why"] = f"self-check failed: {problem}"
                 except Exception as exc:  # noqa: BLE001 - a build problem must never stop a calibration
@@ -177,7 +177,7 @@ def insert_extremes(buf: torch.Tensor, cand: torch.Tensor, largest: bool) -> Non
         raise MemoryError("no memory to merge the streaming IFMR candidates")
 
 
-def frame_for(gmin: float, gmax: float, nbins: int, rel_bits: int, min_exp: int, e_floor: int) -> Tuple[int, int]:
+def frame_for(gmin: float, gmax: float, nbins: int, rel_bits: int, min_exp: int, e_floor: int) -> tuple[int, int]:
     """``amct_frame_for``: the C twin of ``histogram.frame_for`` (with the frame's exponent as
     a floor, as ``IfmrStreamingObserver._frame_for``) that a committing update uses; for the
     tests, which hold the two to the same answers."""
@@ -209,7 +209,7 @@ class UpdateResult(NamedTuple):
                              # committed, already decoded: the whole rows, trash included)
     outside: int             # elements outside the frame, NaN or Inf (then nothing is valid)
     #: see Commit: the state's new (K-th top value, K-th bottom value, gmin, gmax)
-    committed: Optional[Tuple[float, float, float, float]] = None
+    committed: Optional[tuple[float, float, float, float]] = None
 
 
 class Commit(NamedTuple):

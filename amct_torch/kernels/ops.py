@@ -150,10 +150,10 @@ def _views(st: StreamState) -> _Views:
     """The state's numpy views, made once per set of tensors: the updates write the tensors
     in place, so the views stay valid until a tensor is replaced (merge, load)."""
     tensors = (st.count, st.frame, st.range, st.top, st.bottom)
-    v = getattr(st, "_views", None)
+    v = st.backend_cache
     if v is None or any(a is not b for a, b in zip(v.tensors, tensors)):
         v = _Views(tensors, *(t.numpy() for t in tensors))
-        setattr(st, "_views", v)  # a cache beside the dataclass's fields (not cloned or saved)
+        st.backend_cache = v
     return v
 
 

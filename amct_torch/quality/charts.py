@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 import math
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 try:  # the report is written without charts where matplotlib is missing
     from matplotlib import rc_context
@@ -78,13 +79,13 @@ def _svg(fig: Any) -> str:
     return re.sub(r">\s+<", "><", text).strip()
 
 
-def _shorten(m: "re.Match[str]") -> str:
+def _shorten(m: re.Match[str]) -> str:
     """One geometry attribute with its numbers rounded to whole points (a pixel at 72 dpi);
     a path of straight lines without its repeated ``L`` (implied after M and L in SVG)."""
     value = " ".join(_DECIMAL.sub(lambda n: str(round(float(n.group(0)))), m.group(2)).split())
     if m.group(1) == "d" and _LINES_ONLY.fullmatch(value):
         value = value.replace(" L ", " ")
-    return '%s="%s"' % (m.group(1), value)
+    return f'{m.group(1)}="{value}"'
 
 
 def error_chart(stats: Sequence[Any], floats: Sequence[str], warn: float) -> str:

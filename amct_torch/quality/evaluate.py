@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from amct_torch.errors import AmctError, DataError, ModelError, excerpt
 from amct_torch.inputs.limits import check_regular_file

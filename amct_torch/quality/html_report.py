@@ -14,8 +14,9 @@ from __future__ import annotations
 import html
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from amct_torch.atomic import atomic_write_text
 from amct_torch.errors import AmctError

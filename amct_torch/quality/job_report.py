@@ -3,7 +3,8 @@ record and per-layer figures (``html_report.ReportInputs``)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from amct_torch.quality.html_report import ReportInputs, float_layers, weight_ranges
 
@@ -80,8 +81,7 @@ class PendingReport:
                 raise self._thread.error
             inp.charts = self._thread.result
         inp.stats, inp.timings = list(stats), dict(self._timings)
-        if self._thread is not None:
-            if inp.charts and inp.stats:
-                inp.charts["errors"] = charts.error_chart(inp.stats, [f[0] for f in inp.floats], COSINE_WARN)
+        if self._thread is not None and inp.charts and inp.stats:
+            inp.charts["errors"] = charts.error_chart(inp.stats, [f[0] for f in inp.floats], COSINE_WARN)
         write_html(path, inp)
         return inp

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch

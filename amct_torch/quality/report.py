@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import fx, nn
@@ -257,7 +258,7 @@ def format_table(stats: Sequence[LayerStat], limit: Optional[int] = None) -> str
     tw = max([len("type")] + [len(s.type) for s in rows])
     lines = [f"{'layer':<{width}}  {'type':<{tw}}  {'cosine':>8}  {'SQNR dB':>8}"]
     for s in rows:
-        mark = "  <- below %.2f" % COSINE_WARN if s.flagged else ""
+        mark = f"  <- below {COSINE_WARN:.2f}" if s.flagged else ""
         lines.append(f"{s.layer:<{width}}  {s.type:<{tw}}  {s.cosine:>8.5f}  {s.sqnr_db:>8.2f}{mark}")
     if limit is not None and len(stats) > limit:
         lines.append(f"... {len(stats) - limit} more layer(s) in the JSON report")

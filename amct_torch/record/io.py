@@ -12,7 +12,8 @@ the one-call job: once, at commit) and read once per consumer, so no faster path
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 from google.protobuf import text_format

@@ -9,7 +9,8 @@ input dict is left as it was.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Optional
 
 from amct_torch.record.types import LayerRecord
 

@@ -5,7 +5,8 @@ change."""
 from __future__ import annotations
 
 import math
-from typing import Mapping, NoReturn, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NoReturn, Optional
 
 from amct_torch.caffe.layers.traits import is_depthwise, is_fully_connected
 from amct_torch.config.layers import LayerInfo
@@ -25,7 +26,7 @@ SCALE_MIN = 1.1920929e-07
 SCALE_MAX = 1e18
 
 
-def _plausible(name: str, v: float) -> "str | None":
+def _plausible(name: str, v: float) -> str | None:
     if not SCALE_MIN <= v <= SCALE_MAX:
         return (f"{name} {v!r} is outside the plausible range [{SCALE_MIN:g}, {SCALE_MAX:g}] "
                 "(the quantized values would degenerate in float32); recalibrate this layer")
@@ -78,11 +79,10 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Opti
     elif joint and (r.scale_w or r.offset_w):
         fail("an Eltwise (joint_quant) entry holds only scale_d/offset_d: remove its "
              "scale_w/offset_w lines")
-    elif r.scale_w or r.offset_w:
+    elif (r.scale_w or r.offset_w) and not (r.scale_w == [1.0] and r.offset_w == [0]):
         # AVE Pooling has no weights; only the neutral factors (1.0, 0) are tolerated.
-        if not (r.scale_w == [1.0] and r.offset_w == [0]):
-            fail(f"{info.type} has no weights: scale_w/offset_w must be absent (got scale_w "
-                 f"{r.scale_w}, offset_w {r.offset_w})")
+        fail(f"{info.type} has no weights: scale_w/offset_w must be absent (got scale_w "
+             f"{r.scale_w}, offset_w {r.offset_w})")
     bad = [s for s in r.scale_w if not _finite_positive(s)]
     if bad:
         fail(f"scale_w must be finite and > 0, got {bad[0]!r}")

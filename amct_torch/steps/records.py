@@ -5,7 +5,8 @@ Why here: whether the record came back from a file (AMCT's ``save_model``) or st
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from amct_torch.errors import RecordError
 from amct_torch.record import LayerRecord, validate_record, write_record

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
 
 log = logging.getLogger("amct_torch")
 

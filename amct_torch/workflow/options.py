@@ -9,8 +9,9 @@ when it is one, its ``calibrate`` argument (``option``): ``QUANTIZE_ARGS`` (``qu
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from amct_torch.arguments import (
     bool_arg,
@@ -131,7 +132,7 @@ class QuantizeOptions:
                               one_of(*ONNX_TARGETS))
     allow_unknown_fields: bool = option(False, "build from a prototxt with fields this tool does not read")
 
-    def validate(self) -> "QuantizeOptions":
+    def validate(self) -> QuantizeOptions:
         """Refuse bad settings (before any file is read or written); returns self."""
         fields = {k: getattr(self, k) for k in QUANTIZE_ARGS}
         for k, v in check_values("quantize()", fields, QUANTIZE_ARGS).items():

@@ -7,6 +7,7 @@ wins, and the caller never leaves before the helper thread has stopped, so the c
 removes a folder the other is still writing into."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Optional
 
 from amct_torch.helper_thread import HelperThread
@@ -28,10 +29,8 @@ def side_by_side(first: Optional[Callable[[], Any]], second: Optional[Callable[[
             raise helper.error from None
         raise
     except BaseException:  # an interrupt or a termination signal: it wins, once the helper stopped
-        try:
+        with contextlib.suppress(BaseException):  # the one already on its way is raised
             helper.wait()
-        except BaseException:  # noqa: BLE001 - the one already on its way is raised
-            pass
         raise
     helper.wait()
     if helper.error is not None:

@@ -135,7 +135,7 @@ def test_level_edges_are_exact(device):
             t = thr[i].cpu().numpy()[v]
             j = level[i].cpu().numpy()[v]
             below = np.nextafter(t, F(-np.inf))
-            lv = lambda u: np.round(np.clip(u, lo_[i], hi_[i]) / s_[i])
+            lv = lambda u, lo=lo_[i], hi=hi_[i], s=s_[i]: np.round(np.clip(u, lo, hi) / s)
             assert np.all(lv(t) > j) and np.all(lv(below) <= j)
             assert v.sum() == int(np.round(hi_[i] / s_[i]) - np.round(lo_[i] / s_[i]))
 

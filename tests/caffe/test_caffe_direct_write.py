@@ -105,10 +105,9 @@ def test_a_write_error_reaches_the_caller_and_closes_the_file(tmp_path, monkeypa
 def test_discard_writes_nothing_more(tmp_path, monkeypatch):
     monkeypatch.setattr(direct_io, "BUFFER_BYTES", 4096)
     path = tmp_path / "f.bin"
-    with pytest.raises(RuntimeError):
-        with DirectFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)) as f:
-            f.write(b"a" * 4096 + b"partial")
-            raise RuntimeError("the caller failed")
+    with pytest.raises(RuntimeError), DirectFile(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)) as f:
+        f.write(b"a" * 4096 + b"partial")
+        raise RuntimeError("the caller failed")
     assert path.read_bytes() == b"a" * 4096  # the full buffer went out, the partial one did not
 
 

@@ -112,9 +112,8 @@ def test_rule_refuses_what_the_forward_refuses(tmp_path, case):
     from amct_torch.caffe.netio import read_net
     gm = build_graph(read_net(proto, model), check_shapes=False)
     xs = [torch.from_numpy(rand(*s, seed=i)) for i, s in enumerate(inputs.values())]
-    with pytest.raises((ModelError, RuntimeError)):
-        with torch.no_grad():
-            gm(*xs)
+    with pytest.raises((ModelError, RuntimeError)), torch.no_grad():
+        gm(*xs)
 
 
 def test_nsfw_load_runs_no_meta_forward(nsfw_model):

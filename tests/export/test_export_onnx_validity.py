@@ -91,7 +91,7 @@ def _old_int32_dequantize(b, graph_outputs):
     """The writer before the fix: the accumulator rescaled by an int32 DequantizeLinear (used
     here to check that such a model is refused in the user's terms, never written)."""
     done = integer.rewrite(b, graph_outputs)
-    for k, node in enumerate(list(b.nodes)):
+    for _k, node in enumerate(list(b.nodes)):
         if node.op_type != "Cast" or not node.name.endswith("_Cast"):
             continue
         mul = next(n for n in b.nodes if n.op_type == "Mul" and node.output[0] in n.input)

@@ -4,7 +4,8 @@ files), ``convert_cifar_data``-style raw 3×32×32 records, ``compute_image_mean
 BlobProto, the SSD fork's AnnotatedDatum records, ImageData list files and HDF5Data files."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 

@@ -3,7 +3,8 @@ OpenCV's Caffe importer (the independent oracle)."""
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch

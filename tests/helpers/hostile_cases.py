@@ -445,14 +445,13 @@ def data_cases(folder: str) -> list[Case]:
 
 def bomb_npz(path: str, samples: int) -> str:
     """A small .npz whose ``inputs`` member decompresses to ``samples`` 1×16×16 float32 zeros."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        with z.open("inputs.npy", "w", force_zip64=True) as f:
-            f.write(_npy_header_only((samples, 1, 16, 16)))
-            chunk = b"\0" * (1 << 22)
-            left = samples * 1024
-            while left > 0:
-                f.write(chunk[:left])
-                left -= len(chunk)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open("inputs.npy", "w", force_zip64=True) as f:
+        f.write(_npy_header_only((samples, 1, 16, 16)))
+        chunk = b"\0" * (1 << 22)
+        left = samples * 1024
+        while left > 0:
+            f.write(chunk[:left])
+            left -= len(chunk)
     return path
 
 

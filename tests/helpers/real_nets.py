@@ -10,7 +10,8 @@ then stay O(1) through deep nets, as trained nets keep them."""
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch

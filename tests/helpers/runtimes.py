@@ -9,7 +9,8 @@ from __future__ import annotations
 import collections
 import os
 import tempfile
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
 
 import numpy as np
 

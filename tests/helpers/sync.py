@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,7 +59,7 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     @contextlib.contextmanager
-    def counting(self) -> Iterator["SyncCounter"]:
+    def counting(self) -> Iterator[SyncCounter]:
         saved = {m: getattr(torch.Tensor, m) for m in _TENSOR_READS}
 
         def wrap(m, fn):

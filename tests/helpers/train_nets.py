@@ -6,7 +6,7 @@ weights built by code, and databases written the way Caffe's tools write them (L
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

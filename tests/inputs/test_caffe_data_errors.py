@@ -24,9 +24,8 @@ from helpers.caffe_dbs import (
 
 def fails(layer: pb.LayerParameter, base: str, *needles: str) -> str:
     """The one-line message opening ``layer`` and reading a batch gives; it holds ``needles``."""
-    with pytest.raises(DataError) as info:
-        with open_data_layer(layer, base_dir=base) as src:
-            next(src.batches())
+    with pytest.raises(DataError) as info, open_data_layer(layer, base_dir=base) as src:
+        next(src.batches())
     msg = str(info.value)
     assert "\n" not in msg, msg
     for n in needles:

@@ -586,7 +586,7 @@ def test_every_compiler_present_gives_the_same_state(monkeypatch, tmp_path):
         with monkeypatch.context() as m:
             m.setattr(native, "_state", {})
             m.setenv("AMCT_TORCH_CACHE", str(tmp_path / Path(cc).name))
-            m.setattr(native_build, "find_compiler", lambda: cc)
+            m.setattr(native_build, "find_compiler", lambda cc=cc: cc)
             assert native.library() is not None, (cc, native.unavailable_reason())
             built = list((tmp_path / Path(cc).name).glob("hist_kernels-*.so"))
             assert len(built) == 1, cc

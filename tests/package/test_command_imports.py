@@ -20,7 +20,7 @@ from amct_torch.examples import example_data, example_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAVY = ("torch", "onnx", "onnxruntime", "openvino", "cv2")
-PROBE = """
+PROBE = f"""
 import json, sys
 from amct_torch import cli
 try:
@@ -28,8 +28,8 @@ try:
 except SystemExit as e:
     if e.code:
         raise
-print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
-""".format(heavy=HEAVY)
+print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))
+"""
 
 
 def _imported(*argv: str) -> set:

@@ -24,7 +24,7 @@ def _loaded_after(code: str) -> dict:
 
 def test_help_and_argument_errors_do_not_import_torch():
     for argv in (["--help"], ["calibrate", "--help"], ["calibrate"], ["calibrate", "a", "b", "c", "--batch-size", "0"]):
-        loaded = _loaded_after("from amct_torch import cli\ntry:\n    cli.main(%r)\nexcept SystemExit:\n    pass" % argv)
+        loaded = _loaded_after(f"from amct_torch import cli\ntry:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass")
         assert not any(loaded.values()), (argv, loaded)
 
 
@@ -43,7 +43,7 @@ def test_every_public_name_resolves_to_its_module():
     assert amct_torch.quantize is amct_torch.workflow.quantize
     assert set(amct_torch.__all__) <= set(dir(amct_torch))
     try:
-        amct_torch.no_such_name
+        _ = amct_torch.no_such_name
     except AttributeError as err:
         assert "no_such_name" in str(err)
     else:

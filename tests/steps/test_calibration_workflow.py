@@ -36,9 +36,7 @@ def quantizable_from_text(proto: str) -> set[str]:
     net = text_format.Parse(open(proto).read(), pb.NetParameter())
     out = set()
     for l in net.layer:
-        if l.type in ("Convolution", "InnerProduct"):
-            out.add(l.name)
-        elif l.type == "Pooling" and l.pooling_param.pool == pb.PoolingParameter.AVE \
+        if l.type in ("Convolution", "InnerProduct") or l.type == "Pooling" and l.pooling_param.pool == pb.PoolingParameter.AVE \
                 and not l.pooling_param.global_pooling:
             out.add(l.name)
     return out

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, NoReturn, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 Shape = tuple[int, ...]
 
-_REGISTRY: dict[str, type["CaffeLayer"]] = {}
+_REGISTRY: dict[str, type[CaffeLayer]] = {}
 
 #: set while ``load_caffe`` builds a graph from arrays it read itself and drops afterwards: the
 #: layers then take those arrays as their weights instead of copying them
@@ -40,16 +41,16 @@ def taking_blobs() -> Iterator[None]:
         _TAKE_BLOBS.reset(token)
 
 
-def register(*type_names: str) -> Callable[[type["CaffeLayer"]], type["CaffeLayer"]]:
+def register(*type_names: str) -> Callable[[type[CaffeLayer]], type[CaffeLayer]]:
     """Class decorator: make the class the module for the given Caffe layer type strings."""
-    def deco(cls: type["CaffeLayer"]) -> type["CaffeLayer"]:
+    def deco(cls: type[CaffeLayer]) -> type[CaffeLayer]:
         for t in type_names:
             _REGISTRY[t] = cls
         return cls
     return deco
 
 
-def layer_class(type_name: str) -> Optional[type["CaffeLayer"]]:
+def layer_class(type_name: str) -> Optional[type[CaffeLayer]]:
     """The module class for a Caffe type string, or None if the type is not supported."""
     return _REGISTRY.get(type_name)
 
@@ -111,6 +112,8 @@ class CaffeLayer(nn.Module):
     # is type-checked; a layer without them simply does not set them (``getattr(m, "weight", None)``).
     weight: torch.Tensor
     bias: Optional[torch.Tensor]
+    #: set by BN fusion on a layer that absorbed others (their names); absent otherwise
+    fused_layers: list[str]
 
     def __init__(self, layer_param, blobs: Optional[Sequence[np.ndarray]] = None,
                  bottom_shapes: Optional[Sequence[Shape]] = None, file: Optional[str] = None) -> None:
@@ -230,7 +233,7 @@ def borrowing_blobs() -> Iterator[None]:
         _BORROW_BLOBS.reset(token)
 
 
-def node_layer(gm: torch.nn.Module, node: fx.Node) -> Optional["CaffeLayer"]:
+def node_layer(gm: torch.nn.Module, node: fx.Node) -> Optional[CaffeLayer]:
     """The CaffeLayer module a graph node calls; None for any other node."""
     if node.op != "call_module":
         return None
@@ -238,7 +241,7 @@ def node_layer(gm: torch.nn.Module, node: fx.Node) -> Optional["CaffeLayer"]:
     return mod if isinstance(mod, CaffeLayer) else None
 
 
-def layer_modules(gm: fx.GraphModule) -> dict[str, "CaffeLayer"]:
+def layer_modules(gm: fx.GraphModule) -> dict[str, CaffeLayer]:
     """Caffe layer name -> its CaffeLayer module, in graph order (the graph's call_module
     nodes; here beside CaffeLayer so that the reader/writer can use it without the builder)."""
     out: dict[str, CaffeLayer] = {}

@@ -24,10 +24,7 @@ def _hw(layer: CaffeLayer, param, rep: str, h: str, w: str, default: Optional[in
             layer.fail(f"{h} and {w} must be given together")
         return int(getattr(param, h)), int(getattr(param, w))
     field = param.DESCRIPTOR.fields_by_name[rep]
-    if field.is_repeated:
-        values = list(getattr(param, rep))
-    else:
-        values = [getattr(param, rep)] if param.HasField(rep) else []
+    values = list(getattr(param, rep)) if field.is_repeated else ([getattr(param, rep)] if param.HasField(rep) else [])
     if not values:
         if default is None:
             layer.fail(f"{rep} is required")

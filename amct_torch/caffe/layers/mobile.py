@@ -114,10 +114,7 @@ class ReLU6Layer(CaffeLayer):
             self.fail("relu6_param values must be finite")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.negative_slope == 0.0:
-            y = torch.clamp(x, min=0.0)
-        else:
-            y = torch.where(x > 0, x, x * self.negative_slope)
+        y = torch.clamp(x, min=0.0) if self.negative_slope == 0.0 else torch.where(x > 0, x, x * self.negative_slope)
         return torch.clamp(y, max=self.threshold)
 
 

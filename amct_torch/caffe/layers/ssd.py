@@ -140,9 +140,8 @@ def _nms(boxes: torch.Tensor, scores: torch.Tensor, score_thr: float, nms_thr: f
     keep: list[int] = []
     adaptive = nms_thr
     for i in order.tolist():
-        if keep:
-            if bool((_iou(boxes[i], boxes[keep]) > adaptive).any()):
-                continue
+        if keep and bool((_iou(boxes[i], boxes[keep]) > adaptive).any()):
+            continue
         keep.append(i)
         if eta < 1 and adaptive > 0.5:
             adaptive *= eta

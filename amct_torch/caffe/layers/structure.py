@@ -320,10 +320,7 @@ class ArgMaxLayer(CaffeLayer):
             self.fail(f"top_k {self.top_k} exceeds the {flat.shape[1]} values per sample")
         vals, idx = torch.topk(flat, self.top_k, dim=1, largest=True, sorted=True)
         rest = (1,) * (x.dim() - 3)
-        if self.out_max_val:
-            y = torch.stack([idx.to(x.dtype), vals], dim=1)
-        else:
-            y = idx.to(x.dtype).unsqueeze(1)
+        y = torch.stack([idx.to(x.dtype), vals], dim=1) if self.out_max_val else idx.to(x.dtype).unsqueeze(1)
         return y.reshape(y.shape + rest)
 
 

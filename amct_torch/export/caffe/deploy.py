@@ -9,7 +9,8 @@ offset_w (always 0). Other layers keep their float blobs.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 import torch

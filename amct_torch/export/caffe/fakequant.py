@@ -9,7 +9,8 @@ OpenCV run one definition of the model.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 import torch

@@ -9,8 +9,9 @@ layer a shared ``Quant`` layer (one per input value and factor pair), after it a
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -56,7 +57,7 @@ class EmittedNet:
             make = self.deferred.get(layer.name)
             yield layer, (make() if make is not None else self.arrays.get(layer.name, []))
 
-    def attach_blobs(self) -> "EmittedNet":
+    def attach_blobs(self) -> EmittedNet:
         """Put ``arrays`` into the layers' BlobProtos (needed before writing a caffemodel)."""
         for layer in self.net.layer:
             if not layer.blobs:
@@ -119,7 +120,7 @@ def emit_net(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], blobs: BlobFn,
     return out
 
 
-def _add_head(net: pb.NetParameter, gm: fx.GraphModule, names: "_BlobNames") -> None:
+def _add_head(net: pb.NetParameter, gm: fx.GraphModule, names: _BlobNames) -> None:
     """A train/test net's metric and loss layers after the inference part, as the user wrote
     them, each bottom read from the blob now holding that value (a graph output keeps its name)."""
     by_key = {key: names.name_of.get(node, key) for node, key in names.outputs.items()}

@@ -10,8 +10,9 @@ calibration data (``calib``). Joint-quant entries and PROD/MAX are left alone; t
 detailed in docs/export.md."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Optional
 
 from torch import fx
 

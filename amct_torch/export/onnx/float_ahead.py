@@ -11,7 +11,8 @@ the quant model; until then it is a hidden temporary file of the job's staging f
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from torch import fx
 

@@ -10,8 +10,9 @@ shape rules (about 0.2 s plus one BN fusion on the nsfw ResNet-50). docs/export.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 from torch import fx

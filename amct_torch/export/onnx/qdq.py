@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TypeVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, NoReturn, Optional, TypeVar, cast
 
 import numpy as np
 import onnx
@@ -150,10 +151,7 @@ class _Builder:
             return self.qcache[key]
         if self.dq_factors.get(x) == key[1:]:  # already the DQ output of these very factors
             return x
-        if self.act == "uint8":
-            zp = np.array(offset_d + 128, np.uint8)
-        else:
-            zp = np.array(offset_d, np.int8)
+        zp = np.array(offset_d + 128, np.uint8) if self.act == "uint8" else np.array(offset_d, np.int8)
         s = self.init(f"{name}_{where}_scale", np.array(scale_d, np.float32))
         z = self.init(f"{name}_{where}_zero_point", zp)
         q = self.node("QuantizeLinear", [x, s, z], f"{name}_{where}_q")[0]
@@ -341,7 +339,7 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
            elt_factors: Optional[Mapping[str, tuple[float, int]]] = None,
            outputs: Optional[Sequence[str]] = None, dynamic_spatial: Optional[bool] = None,
            probed: Optional[Probe] = None, integer_ops: bool = True,
-           light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
+           light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, _Builder]:
     """One ONNX model of ``gm`` (float when ``plan`` is empty) and the builder that wrote it
     (its ``layer_of`` maps an ONNX name back to a Caffe layer). The batch is symbolic; the
     spatial size too when ``dynamic_spatial`` (None: when the net allows it, see
@@ -367,7 +365,7 @@ def _build(gm: fx.GraphModule, plan: Mapping[str, LayerQuant], activations: str,
 
 def _walk(pr: Probe, plan, activations, file, graph_name, bias, out_factors, eltwise, elt_factors,
           outputs, spatial: bool, integer_ops: bool = True,
-          light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, "_Builder"]:
+          light: bool = False, stream: bool = False) -> tuple[onnx.ModelProto, _Builder]:
     cpu = pr.gm
     chosen, needed = pick_outputs(cpu, outputs, file)
     b = _Builder(cpu, plan, activations, file, bias, out_factors, eltwise, elt_factors, light, stream)

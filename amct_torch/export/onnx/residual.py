@@ -9,7 +9,8 @@ representable), in the IFMR form: scale = (max − min)/255, offset = −round(m
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Optional, Union
 
 import numpy as np
 import torch

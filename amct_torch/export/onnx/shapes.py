@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import fx

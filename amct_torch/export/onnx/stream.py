@@ -7,7 +7,8 @@ order, each initializer's ``raw_data`` taken from the array's memory. The bytes 
 ``SerializeToString`` on the same model built with ``from_array`` (tested byte for byte)."""
 from __future__ import annotations
 
-from typing import BinaryIO, Mapping, Union
+from collections.abc import Mapping
+from typing import BinaryIO, Union
 
 import numpy as np
 import onnx

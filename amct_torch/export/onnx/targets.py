@@ -10,8 +10,9 @@ that already quantizes it, and an FC's Q/DQ repeated after its Flatten. What eac
 and why: docs/export.md, "Runtime targets"."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import onnx

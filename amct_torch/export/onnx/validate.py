@@ -15,8 +15,9 @@ import logging
 import mmap
 import os
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import onnx

@@ -4,7 +4,8 @@ DataLayer does. Only the well-kept bindings read them (``lmdb``, ``plyvel``)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from amct_torch.errors import DataError
 from amct_torch.inputs.caffe_data.optional_deps import require

@@ -48,7 +48,7 @@ def parse_record(message: Any, value: bytes, where: str, file: Optional[str]) ->
     return message
 
 
-def parse_datum(value: bytes, where: str, file: Optional[str]) -> "pb.Datum":
+def parse_datum(value: bytes, where: str, file: Optional[str]) -> pb.Datum:
     """The Datum serialized in ``value`` (a database record called ``where``)."""
     return parse_record(pb.Datum(), value, where, file)
 
@@ -84,7 +84,7 @@ def decode_image(data: bytes, mode: str, where: str, file: Optional[str]) -> Pix
     return Pixels(img, hwc=True)
 
 
-def datum_pixels(datum: "pb.Datum", mode: str, where: str, file: Optional[str]) -> Pixels:
+def datum_pixels(datum: pb.Datum, mode: str, where: str, file: Optional[str]) -> Pixels:
     """The image a Datum holds (see the module docstring)."""
     if datum.encoded:
         return decode_image(datum.data, mode, where, file)

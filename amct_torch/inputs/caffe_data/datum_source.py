@@ -9,7 +9,8 @@ projected onto the centre crop and clipped as the fork does; B varies per batch,
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import numpy as np
 
@@ -105,11 +106,11 @@ class DatumSource(RecordSource):
         self.db.close()
 
 
-def _box_count(anno: "pb.AnnotatedDatum") -> int:
+def _box_count(anno: pb.AnnotatedDatum) -> int:
     return sum(len(g.annotation) for g in anno.annotation_group)
 
 
-def _box_rows(anno: "pb.AnnotatedDatum", item: int, t: DataTransformer, hw: tuple[int, int],
+def _box_rows(anno: pb.AnnotatedDatum, item: int, t: DataTransformer, hw: tuple[int, int],
               out_hw: tuple[int, ...]) -> list[list[float]]:
     """The label rows of one AnnotatedDatum's boxes as the fork's TransformAnnotation makes
     them, in float32: moved by the WARP resize (UpdateBBoxByResizePolicy), projected onto the

@@ -8,7 +8,8 @@ file; integer datasets are read as float. ``shuffle`` is random in Caffe and not
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import numpy as np
 

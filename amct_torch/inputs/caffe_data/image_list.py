@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 import numpy as np
 

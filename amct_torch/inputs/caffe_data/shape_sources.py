@@ -7,7 +7,7 @@ fillers are refused.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class DataSource:
     def close(self) -> None:
         """Release the files and threads the source holds."""
 
-    def __enter__(self) -> "DataSource":
+    def __enter__(self) -> DataSource:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -115,7 +115,7 @@ class DataTransformer:
             np.multiply(out, self.scale, out=out)
 
 
-def _resize_spec(rp: "pb.ResizeParameter", layer: Optional[str]) -> tuple[int, int, str]:
+def _resize_spec(rp: pb.ResizeParameter, layer: Optional[str]) -> tuple[int, int, str]:
     """(height, width, OpenCV interpolation) of the SSD fork's resize_param (WARP only)."""
     if rp.resize_mode != pb.ResizeParameter.WARP:
         raise DataError(f"transform_param resize_param resize_mode "
