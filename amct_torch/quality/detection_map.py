@@ -29,37 +29,53 @@ def average_precision(scored: list[tuple[float, int]], num_pos: int, ap_version:
     fp = np.cumsum([1 - t for _, t in ranked])
     prec = [F32(F32(t) / F32(t + f)) for t, f in zip(tp, fp)]
     rec = [F32(F32(t) / F32(num_pos)) for t in tp]
-    n = len(ranked)
-    ap = F32(0.0)
     if ap_version == "11point":
-        max_precs = [F32(0.0)] * 11
-        start = n - 1
-        for j in range(10, -1, -1):
-            for i in range(start, -1, -1):
-                if float(rec[i]) < j / 10.0:
-                    start = i
-                    if j > 0:
-                        max_precs[j - 1] = max_precs[j]
-                    break
-                if max_precs[j] < prec[i]:
-                    max_precs[j] = prec[i]
-        for j in range(10, -1, -1):
-            ap = F32(ap + F32(max_precs[j] / F32(11)))
-    elif ap_version == "MaxIntegral":
-        cur_rec, cur_prec = rec[-1], prec[-1]
-        for i in range(n - 2, -1, -1):
-            cur_prec = max(prec[i], cur_prec)
-            if abs(F32(cur_rec - rec[i])) > EPS:
-                ap = F32(ap + F32(cur_prec * abs(F32(cur_rec - rec[i]))))
-            cur_rec = rec[i]
-        ap = F32(ap + F32(cur_rec * cur_prec))
-    else:
-        prev = F32(0.0)
-        for i in range(n):
-            if abs(F32(rec[i] - prev)) > EPS:
-                ap = F32(ap + F32(prec[i] * abs(F32(rec[i] - prev))))
-            prev = rec[i]
-    return float(ap)
+        return float(_ap_11point(prec, rec))
+    if ap_version == "MaxIntegral":
+        return float(_ap_max_integral(prec, rec))
+    return float(_ap_integral(prec, rec))
+
+
+def _ap_11point(prec: list, rec: list) -> np.float32:
+    """The mean of the best precision at recall ≥ 0, 0.1, ..., 1 (the fork's loop, in float32)."""
+    max_precs = [F32(0.0)] * 11
+    start = len(prec) - 1
+    for j in range(10, -1, -1):
+        for i in range(start, -1, -1):
+            if float(rec[i]) < j / 10.0:
+                start = i
+                if j > 0:
+                    max_precs[j - 1] = max_precs[j]
+                break
+            if max_precs[j] < prec[i]:
+                max_precs[j] = prec[i]
+    ap = F32(0.0)
+    for j in range(10, -1, -1):
+        ap = F32(ap + F32(max_precs[j] / F32(11)))
+    return ap
+
+
+def _ap_max_integral(prec: list, rec: list) -> np.float32:
+    """The area under the precision envelope (the best precision at any higher recall)."""
+    ap = F32(0.0)
+    cur_rec, cur_prec = rec[-1], prec[-1]
+    for i in range(len(prec) - 2, -1, -1):
+        cur_prec = max(prec[i], cur_prec)
+        if abs(F32(cur_rec - rec[i])) > EPS:
+            ap = F32(ap + F32(cur_prec * abs(F32(cur_rec - rec[i]))))
+        cur_rec = rec[i]
+    return F32(ap + F32(cur_rec * cur_prec))
+
+
+def _ap_integral(prec: list, rec: list) -> np.float32:
+    """The area under the precision-recall curve as ranked."""
+    ap = F32(0.0)
+    prev = F32(0.0)
+    for i in range(len(prec)):
+        if abs(F32(rec[i] - prev)) > EPS:
+            ap = F32(ap + F32(prec[i] * abs(F32(rec[i] - prev))))
+        prev = rec[i]
+    return ap
 
 
 class DetectionMap:
