@@ -23,7 +23,7 @@ from amct_torch.errors import (
     ModelError,
     RecordError,
 )
-from amct_torch.lazy_names import lazy_names
+from amct_torch.runtime.lazy_names import lazy_names
 
 __version__ = "0.1.0"
 

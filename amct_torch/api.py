@@ -19,11 +19,11 @@ from amct_torch.arguments import checked, instance, one_of, opt, path_arg
 from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
+from amct_torch.files.output_names import PREFIX_SUFFIXES, SAVE_TYPES, model_paths
+from amct_torch.files.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
 from amct_torch.inputs.limits import check_regular_file
-from amct_torch.output_names import PREFIX_SUFFIXES, SAVE_TYPES, model_paths
 from amct_torch.record import empty_record, read_record
 from amct_torch.steps import QuantGraph, check_records, load, quantize_weights, start_calibration, write_records
-from amct_torch.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
 
 log = logging.getLogger("amct_torch")
 
@@ -121,7 +121,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     ``{save_path}_deploy_model.prototxt`` / ``_deploy_weights.caffemodel`` and
     ``{save_path}_quant.json``, from the graph's record file. Error (nothing written) if a
     quantized layer lacks factors. Returns the paths written. The files are committed together
-    (``amct_torch.transaction``): an error or a kill leaves the previous files as they were."""
+    (``amct_torch.files.transaction``): an error or a kill leaves the previous files as they were."""
     from amct_torch.export.graph_outputs import export_models
 
     graph = _check_graph(graph, "save_model")

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from amct_torch.errors import AmctError, excerpt
+from amct_torch.files.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES
+from amct_torch.files.transaction import Terminated, abort_open
 from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
-from amct_torch.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES
-from amct_torch.transaction import Terminated, abort_open
 
 log = logging.getLogger("amct_torch")
 
@@ -242,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(k)
     from amct_torch.quality.evaluate import add_parser as add_evaluate
     add_allow_unknown_fields(add_evaluate(sub))  # amct_torch/quality/evaluate.py: its own options
-    from amct_torch.inspect_model import add_parser as add_inspect
-    add_inspect(sub)  # amct_torch/inspect_model.py: its own options
+    from amct_torch.workflow.inspect_model import add_parser as add_inspect
+    add_inspect(sub)  # amct_torch/workflow/inspect_model.py: its own options
     _add_test(sub)
     return parser
 
@@ -298,7 +298,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def _improvements(value: str) -> tuple:
     """``--improve``'s value: names from IMPROVEMENTS, comma-separated, or all."""
-    from amct_torch.output_names import improvement_list
+    from amct_torch.files.output_names import improvement_list
     try:
         return improvement_list(value)
     except ValueError as err:
@@ -356,8 +356,8 @@ def _print_files(files: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from amct_torch.malloc_tuning import keep_freed_memory
-    from amct_torch.threads import prefer_passive_waits
+    from amct_torch.runtime.malloc_tuning import keep_freed_memory
+    from amct_torch.runtime.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
     if not args.distributed:  # the model is read while torch is imported (caffe/read_ahead.py)
@@ -396,9 +396,9 @@ def _calibrate_to_accuracy(args: argparse.Namespace) -> int:
     """``calibrate --max-accuracy-drop``: AMCT's accuracy-based auto calibration judged by the
     net's own TEST data and Accuracy layer."""
     from amct_torch.config import create_quant_config
-    from amct_torch.output_names import output_path
+    from amct_torch.files.output_names import output_path
+    from amct_torch.files.transaction import check_outputs, make_folder
     from amct_torch.quality.auto_calibration import accuracy_based_auto_calibration
-    from amct_torch.transaction import check_outputs, make_folder
 
     if args.data is not None:
         raise AmctError("--max-accuracy-drop judges the model on the net's own TEST data and Accuracy "
@@ -441,7 +441,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from amct_torch.config import create_quant_config
-    from amct_torch.transaction import check_output_name, check_outputs, make_folder
+    from amct_torch.files.transaction import check_output_name, check_outputs, make_folder
     check_output_name(args.output, "--output")
     if args.quant_cfg and (args.skip_layers or args.no_activation_offset):
         given = "--skip-layers" if args.skip_layers else "--no-activation-offset"
@@ -479,8 +479,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from amct_torch.malloc_tuning import keep_freed_memory
-    from amct_torch.threads import prefer_passive_waits
+    from amct_torch.runtime.malloc_tuning import keep_freed_memory
+    from amct_torch.runtime.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep while the decoders run
     keep_freed_memory()  # each batch reuses the last one's activation memory
     from amct_torch.quality.net_scores import cmd_test as run
@@ -488,7 +488,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from amct_torch.inspect_model import cmd_inspect as run
+    from amct_torch.workflow.inspect_model import cmd_inspect as run
     return run(args)
 
 
@@ -513,7 +513,7 @@ def _os_error_line(err: OSError, args: argparse.Namespace) -> str:
     """The one line of an ``OSError`` that reached the command: the file it names (the user's
     output for a private temporary or staging path), else for a write error the command's
     output, else its inputs; and the reason in plain words."""
-    from amct_torch.transaction import user_path, write_error
+    from amct_torch.files.transaction import user_path, write_error
     output = getattr(args, "output", None)
     if isinstance(err.filename, str):
         where = user_path(err.filename)

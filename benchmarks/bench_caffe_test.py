@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when present)")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    from amct_torch.threads import prefer_passive_waits
+    from amct_torch.runtime.threads import prefer_passive_waits
     prefer_passive_waits()  # as the test command does, before torch loads
     import torch
 

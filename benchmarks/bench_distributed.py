@@ -34,7 +34,7 @@ def model_and_batches(name: str, n: int, bs: int):
         x = natural_images_bgr(224, n * bs, seed=1)
         files = os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
     else:
-        from amct_torch.examples import example_data, example_model
+        from amct_torch.workflow.examples import example_data, example_model
         x, _ = example_data("calib")
         reps = -(-n * bs // len(x))
         x = np.concatenate([x] * reps)[:n * bs]

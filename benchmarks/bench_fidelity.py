@@ -247,8 +247,8 @@ def ort_methods(float_path, calib, held, ref, tmp, methods, types, model="nsfw",
 # -- example model ------------------------------------------------------------------------
 def example_accuracy(tmp, improve=None) -> None:
     from amct_torch.caffe.graph import load_caffe
-    from amct_torch.examples import example_data, example_model
     from amct_torch.workflow.demo import accuracy
+    from amct_torch.workflow.examples import example_data, example_model
     proto, weights = example_model()
     xc, _ = example_data("calib")
     xt, yt = example_data("test")
@@ -338,7 +338,7 @@ def forced_refining(on: bool):
 def ours_methods() -> tuple[str, ...]:
     """default, every improvement ``quantize(improve=...)`` knows (read at run time, so a new
     one is benched as soon as it lands), and all."""
-    from amct_torch.output_names import IMPROVEMENTS
+    from amct_torch.files.output_names import IMPROVEMENTS
     return ("default",) + tuple(IMPROVEMENTS) + ("all",)
 
 
@@ -605,7 +605,7 @@ def family_model(fam: str, imgs, n_calib: int, n_held: int, tmp: str, n_beyond: 
         return {"name": fam, "proto": proto, "weights": weights, "calib": crops(imgs, n_calib, seed=1),
                 "held": crops(imgs, n_held, seed=2), "beyond": crops(imgs, n_beyond, seed=3), "outputs": None}
     if fam == "example":
-        from amct_torch.examples import example_data, example_model
+        from amct_torch.workflow.examples import example_data, example_model
         proto, weights = example_model()
         test = example_data("test")[0]
         return {"name": fam, "proto": proto, "weights": weights, "calib": example_data("calib")[0][:n_calib],

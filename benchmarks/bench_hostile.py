@@ -148,7 +148,7 @@ def bench_commit_failures(work: str) -> None:
     import subprocess
 
     from amct_torch.errors import AmctError
-    from amct_torch.transaction import staging_folder
+    from amct_torch.files.transaction import staging_folder
     kept = total = 0
     cases = []
     sys.path.insert(0, os.path.join(ROOT, "tests", "hostile"))  # the rollback test's own sets

@@ -184,8 +184,8 @@ def write_vgg16(folder: str, seed: int = 0) -> tuple[str, str]:
     so each ``layer`` (field 100) goes out as soon as it is made."""
     import numpy as np
 
+    from amct_torch.files.protowire import field_key, varint
     from amct_torch.proto import amct_caffe_pb2 as pb
-    from amct_torch.protowire import field_key, varint
 
     proto, weights = os.path.join(folder, "vgg16_deploy.prototxt"), os.path.join(folder, "vgg16.caffemodel")
     if os.path.exists(proto) and os.path.exists(weights):
@@ -257,12 +257,12 @@ def phases_child(argv: list[str]) -> None:
     one-call API calls); prints one JSON object of phase -> seconds."""
     # the command's own process set-up (idle-thread policy, memory reuse), before torch loads
     try:
-        from amct_torch.threads import prefer_passive_waits
+        from amct_torch.runtime.threads import prefer_passive_waits
         prefer_passive_waits()
     except ImportError:  # an older revision
         pass
     try:
-        from amct_torch.malloc_tuning import keep_freed_memory
+        from amct_torch.runtime.malloc_tuning import keep_freed_memory
         keep_freed_memory()
     except ImportError:
         pass
@@ -307,7 +307,7 @@ def phases_child(argv: list[str]) -> None:
     # the job's own progress phases, each with the RSS at its end and the peak so far (MiB)
     import resource
 
-    import amct_torch.progress as progress
+    import amct_torch.runtime.progress as progress
     end = progress.JobProgress._end
     job_phases: list[dict] = []
 

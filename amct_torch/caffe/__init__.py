@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amct_torch.lazy_names import lazy_names
+from amct_torch.runtime.lazy_names import lazy_names
 
 #: name -> the module that defines it
 _LAZY = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from amct_torch.errors import ModelError
-from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, fields
+from amct_torch.files.protowire import LENGTH_DELIMITED, MalformedWire, fields
 
 MAX_LAYERS = 100_000
 MAX_BLOBS = 200_000

@@ -18,7 +18,6 @@ from google.protobuf import text_format
 
 from amct_torch.arguments import checked, instance, opt, path_arg
 from amct_torch.arguments import graph_module as _graph_module
-from amct_torch.atomic import atomic_write_bytes
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.blob_shape import LEGACY_DIMS, MAX_BLOB_AXES, blob_shape, check_value_count
 from amct_torch.caffe.duplicate_names import USER_NAME, rename_duplicates
@@ -26,9 +25,10 @@ from amct_torch.caffe.limits import check_caffemodel_counts, check_prototxt_coun
 from amct_torch.caffe.unknown_fields import unknown_fields
 from amct_torch.caffe.upgrade import upgrade_v1 as _upgrade_v1
 from amct_torch.errors import ModelError
+from amct_torch.files.atomic import atomic_write_bytes
+from amct_torch.files.protowire import copy_fields, varint
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import copy_fields, varint
 
 __all__ = ["ParsedNet", "parse_prototxt", "parse_caffemodel", "upgrade_v1", "read_net",
            "write_net", "net_to_prototxt_text", "save_caffe", "blob_to_array", "array_to_blob",

@@ -13,7 +13,7 @@ import stat
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
-from amct_torch.helper_thread import HelperThread
+from amct_torch.runtime.helper_thread import HelperThread
 
 if TYPE_CHECKING:
     from amct_torch.caffe.netio import ParsedNet

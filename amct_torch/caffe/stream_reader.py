@@ -21,8 +21,8 @@ from google.protobuf import message as _message
 from amct_torch.caffe.blob_shape import blob_shape, check_value_count
 from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.errors import ModelError
+from amct_torch.files.protowire import LENGTH_DELIMITED, Field, MalformedWire, fields, read_varint
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import LENGTH_DELIMITED, Field, MalformedWire, fields, read_varint
 
 __all__ = ["read_weights"]
 

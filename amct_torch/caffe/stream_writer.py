@@ -12,13 +12,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from amct_torch.atomic import atomic_file
 from amct_torch.caffe import prototxt as _ptx
 from amct_torch.caffe.duplicate_names import restore_user_name
 from amct_torch.caffe.netio import array_to_blob
-from amct_torch.direct_io import DirectFile
+from amct_torch.files.atomic import atomic_file
+from amct_torch.files.direct_io import DirectFile
+from amct_torch.files.protowire import copy_fields, field_key, parts_size, split_before, varint
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import copy_fields, field_key, parts_size, split_before, varint
 
 __all__ = ["write_caffemodel", "blob_parts", "layer_parts"]
 

@@ -18,7 +18,7 @@ from torch import nn
 from amct_torch.calibration.checkpoint import Checkpointer
 from amct_torch.calibration.session import CalibrationSession
 from amct_torch.errors import AmctError, DataError
-from amct_torch.progress import progress_enabled
+from amct_torch.runtime.progress import progress_enabled
 
 
 class Ranks(Protocol):

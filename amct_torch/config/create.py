@@ -76,8 +76,8 @@ def create_quant_config(config_file: str, model_file: str, weights_file: str,
     ``batch_num`` and ``activation_offset`` are ignored, as in AMCT. The file is written
     atomically.
     """
+    from amct_torch.files.transaction import check_outputs, make_folder
     from amct_torch.inputs.limits import check_regular_file
-    from amct_torch.transaction import check_outputs, make_folder
     check_regular_file(weights_file, "weights file", ModelError)
     check_outputs([config_file], [model_file, weights_file, config_defination])
     layers = model_layer_infos(model_file)

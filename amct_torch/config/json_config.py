@@ -9,7 +9,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional, cast
 
-from amct_torch.atomic import atomic_write_text
 from amct_torch.caffe.layers.traits import is_channel_wise
 from amct_torch.config.act_algos import ACT_ALGORITHMS, DEFAULT, Field
 from amct_torch.config.layers import LayerInfo, quantizable_layers
@@ -21,6 +20,7 @@ from amct_torch.config.types import (
     QuantConfig,
 )
 from amct_torch.errors import ConfigError
+from amct_torch.files.atomic import atomic_write_text
 
 GLOBAL_KEYS = ("version", "batch_num", "activation_offset", "joint_quant", "do_fusion",
                "skip_fusion_layers")

@@ -22,7 +22,7 @@ from amct_torch.errors import ExportError, ModelError
 from amct_torch.export.caffe.deploy import save_deploy
 from amct_torch.export.caffe.fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
-from amct_torch.output_names import SAVE_TYPES, model_paths, output_path
+from amct_torch.files.output_names import SAVE_TYPES, model_paths, output_path
 from amct_torch.record import LayerRecord, read_record, validate_record
 
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")

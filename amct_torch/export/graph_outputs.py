@@ -2,7 +2,7 @@
 
 Why here: ``save_model``, the one-call job and auto calibration all write the same set of
 files from a calibrated graph (the fused float model + its record, held in memory); this file
-calls the exporters with the graph's fusion map (``amct_torch.output_names`` names the files).
+calls the exporters with the graph's fusion map (``amct_torch.files.output_names`` names the files).
 ``record_file`` is only what the exporters' errors name: the file the record was read from,
 or None for a record computed in memory (the caller then names the files its values came
 from).
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from amct_torch.export import convert_model, export_onnx, save_quant_models
-from amct_torch.output_names import model_paths
+from amct_torch.files.output_names import model_paths
 
 
 def export_models(graph: Any, records: Mapping[str, Any], save_type: str, save_path: str,

@@ -10,9 +10,9 @@ from typing import Optional
 
 import torch
 
-from amct_torch.atomic import atomic_write_text
 from amct_torch.caffe.graph import layer_modules
 from amct_torch.export.caffe.netbuild import EmittedNet
+from amct_torch.files.atomic import atomic_write_text
 
 
 def fused_layers_of(gm: torch.fx.GraphModule) -> dict[str, list[str]]:

@@ -201,10 +201,10 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
 def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evaluator: Any, save_dir: str,
                     search: Any, sens: Any) -> AutoCalibrationResult:
     """The calibration, the search and the outputs (``accuracy_based_auto_calibration``)."""
-    from amct_torch.atomic import atomic_write_text
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.config.json_config import write_quant_config_json
     from amct_torch.export.graph_outputs import export_models
+    from amct_torch.files.atomic import atomic_write_text
     from amct_torch.record import write_record
     from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
 

@@ -177,7 +177,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
 
 def _bar(total: Optional[int], quiet: bool) -> Any:
     """A tqdm bar over the batches on stderr (rate and ETA), or None when quiet or not a terminal."""
-    from amct_torch.progress import progress_enabled
+    from amct_torch.runtime.progress import progress_enabled
     if not progress_enabled(quiet):
         return None
     import sys

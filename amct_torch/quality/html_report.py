@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from amct_torch.atomic import atomic_write_text
 from amct_torch.errors import AmctError
+from amct_torch.files.atomic import atomic_write_text
 from amct_torch.quality import charts
 from amct_torch.quality.report import COSINE_WARN, LayerStat
 
@@ -380,7 +380,7 @@ def caffe_test_html(result: Any, labels: Mapping[str, str]) -> str:
     kv = [("model", flt.files[0]), ("weights", flt.files[1] if len(flt.files) > 1 else ""),
           ("iterations", f"{result.iterations} of {result.batch_size} image(s)")]
     if result.quantized:
-        from amct_torch.output_names import output_path
+        from amct_torch.files.output_names import output_path
         kv.append(("quantized prefix", result.quantized))
         if os.path.isfile(output_path(result.quantized, "html_report")):
             kv.append(("calibrate report", output_path(result.quantized, "html_report")))
@@ -415,7 +415,7 @@ def write_html(path: str, inp: ReportInputs) -> str:
 def check_page_path(path: str, inputs: Sequence[str], what: str = "--report-html") -> str:
     """Refuse, before any work, a page path that names a folder, an input file or a file in
     a folder that does not exist (``AmctError`` naming it)."""
-    from amct_torch.transaction import check_output_name, check_outputs
+    from amct_torch.files.transaction import check_output_name, check_outputs
     path = check_output_name(path, what, (".tmp",))
     check_outputs([path], inputs)
     folder = os.path.dirname(os.path.abspath(path))

@@ -59,8 +59,8 @@ class PendingReport:
 
     def __init__(self, opts: Any, graph: Any, records: Mapping[str, Any], files: Mapping[str, str],
                  timings: Mapping[str, float], **kw: Any) -> None:
-        from amct_torch.helper_thread import HelperThread
         from amct_torch.quality.html_report import MAX_LAYER_CHARTS, render_charts
+        from amct_torch.runtime.helper_thread import HelperThread
 
         self._timings = timings
         self.inputs = job_report_inputs(opts, graph, records, (), files, timings, **kw)

@@ -22,7 +22,7 @@ import torch
 from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, positive_int
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
-from amct_torch.output_names import TEST_REPORT_SUFFIX, output_path
+from amct_torch.files.output_names import TEST_REPORT_SUFFIX, output_path
 from amct_torch.quality.detection_map import AP_VERSIONS
 
 #: the forms ``test`` scores, in its table's order: name -> (label, the files under a prefix)

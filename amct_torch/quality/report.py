@@ -19,7 +19,7 @@ import torch
 from torch import fx, nn
 
 from amct_torch.arguments import checked, names_arg, non_negative_int, opt, sequence_of, torch_module
-from amct_torch.atomic import atomic_write_text
+from amct_torch.files.atomic import atomic_write_text
 
 #: AMCT's rule of thumb: a layer under this cosine deserves a look
 COSINE_WARN = 0.99

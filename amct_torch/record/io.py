@@ -19,9 +19,9 @@ import numpy as np
 from google.protobuf import text_format
 
 from amct_torch.arguments import checked, instance, path_arg
-from amct_torch.atomic import atomic_write_text
 from amct_torch.config.textproto import parse_text_proto, read_text_file
 from amct_torch.errors import RecordError
+from amct_torch.files.atomic import atomic_write_text
 from amct_torch.proto import scale_offset_record_pb2 as pb
 from amct_torch.record.merge import ActivationFactors, add_activation_factors, add_weight_factors
 from amct_torch.record.types import LayerRecord

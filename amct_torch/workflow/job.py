@@ -5,7 +5,7 @@ Why: most users do not want five calls and two intermediate files. The job runs 
 exporters, over one ``QuantizeOptions``, in four steps: plan (validate, open the output
 transaction), load and check (the model, the config and every option, ONNX included, before any
 calibration), calibrate (the record stays in memory), write. Every file is committed together at
-the end (``amct_torch.transaction``): a failure or a kill publishes no file of the run."""
+the end (``amct_torch.files.transaction``): a failure or a kill publishes no file of the run."""
 from __future__ import annotations
 
 import logging
@@ -23,9 +23,10 @@ from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
 from amct_torch.calibration.loop import resolve_device, run_calibration, take
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
+from amct_torch.files.output_names import model_kinds, output_path
+from amct_torch.files.transaction import OutputTransaction, check_outputs, user_path, write_error
 from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
 from amct_torch.inputs.data_checks import check_data_settings, check_held_out_images, preprocessed_sample_shape
-from amct_torch.output_names import model_kinds, output_path
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
     QuantGraph,
@@ -36,7 +37,6 @@ from amct_torch.steps import (
     start_calibration,
     write_records,
 )
-from amct_torch.transaction import OutputTransaction, check_outputs, user_path, write_error
 from amct_torch.workflow.batching import (
     HELD_ROWS,
     Keep,
@@ -145,7 +145,7 @@ def run(opts: QuantizeOptions) -> QuantizeResult:
 
 
 def _run(opts: QuantizeOptions) -> QuantizeResult:
-    from amct_torch.progress import JobProgress, progress_enabled
+    from amct_torch.runtime.progress import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
     writes = bool(opts.onnx) or opts.save_type is not None  # one phase: side by side

@@ -26,8 +26,7 @@ from amct_torch.arguments import (
     positive_int,
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
-from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
-from amct_torch.output_names import (
+from amct_torch.files.output_names import (
     IMPROVEMENTS,
     ONNX_ACTIVATIONS,
     ONNX_TARGETS,
@@ -35,7 +34,8 @@ from amct_torch.output_names import (
     SAVE_TYPES,
     improvement_list,
 )
-from amct_torch.transaction import check_output_name
+from amct_torch.files.transaction import check_output_name
+from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
 
 if TYPE_CHECKING:
     from amct_torch.inputs.data import Preprocess

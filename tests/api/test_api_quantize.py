@@ -10,7 +10,7 @@ import torch
 
 import amct_torch
 from amct_torch import DataError
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 
 def test_iterable_batches_and_path_give_the_same_record(tmp_path):

@@ -7,7 +7,7 @@ import os
 import torch
 
 from amct_torch import create_quant_config, init, quantize_model
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 
 def _record(tmp, write: bool) -> str:

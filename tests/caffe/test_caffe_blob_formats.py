@@ -17,8 +17,8 @@ from amct_torch.caffe.graph import load_caffe
 from amct_torch.caffe.layers.base import layer_modules
 from amct_torch.caffe.netio import blob_to_array, parse_caffemodel
 from amct_torch.errors import ModelError
-from amct_torch.examples import EXAMPLE_DIR, example_data
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_data
 from helpers.caffe_nets import assert_close, make_net, rand, run_cv, run_ours
 
 MODEL = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")

@@ -58,7 +58,7 @@ def test_text_and_binary_without_copying_blobs_equal_the_copying_way(tmp_path):
     """Unknown fields (kept from a fork's prototxt), V1 layers, legacy blob shapes: the text and
     the caffemodel bytes are what the full-copy way gave."""
     from amct_torch.caffe.netio import _binary, caffemodel_bytes, net_to_prototxt_text, parse_prototxt
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
 
     text = open(example_model()[0]).read().replace("convolution_param {", "my_fork_param { level: 3 }\n  convolution_param {", 1)
     path = tmp_path / "fork.prototxt"

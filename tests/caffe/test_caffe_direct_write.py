@@ -12,9 +12,9 @@ import os
 import numpy as np
 import pytest
 
-from amct_torch import direct_io
 from amct_torch.caffe.stream_writer import write_caffemodel
-from amct_torch.direct_io import DirectFile
+from amct_torch.files import direct_io
+from amct_torch.files.direct_io import DirectFile
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 

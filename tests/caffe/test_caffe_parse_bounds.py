@@ -11,8 +11,8 @@ from amct_torch.caffe.graph import load_caffe
 from amct_torch.caffe.limits import MAX_BLOBS, MAX_LAYERS
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt
 from amct_torch.errors import ModelError
-from amct_torch.examples import EXAMPLE_DIR
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.workflow.examples import EXAMPLE_DIR
 
 EMPTY_LAYER = bytes([0xA2, 0x06, 0x00])  # NetParameter field 100 (layer), length 0
 EMPTY_V1_LAYER = bytes([0x12, 0x00])  # NetParameter field 2 (V1 layers), length 0

@@ -13,8 +13,8 @@ from google.protobuf import text_format
 from amct_torch.caffe import prototxt as ptx
 from amct_torch.caffe.netio import array_to_blob, caffemodel_bytes, parse_prototxt
 from amct_torch.caffe.stream_writer import DIRECT_BYTES, write_caffemodel
+from amct_torch.files.protowire import split_before
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import split_before
 
 NET = """
 name: "n" input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }

@@ -17,7 +17,7 @@ BATCH_SIZE = 30
 
 
 def example_batches(count: int) -> list[torch.Tensor]:
-    from amct_torch.examples import example_data
+    from amct_torch.workflow.examples import example_data
     x, _ = example_data("calib")
     assert len(x) >= count * BATCH_SIZE
     return [torch.from_numpy(x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]) for i in range(count)]
@@ -27,7 +27,7 @@ def setup(tmp: str, tag: str, batch_num: int):
     """init + quantize_model of the example, calibrating on ``batch_num`` batches."""
     from amct_torch.api import init, quantize_model
     from amct_torch.config import create_quant_config
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
     model, weights = example_model()
     cfg = os.path.join(tmp, f"{tag}.json")
     create_quant_config(cfg, model, weights, batch_num=batch_num)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import amct_torch
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(amct_torch.__file__)))
 N, BS = 4, 36

@@ -30,7 +30,7 @@ BATCH_SIZE = 36
 
 
 def batches(n: int = BATCH_NUM) -> list[torch.Tensor]:
-    from amct_torch.examples import example_data
+    from amct_torch.workflow.examples import example_data
     x, _ = example_data("calib")
     return [torch.from_numpy(x[i * BATCH_SIZE:(i + 1) * BATCH_SIZE]) for i in range(n)]
 
@@ -38,7 +38,7 @@ def batches(n: int = BATCH_NUM) -> list[torch.Tensor]:
 def write_config(path: str, mode: str, n: int = BATCH_NUM) -> None:
     """JSON quant config for the example: IFMR everywhere, or HFMG everywhere."""
     from amct_torch.config import create_quant_config
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
     model, weights = example_model()
     create_quant_config(path, model, weights, batch_num=n)
     if mode == "hfmg":
@@ -52,8 +52,8 @@ def ifmr_mode(mode: str) -> str:
 def single_process_record(tmp: str, mode: str, n: int = BATCH_NUM) -> dict:
     """The reference: AMCT workflow, the user's plain loop over all batches."""
     from amct_torch.api import init, quantize_model
-    from amct_torch.examples import example_model
     from amct_torch.record import read_record
+    from amct_torch.workflow.examples import example_model
     model, weights = example_model()
     cfg = os.path.join(tmp, f"{mode}.json")
     write_config(cfg, mode, n)
@@ -75,7 +75,7 @@ def worker(out: str) -> None:
     from amct_torch.api import init, quantize_model
     from amct_torch.calibration.distributed import init_distributed, rank_output, shutdown
     from amct_torch.calibration.loop import run_calibration
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
 
     ctx = init_distributed("cpu")
     model, weights = example_model()
@@ -169,7 +169,7 @@ def test_bytes_sent_per_layer(torchrun_out):
     with open(os.path.join(torchrun_out[0], "bytes_rank0.json")) as f:
         info = json.load(f)
     assert info["world"] == 2 and info["backend"] == "gloo"
-    from amct_torch.examples import example_data
+    from amct_torch.workflow.examples import example_data
     x, _ = example_data("calib")
     first = info["sent"]["exact"]["conv1"]
     assert first >= 3 * BATCH_SIZE * int(np.prod(x.shape[1:])) * 4

@@ -14,7 +14,7 @@ import torch
 
 from amct_torch.calibration import backends
 from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver
-from amct_torch.examples import EXAMPLE_INPUT_SHAPE, example_model
+from amct_torch.workflow.examples import EXAMPLE_INPUT_SHAPE, example_model
 from helpers.sync import calibration_model, count_syncs
 
 OBSERVERS = [lambda: IfmrStreamingObserver("conv1"), lambda: HfmgObserver("conv1", 2048),

@@ -11,8 +11,8 @@ import cv2
 import numpy as np
 import pytest
 
-from amct_torch.examples import example_data, example_model
 from amct_torch.record import read_record
+from amct_torch.workflow.examples import example_data, example_model
 from helpers.runtimes import ort_optimized_ops, ort_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

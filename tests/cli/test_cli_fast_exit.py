@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from amct_torch.examples import example_model
+from amct_torch.workflow.examples import example_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

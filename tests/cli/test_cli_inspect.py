@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from amct_torch.cli import main
-from amct_torch.examples import example_model
+from amct_torch.workflow.examples import example_model
 from helpers.caffe_nets import make_net, rand
 from helpers.data import nsfw_dir
 from helpers.ssd import ssd_net
@@ -184,7 +184,7 @@ def test_inspect_matches_what_calibrate_quantizes(tmp_path, capsys):
 
 
 def test_wrapped_lines_keep_their_indentation():
-    from amct_torch.inspect_model import _wrap
+    from amct_torch.workflow.inspect_model import _wrap
     line = "unsupported  " + ", ".join(f"layer{i} (Python)" for i in range(20))
     lines = _wrap(line, width=60).splitlines()
     assert len(lines) > 2 and lines[0].startswith("unsupported  layer0")

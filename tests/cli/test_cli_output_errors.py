@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from amct_torch import atomic
 from amct_torch.cli import main
 from amct_torch.errors import AmctError
-from amct_torch.examples import EXAMPLE_DIR, example_model
-from amct_torch.transaction import make_folder, user_path
+from amct_torch.files import atomic
+from amct_torch.files.transaction import make_folder, user_path
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from amct_torch.examples import EXAMPLE_DIR
+from amct_torch.workflow.examples import EXAMPLE_DIR
 
 MODEL = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")
 WEIGHTS = os.path.join(EXAMPLE_DIR, "lenet_digits.caffemodel")

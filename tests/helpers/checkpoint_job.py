@@ -15,7 +15,7 @@ BATCH_SIZE = 30
 
 
 def batches(kill_at=None):
-    from amct_torch.examples import example_data
+    from amct_torch.workflow.examples import example_data
     x, _ = example_data("calib")
     for i in range(BATCH_NUM):
         if i == kill_at:
@@ -27,7 +27,7 @@ def setup(tmp: str, mode: str, tag: str):
     """init + quantize_model of the example with IFMR (exact/streaming) or HFMG everywhere."""
     from amct_torch.api import init, quantize_model
     from amct_torch.config import create_quant_config
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
     model, weights = example_model()
     cfg = os.path.join(tmp, f"{mode}.json")
     create_quant_config(cfg, model, weights, batch_num=BATCH_NUM)

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from amct_torch.examples import EXAMPLE_DIR
+from amct_torch.workflow.examples import EXAMPLE_DIR
 
 MODEL = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")
 WEIGHTS = os.path.join(EXAMPLE_DIR, "lenet_digits.caffemodel")

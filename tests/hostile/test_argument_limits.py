@@ -12,9 +12,9 @@ import pytest
 import amct_torch
 from amct_torch.cli import main
 from amct_torch.errors import AmctError, ModelError
-from amct_torch.examples import EXAMPLE_DIR, example_model
 from amct_torch.inputs.limits import MAX_BATCH_NUM
 from amct_torch.quality.evaluate import evaluate
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 from helpers.caffe_nets import make_net
 from helpers.exports import SMALL_BODY, small_blobs
 

@@ -10,7 +10,7 @@ import torch
 
 import amct_torch
 from amct_torch.errors import CalibrationError
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 
 def _session(tmp, weights=None, batch_num=4):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import helpers.hostile_cases as hc
 from amct_torch.errors import ConfigError, DataError, ModelError, RecordError
-from amct_torch.examples import EXAMPLE_DIR
+from amct_torch.workflow.examples import EXAMPLE_DIR
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

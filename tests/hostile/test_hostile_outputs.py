@@ -1,4 +1,4 @@
-"""Outputs as a transaction (amct_torch/transaction.py) and the calls that use it: inputs are
+"""Outputs as a transaction (amct_torch/files/transaction.py) and the calls that use it: inputs are
 never overwritten, an existing folder is never taken for a file, final files follow the umask,
 missing output folders are created (and removed again when the command fails), a live run's
 staging folder is not touched, and a committed run killed while renaming is finished by the
@@ -15,8 +15,8 @@ import pytest
 
 import amct_torch
 from amct_torch.errors import AmctError, DataError
-from amct_torch.examples import EXAMPLE_DIR, example_model
-from amct_torch.transaction import MANIFEST, OutputTransaction, recover, staging_folder
+from amct_torch.files.transaction import MANIFEST, OutputTransaction, recover, staging_folder
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 
@@ -191,7 +191,7 @@ def test_full_disk_while_writing_keeps_the_previous_outputs(tmp_path, monkeypatc
     output (not the staging copy), and the earlier run's files all unchanged."""
     import errno
 
-    import amct_torch.atomic as atomic
+    import amct_torch.files.atomic as atomic
     model, weights = _copy_model(tmp_path)
     prefix = str(tmp_path / "o" / "m")
     first = amct_torch.quantize(model, weights, DATA, output=prefix, device="cpu", quiet=True,

@@ -18,9 +18,9 @@ import shutil
 
 import pytest
 
-from amct_torch.examples import EXAMPLE_DIR
+from amct_torch.files.transaction import MANIFEST, recover, staging_folder
 from amct_torch.record import read_record
-from amct_torch.transaction import MANIFEST, recover, staging_folder
+from amct_torch.workflow.examples import EXAMPLE_DIR
 from helpers.kill import SUFFIXES, final_set, run_cli
 
 MODEL = os.path.join(EXAMPLE_DIR, "lenet_digits.prototxt")

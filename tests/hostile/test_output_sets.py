@@ -15,9 +15,9 @@ import time
 import pytest
 
 import amct_torch
-from amct_torch.examples import EXAMPLE_DIR, example_model
-from amct_torch.output_names import prefix_outputs
-from amct_torch.transaction import MANIFEST, OutputTransaction, Terminated, recover, staging_folder
+from amct_torch.files.output_names import prefix_outputs
+from amct_torch.files.transaction import MANIFEST, OutputTransaction, Terminated, recover, staging_folder
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -281,7 +281,7 @@ def test_sigterm_handler_only_while_a_transaction_is_open_and_never_over_the_app
 
 
 def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch, default_sigterm):
-    from amct_torch.atomic import atomic_write_text
+    from amct_torch.files.atomic import atomic_write_text
     target = tmp_path / "quant_config.json"
     target.write_text("before")
     real_fsync = os.fsync
@@ -300,7 +300,7 @@ def test_sigterm_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monke
 
 def test_sigterm_while_saving_a_checkpoint_leaves_no_temporary_file(tmp_path, monkeypatch, default_sigterm):
     from amct_torch.calibration import checkpoint
-    from amct_torch.termination import clean_exit_on_signals
+    from amct_torch.files.termination import clean_exit_on_signals
 
     def slow_save(state, path):
         with open(path, "wb") as f:
@@ -324,8 +324,8 @@ def test_a_staging_folder_whose_lock_is_not_a_file_is_discarded(tmp_path):
 
 
 def test_a_staging_folder_that_cannot_be_removed_is_one_clear_error(tmp_path, monkeypatch):
-    from amct_torch import transaction
     from amct_torch.errors import AmctError
+    from amct_torch.files import transaction
     prefix = str(tmp_path / "m")
     staging = staging_folder(prefix)
     os.makedirs(os.path.join(staging, "work"))
@@ -352,8 +352,8 @@ def test_a_leftover_handler_still_holds_the_signal_through_a_commit(tmp_path, mo
 def test_a_signal_between_begin_and_the_callers_cleanup_leaves_nothing(tmp_path, monkeypatch, capsys):
     # the job opens the transaction, then sets up its progress display before its try/finally:
     # a SIGTERM landing there ended the command with the staging folder left behind
-    from amct_torch import progress
     from amct_torch.cli import main
+    from amct_torch.runtime import progress
 
     def terminated(*_args, **_kwargs):
         raise Terminated(15)

@@ -19,10 +19,10 @@ from onnx import numpy_helper
 import amct_torch
 from amct_torch.caffe import load_caffe
 from amct_torch.caffe.graph import layer_modules
-from amct_torch.examples import example_data, example_model
 from amct_torch.export.layer_quant import layer_quant
 from amct_torch.improve import adaround as A
 from amct_torch.record import LayerRecord
+from amct_torch.workflow.examples import example_data, example_model
 from helpers.caffe_nets import make_net, rand
 
 

@@ -95,7 +95,7 @@ def test_corrections_equal_plain_sequential_reference(tmp_path, device):
 def test_reduces_held_out_logit_error_on_example_model(tmp_path):
     """The bundled digits model, calibrated on its calibration split, scored on its held-out
     test split: SQNR of the last InnerProduct (the logits) against the float model."""
-    from amct_torch.examples import example_data, example_model
+    from amct_torch.workflow.examples import example_data, example_model
 
     proto, weights = example_model()
     x, _ = example_data("calib")

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from amct_torch.errors import DataError
-from amct_torch.examples import EXAMPLE_DIR, example_model
 from amct_torch.inputs.data import calibration_batches, count_samples
 from amct_torch.inputs.limits import MAX_NPZ_MEMBERS
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
 DATA = os.path.join(EXAMPLE_DIR, "digits_calib.npz")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

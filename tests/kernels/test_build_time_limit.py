@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from amct_torch.examples import EXAMPLE_DIR, example_model
 from amct_torch.kernels import build as native_build
+from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HANGING_CC = """#!/bin/sh

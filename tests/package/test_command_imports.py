@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 import pytest
 
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HEAVY = ("torch", "onnx", "onnxruntime", "openvino", "cv2")

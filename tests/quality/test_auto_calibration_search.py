@@ -17,8 +17,8 @@ import torch
 
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.config import create_quant_config
-from amct_torch.examples import example_data, example_model
 from amct_torch.quality.auto_calibration import AutoCalibrationEvaluatorBase, accuracy_based_auto_calibration
+from amct_torch.workflow.examples import example_data, example_model
 from helpers.exports import sqnr_db
 
 BAD = ("conv2", "fc1")

@@ -122,7 +122,7 @@ def test_report_html_names_the_page_and_no_report_writes_none(lenet, tmp_path, c
 
 
 def test_evaluate_report_html_holds_the_printed_table(tmp_path, capsys):
-    from amct_torch.examples import example_data, example_model
+    from amct_torch.workflow.examples import example_data, example_model
     proto, weights = example_model()
     x, _ = example_data("calib")
     np.save(tmp_path / "x.npy", x[:16])

@@ -18,12 +18,12 @@ import torch
 import amct_torch
 from amct_torch.calibration.observers import HfmgObserver, IfmrExactObserver, IfmrStreamingObserver
 from amct_torch.calibration.summaries import clip_range, summarize
-from amct_torch.examples import example_data, example_model
 from amct_torch.quality import charts
 from amct_torch.quality.evaluate import evaluate, format_stats
 from amct_torch.quality.html_report import SECTIONS, page, render
 from amct_torch.quality.report import format_table
 from amct_torch.record import read_record
+from amct_torch.workflow.examples import example_data, example_model
 from helpers.html_page import parse
 
 

@@ -258,7 +258,7 @@ def test_accuracy_driven_calibration_uses_the_net_accuracy(tmp_path, capsys):
 def test_calibrate_without_data_needs_a_readable_data_layer(tmp_path, capsys):
     import shutil
 
-    from amct_torch.examples import example_model
+    from amct_torch.workflow.examples import example_model
     out = str(tmp_path / "o" / "m")
     assert main(["calibrate", *example_model(), "-o", out, "-q"]) == 2  # a deploy net: no data layer
     assert "no data layer" in capsys.readouterr().err

@@ -11,9 +11,9 @@ import torch
 
 import amct_torch
 from amct_torch.caffe.graph import layer_modules
-from amct_torch.examples import example_data, example_model
 from amct_torch.export import fake_quant_graph
 from amct_torch.quality.report import format_table, layer_report, write_report
+from amct_torch.workflow.examples import example_data, example_model
 from helpers.exports import sqnr_db
 
 

@@ -16,10 +16,10 @@ from amct_torch.algorithms import hfmg
 from amct_torch.algorithms.ifmr import ifmr_exact
 from amct_torch.caffe.graph import layer_modules, load_caffe
 from amct_torch.config import layer_infos_from_net
-from amct_torch.examples import example_data, example_model
 from amct_torch.fusion import fuse_bn
 from amct_torch.proto import amct_caffe_pb2 as pb
 from amct_torch.record import read_record, validate_record
+from amct_torch.workflow.examples import example_data, example_model
 
 BATCH = 30
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from amct_torch import CalibrationError, RecordError, create_quant_config, init, quantize_model
-from amct_torch.examples import example_data, example_model
 from amct_torch.record import read_record
 from amct_torch.steps import check_records, finish_calibration, load, quantize_weights, start_calibration
+from amct_torch.workflow.examples import example_data, example_model
 
 _WRITES: list = []
 _ON = [False]

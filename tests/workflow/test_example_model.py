@@ -16,8 +16,8 @@ from google.protobuf import text_format
 
 from amct_torch.caffe.graph import load_caffe
 from amct_torch.errors import DataError
-from amct_torch.examples import EXAMPLE_DIR, EXAMPLE_INPUT_SHAPE, example_data, example_model
 from amct_torch.proto import amct_caffe_pb2 as pb
+from amct_torch.workflow.examples import EXAMPLE_DIR, EXAMPLE_INPUT_SHAPE, example_data, example_model
 
 MIN_ACCURACY = 0.95  # well below the measured float accuracy (see docs/example_model.md)
 

@@ -13,8 +13,8 @@ from amct_torch.caffe.graph import load_caffe
 from amct_torch.caffe.memory import check_activation_memory, checked_first_batch, estimate_activation_memory
 from amct_torch.cli import main
 from amct_torch.errors import ModelError
-from amct_torch.examples import example_model
 from amct_torch.workflow.batching import Keep, report_use
+from amct_torch.workflow.examples import example_model
 
 
 def _pngs(folder, n: int, bad: int = -1) -> str:

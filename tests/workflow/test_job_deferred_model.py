@@ -10,9 +10,9 @@ import torch
 
 import amct_torch
 from amct_torch.caffe.graph import load_caffe
-from amct_torch.examples import example_data, example_model
 from amct_torch.export import fake_quant_graph
 from amct_torch.workflow import job
+from amct_torch.workflow.examples import example_data, example_model
 
 
 def _calib():

@@ -16,7 +16,7 @@ import torch
 import amct_torch
 from amct_torch import ExportError, create_quant_config, init, quantize_model
 from amct_torch.cli import main
-from amct_torch.examples import example_data, example_model
+from amct_torch.workflow.examples import example_data, example_model
 
 #: audit events seen while a test listens (audit hooks cannot be removed: one, switched on/off)
 _EVENTS: list = []

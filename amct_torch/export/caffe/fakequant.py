@@ -24,7 +24,7 @@ from amct_torch.caffe.netio import ParsedNet
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
 from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
-from amct_torch.output_names import output_path
+from amct_torch.files.output_names import output_path
 from amct_torch.record import LayerRecord
 
 

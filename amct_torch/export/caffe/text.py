@@ -14,10 +14,10 @@ from typing import Optional
 
 from google.protobuf import text_encoding
 
-from amct_torch.atomic import atomic_write_bytes, atomic_write_text
 from amct_torch.caffe.netio import caffemodel_bytes, net_to_prototxt_text
 from amct_torch.caffe.stream_writer import write_caffemodel
 from amct_torch.export.caffe.netbuild import EmittedNet
+from amct_torch.files.atomic import atomic_write_bytes, atomic_write_text
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 OFFSET_FORMS = ("uint8", "bytes")

@@ -16,9 +16,9 @@ from typing import Any, Optional
 
 from torch import fx
 
-from amct_torch.atomic import remove_quietly
-from amct_torch.helper_thread import HelperThread
-from amct_torch.output_names import output_path
+from amct_torch.files.atomic import remove_quietly
+from amct_torch.files.output_names import output_path
+from amct_torch.runtime.helper_thread import HelperThread
 
 __all__ = ["FloatAhead"]
 

@@ -22,9 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import fx
 
 from amct_torch.arguments import checked, graph_module, instance, names_arg, one_of, opt, path_arg
-from amct_torch.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
-from amct_torch.direct_io import DirectFile
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
 from amct_torch.export.onnx import layers_core, layers_segmentation  # noqa: F401  (register their mappings)
@@ -38,7 +36,9 @@ from amct_torch.export.onnx.targets import apply as apply_target
 from amct_torch.export.onnx.targets import check_records as check_target_records
 from amct_torch.export.onnx.targets import check_speed, get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
-from amct_torch.output_names import ONNX_ACTIVATIONS, output_path
+from amct_torch.files.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
+from amct_torch.files.direct_io import DirectFile
+from amct_torch.files.output_names import ONNX_ACTIVATIONS, output_path
 from amct_torch.record import LayerRecord
 
 OPSET = 17
@@ -556,7 +556,7 @@ def _stage_checked(built: tuple, path: str, file: Optional[str]) -> tuple[str, s
     model, b = built
     fd, tmp = temp_beside(path)
     try:
-        with DirectFile(fd) as f:  # around the page cache (amct_torch.direct_io)
+        with DirectFile(fd) as f:  # around the page cache (amct_torch.files.direct_io)
             write_model(f, model, b.streamed)
         what = os.path.basename(path)
         check_structure(tmp, file, b.layer_of, f"the model {what}")

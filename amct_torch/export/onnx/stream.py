@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from amct_torch.direct_io import DirectFile
-from amct_torch.protowire import copy_fields, field_key, parts_size, split_before, varint
+from amct_torch.files.direct_io import DirectFile
+from amct_torch.files.protowire import copy_fields, field_key, parts_size, split_before, varint
 
 __all__ = ["skeleton", "streamable", "write_model", "STREAM_BYTES"]
 

@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from amct_torch.atomic import remove_quietly, temp_beside
 from amct_torch.errors import ExportError
-from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, field_key, fields, read_varint, varint
+from amct_torch.files.atomic import remove_quietly, temp_beside
+from amct_torch.files.protowire import LENGTH_DELIMITED, MalformedWire, field_key, fields, read_varint, varint
 
 log = logging.getLogger("amct_torch")
 

@@ -295,7 +295,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """CLI entry: prints the answer; exit 0 (supported) or 3 (something unsupported)."""
     from amct_torch.errors import ModelError
     from amct_torch.inputs.limits import check_regular_file
-    from amct_torch.threads import prefer_passive_waits
+    from amct_torch.runtime.threads import prefer_passive_waits
     prefer_passive_waits()  # before torch loads: on a busy machine idle threads sleep, not spin
     for path, what in ((args.model, "model file"), (args.weights, "weights file")):
         if path is not None:

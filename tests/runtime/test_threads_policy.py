@@ -17,7 +17,7 @@ def _run(code: str, **env: str) -> str:
 
 
 def _call(load: str) -> str:
-    return ("import os\nfrom amct_torch.threads import prefer_passive_waits\n"
+    return ("import os\nfrom amct_torch.runtime.threads import prefer_passive_waits\n"
             f"print(prefer_passive_waits({load}), os.environ.get('OMP_WAIT_POLICY'))")
 
 
@@ -33,7 +33,7 @@ def test_calibrate_sets_it_before_torch_is_imported(tmp_path):
     """The command fails on a missing model file, after its process set-up: torch must not have
     been imported when the policy is decided (here on a machine declared busy)."""
     code = ("import os, sys\nfrom amct_torch import cli\n"
-            "import amct_torch.threads as t\norig = t.prefer_passive_waits\n"
+            "import amct_torch.runtime.threads as t\norig = t.prefer_passive_waits\n"
             "def spy():\n    print('torch loaded:', 'torch' in sys.modules)\n"
             "    return orig(load=1e9)\n"
             "t.prefer_passive_waits = spy\n"

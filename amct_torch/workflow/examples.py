@@ -20,7 +20,7 @@ __all__ = ["EXAMPLE_INPUT_SHAPE", "EXAMPLE_DIR", "example_model", "example_data"
 EXAMPLE_INPUT_SHAPE: tuple[int, int, int, int] = (1, 1, 16, 16)
 
 #: Folder of the bundled files (inside the installed package).
-EXAMPLE_DIR: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "example")
+EXAMPLE_DIR: str = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "example")
 
 _SPLITS = ("calib", "test")
 

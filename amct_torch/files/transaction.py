@@ -20,11 +20,11 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
-from amct_torch.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.errors import AmctError, excerpt
-from amct_torch.output_errors import REASONS, STAGING_SUFFIX, user_path, write_error
-from amct_torch.output_names import prefix_outputs
-from amct_torch.termination import SignalGuard, Terminated, signals_held
+from amct_torch.files.atomic import atomic_write_text, file_mode, fsync_dir
+from amct_torch.files.output_errors import REASONS, STAGING_SUFFIX, user_path, write_error
+from amct_torch.files.output_names import prefix_outputs
+from amct_torch.files.termination import SignalGuard, Terminated, signals_held
 
 __all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
            "same_file", "staging_folder", "user_path", "write_error", "check_output_name"]

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from amct_torch.errors import AmctError
-from amct_torch.transaction import ASIDE, OutputTransaction, recover, staging_folder
+from amct_torch.files.transaction import ASIDE, OutputTransaction, recover, staging_folder
 
 
 def _old_set(prefix: str, suffixes=("_record.txt", "_quant.json", "_quant_config.json")) -> list:

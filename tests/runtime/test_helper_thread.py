@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from amct_torch.helper_thread import HelperThread
+from amct_torch.runtime.helper_thread import HelperThread
 from amct_torch.workflow.side_by_side import side_by_side
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGALRM (POSIX)")

@@ -10,7 +10,7 @@ import pytest
 
 CODE = """
 import resource, sys, torch
-from amct_torch.malloc_tuning import keep_freed_memory
+from amct_torch.runtime.malloc_tuning import keep_freed_memory
 if sys.argv[1] == "1":
     assert keep_freed_memory()
 torch.set_num_threads(1)  # one thread, one heap: the count does not depend on the machine's load
@@ -45,14 +45,14 @@ def test_forwards_reuse_memory_after_keep_freed_memory():
 
 
 def test_turned_off_by_the_environment(monkeypatch):
-    from amct_torch.malloc_tuning import keep_freed_memory
+    from amct_torch.runtime.malloc_tuning import keep_freed_memory
     monkeypatch.setenv("AMCT_TORCH_KEEP_MEMORY", "0")
     assert keep_freed_memory() is False
 
 
 THREAD_CODE = """
 import ctypes, resource, sys, threading
-from amct_torch.malloc_tuning import keep_freed_memory
+from amct_torch.runtime.malloc_tuning import keep_freed_memory
 if sys.argv[1] == "1":
     assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")

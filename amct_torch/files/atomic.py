@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import IO, Any, Callable, Protocol, TypeVar
 
-from amct_torch.output_errors import write_error
-from amct_torch.termination import clean_exit_on_signals
+from amct_torch.files.output_errors import write_error
+from amct_torch.files.termination import clean_exit_on_signals
 
 
 class _Writable(Protocol):

@@ -5,8 +5,8 @@ import logging
 import re
 
 import amct_torch
-from amct_torch.examples import example_data, example_model
-from amct_torch.progress import JobProgress
+from amct_torch.runtime.progress import JobProgress
+from amct_torch.workflow.examples import example_data, example_model
 
 
 def test_quantize_logs_each_phase_in_order(tmp_path, caplog):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
+from amct_torch.files.protowire import LENGTH_DELIMITED, MalformedWire, fields, parts_size, read_varint
 from amct_torch.proto import amct_caffe_pb2 as pb
-from amct_torch.protowire import LENGTH_DELIMITED, MalformedWire, fields, parts_size, read_varint
 
 
 def _net() -> pb.NetParameter:
