@@ -91,6 +91,9 @@ def test_floors():
                 ("amct_torch.api", "amct_torch.workflow", "amct_torch.quality", "amct_torch.cli"))}, name
         if name == "amct_torch.api":
             assert not {d for d in deps if d.startswith(("amct_torch.workflow", "amct_torch.cli"))}, name
+        # the plumbing under everything: files/ and runtime/ stand on errors.py alone
+        if name.startswith(("amct_torch.files", "amct_torch.runtime")):
+            assert all(d.startswith(("amct_torch.files", "amct_torch.runtime", "amct_torch.errors")) for d in deps), name
         # calibration is the floor the steps stand on
         if name.startswith(("amct_torch.calibration", "amct_torch.record", "amct_torch.export")):
             assert not {d for d in deps if d.startswith(("amct_torch.steps", "amct_torch.api"))}, name
