@@ -684,7 +684,7 @@ def path_and_run_cases(folder: str) -> list[Case]:
     return cases
 
 
-# ---------------------------------------------------------------- round 3: paths, options, evaluate
+# ---------------------------------------------------------------- paths, options, evaluate
 def output_path_cases(folder: str) -> list[Case]:
     """Output prefixes that name a folder or pass the filesystem's limits: one line, nothing
     made (the long path's folders included)."""
