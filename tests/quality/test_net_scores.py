@@ -57,6 +57,23 @@ def _lenet_plain(x, w):
     return F.linear(x, *w["ip2"])
 
 
+def _net_with_records(tmp_path, name, prototxt, text, lmdb, seed, shape):
+    """A folder holding the prototxt and its TEST LMDB of random uint8 images, labels 0-9."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / prototxt).write_text(text)
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    labels = rng.integers(0, 10, size=shape[0])
+    write_records(str(d / lmdb), images, labels)
+    return d, rng, images, labels
+
+
+def _label_ranks(scores, labels):
+    """How many classes score at least the true one's, less itself: Accuracy's top_k test."""
+    return (scores >= scores.gather(1, labels[:, None])).sum(1) - 1
+
+
 def _caffe_means(per_iteration):
     """caffe test's averaging: float32 sums over the iterations, divided in float32."""
     total = np.float32(0)
@@ -103,8 +120,7 @@ def test_lenet_float_scores_equal_a_plain_computation(tmp_path):
         x = torch.tensor(images[idx].astype(np.float32) * np.float32(0.00390625))
         y = torch.tensor(labels[idx])
         scores = _lenet_plain(x, w)
-        true = scores.gather(1, y[:, None])
-        accs.append(float(((scores >= true).sum(1) - 1 < 1).float().mean()))
+        accs.append(float((_label_ranks(scores, y) < 1).float().mean()))
         losses.append(float(F.cross_entropy(scores, y)))
     got = res.forms[0].outputs
     assert got["accuracy"] == _caffe_means(accs)
@@ -139,20 +155,16 @@ def test_calibrate_from_the_net_data_then_test_every_form(tmp_path, capsys):
         x = images[idx].astype(np.float32) * np.float32(0.00390625)
         scores = torch.tensor(sess.run(["ip2"], {"data": x})[0])
         y = torch.tensor(labels[idx])
-        accs.append(float(((scores >= scores.gather(1, y[:, None])).sum(1) - 1 < 1).float().mean()))
+        accs.append(float((_label_ranks(scores, y) < 1).float().mean()))
     assert forms["onnx"]["outputs"]["accuracy"] == _caffe_means(accs)
     drop = forms["float"]["outputs"]["accuracy"] - forms["onnx"]["outputs"]["accuracy"]
     assert forms["onnx"]["drop"]["accuracy"] == pytest.approx(drop)
 
 
 def test_imagenet_style_mean_file_crop_and_top5(tmp_path):
-    d = tmp_path / "inet"
-    (d / "data").mkdir(parents=True)
-    (d / "train_val.prototxt").write_text(IMAGENET_STYLE_TRAIN_VAL)
-    rng = np.random.default_rng(3)
-    images = rng.integers(0, 256, size=(20, 3, 28, 30), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=20)
-    write_records(str(d / "examples/imagenet/val_lmdb"), images, labels)
+    d, rng, images, labels = _net_with_records(tmp_path, "inet", "train_val.prototxt", IMAGENET_STYLE_TRAIN_VAL,
+                                               "examples/imagenet/val_lmdb", 3, (20, 3, 28, 30))
+    (d / "data").mkdir()
     mean = rng.uniform(0, 255, size=(3, 28, 30)).astype(np.float32)
     write_mean(str(d / "data/imagenet_mean.binaryproto"), mean)
     random_weights(str(d / "train_val.prototxt"), str(d / "w.caffemodel"), std=0.02)
@@ -167,7 +179,7 @@ def test_imagenet_style_mean_file_crop_and_top5(tmp_path):
         s = F.relu(F.conv2d(torch.tensor(x), *w["conv1"]))
         s = F.max_pool2d(s, 3, 2, ceil_mode=True)
         s = F.linear(s.flatten(1), *w["fc8"])
-        better = (s >= s.gather(1, y[:, None])).sum(1) - 1
+        better = _label_ranks(s, y)
         top1.append(float((better < 1).float().mean()))
         top5.append(float((better < 5).float().mean()))
     got = res.forms[0].outputs
@@ -176,13 +188,9 @@ def test_imagenet_style_mean_file_crop_and_top5(tmp_path):
 
 
 def test_cifar10_quick_mean_file_against_a_plain_computation(tmp_path):
-    d = tmp_path / "cifar"
-    (d / "examples/cifar10").mkdir(parents=True)
-    (d / "cifar10_quick_train_test.prototxt").write_text(CIFAR10_QUICK_TRAIN_TEST)
-    rng = np.random.default_rng(5)
-    images = rng.integers(0, 256, size=(200, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=200)
-    write_records(str(d / "examples/cifar10/cifar10_test_lmdb"), images, labels)
+    d, _, images, labels = _net_with_records(tmp_path, "cifar", "cifar10_quick_train_test.prototxt",
+                                             CIFAR10_QUICK_TRAIN_TEST, "examples/cifar10/cifar10_test_lmdb", 5,
+                                             (200, 3, 32, 32))
     mean = images.astype(np.float32).mean(0)  # what compute_image_mean writes
     write_mean(str(d / "examples/cifar10/mean.binaryproto"), mean)
     model, weights = str(d / "cifar10_quick_train_test.prototxt"), str(d / "w.caffemodel")
@@ -198,7 +206,7 @@ def test_cifar10_quick_mean_file_against_a_plain_computation(tmp_path):
         x = F.avg_pool2d(F.relu(F.conv2d(x, *w["conv2"], padding=2)), 3, 2, ceil_mode=True)
         x = F.avg_pool2d(F.relu(F.conv2d(x, *w["conv3"], padding=2)), 3, 2, ceil_mode=True)
         s = F.linear(F.linear(x.flatten(1), *w["ip1"]), *w["ip2"])
-        accs.append(float(((s >= s.gather(1, y[:, None])).sum(1) - 1 < 1).float().mean()))
+        accs.append(float((_label_ranks(s, y) < 1).float().mean()))
         losses.append(float(F.cross_entropy(s, y)))
     assert res.forms[0].outputs["accuracy"] == _caffe_means(accs)
     assert res.forms[0].outputs["loss"] == pytest.approx(_caffe_means(losses), rel=1e-5)
