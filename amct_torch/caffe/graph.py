@@ -23,9 +23,9 @@ from torch.func import functional_call
 
 from amct_torch.arguments import bool_arg, checked, opt, path_arg
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
-from amct_torch.caffe.layers import CaffeLayer, InnerProductLayer, layer_class
+from amct_torch.caffe.layers import CaffeLayer, layer_class
 from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
-from amct_torch.caffe.layers.conv import _ConvBase
+from amct_torch.caffe.layers.conv import WeightedLayer
 from amct_torch.caffe.layers.quant import DeQuantLayer
 from amct_torch.caffe.layers.traits import is_net_head
 from amct_torch.caffe.unknown_fields import refuse_unknown_fields
@@ -298,7 +298,7 @@ def check_blob_types(layer: Any, cls: type[CaffeLayer], blobs: list[np.ndarray],
     kinds = [np.asarray(b).dtype for b in blobs]
     if not any(k in _INTEGER_FIELDS for k in kinds):
         return
-    weighted = issubclass(cls, (_ConvBase, InnerProductLayer))
+    weighted = issubclass(cls, WeightedLayer)
     if weighted and kinds[0] == np.int8 and all(k == np.int32 for k in kinds[1:]):
         return
     if issubclass(cls, DeQuantLayer) and kinds == [np.dtype(np.uint64)]:

@@ -45,15 +45,22 @@ def _conv_is_2d(p) -> bool:
         len(p.dilation) <= 2 and p.axis == 1
 
 
-class _ConvBase(CaffeLayer):
-    transposed = False
+class WeightedLayer(CaffeLayer):
+    """The traits a convolution and an InnerProduct share: a quantized weight (+ bias) in
+    ``weight_param``, filled by ``_CONV_FILLERS``; a subclass names its ``weight_param`` and
+    ``weight_layout``."""
+
     fresh_output = True
     quantizable_type = True
-    weight_param = "convolution_param"
     per_sample = True
     fold_bn_after = True
-    fillers = ("convolution_param", _CONV_FILLERS)
     int_bias: Optional[torch.Tensor]  # a deploy layer's exact int32 bias (integer.set_integer)
+
+
+class _ConvBase(WeightedLayer):
+    transposed = False
+    weight_param = "convolution_param"
+    fillers = (weight_param, _CONV_FILLERS)
 
     @classmethod
     def quantizable_param(cls, layer_param) -> bool:
@@ -193,17 +200,12 @@ class DeconvolutionLayer(_ConvBase):
 
 
 @register("InnerProduct")
-class InnerProductLayer(CaffeLayer):
+class InnerProductLayer(WeightedLayer):
     """Caffe InnerProduct: flatten from ``axis`` and y = x W^T + b, W kept as (N, K)."""
 
-    fresh_output = True
-    quantizable_type = True
     weight_layout = "fc"
     weight_param = "inner_product_param"
-    per_sample = True
-    fold_bn_after = True
-    fillers = ("inner_product_param", _CONV_FILLERS)
-    int_bias: Optional[torch.Tensor]  # a deploy layer's exact int32 bias (integer.set_integer)
+    fillers = (weight_param, _CONV_FILLERS)
 
     @classmethod
     def quantizable_param(cls, layer_param) -> bool:
