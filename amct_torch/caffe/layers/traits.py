@@ -27,16 +27,20 @@ def layer_type(x: TypeOrModule) -> Optional[type[CaffeLayer]]:
     return layer_class(name) if isinstance(name, str) else None
 
 
+def _trait(x: TypeOrModule, name: str, default: Any = False) -> Any:
+    """The class attribute ``name`` of the type's layer class, or ``default`` for an unknown type."""
+    cls = layer_type(x)
+    return default if cls is None else getattr(cls, name)
+
+
 def is_quantizable_type(x: TypeOrModule) -> bool:
     """AMCT quantizes the type (a layer's params may still rule it out: ``quantizable_param``)."""
-    cls = layer_type(x)
-    return cls is not None and cls.quantizable_type
+    return bool(_trait(x, "quantizable_type"))
 
 
 def is_net_head(x: TypeOrModule) -> bool:
     """A metric or loss layer: run after the inference graph (caffe/head.py), never quantized."""
-    cls = layer_type(x)
-    return cls is not None and cls.net_head
+    return bool(_trait(x, "net_head"))
 
 
 def quantizable_param(x: TypeOrModule, layer_param: Any) -> bool:
@@ -47,8 +51,7 @@ def quantizable_param(x: TypeOrModule, layer_param: Any) -> bool:
 
 def weight_layout(x: TypeOrModule) -> Optional[str]:
     """"conv", "deconv", "fc" (the quantized weight's torch layout) or None (no quantized weight)."""
-    cls = layer_type(x)
-    return None if cls is None else cls.weight_layout
+    return _trait(x, "weight_layout", None)
 
 
 def is_weighted(x: TypeOrModule) -> bool:
@@ -73,38 +76,32 @@ def is_transposed(x: TypeOrModule) -> bool:
 
 def weight_param(x: TypeOrModule) -> Optional[str]:
     """The LayerParameter field with ``num_output`` and ``bias_term`` of a weighted type."""
-    cls = layer_type(x)
-    return None if cls is None else cls.weight_param
+    return _trait(x, "weight_param", None)
 
 
 def is_depthwise(x: TypeOrModule) -> bool:
     """A fork's depthwise convolution."""
-    cls = layer_type(x)
-    return cls is not None and cls.depthwise
+    return bool(_trait(x, "depthwise"))
 
 
 def is_per_sample(x: TypeOrModule) -> bool:
     """Computes every sample of a batch on its own (given an axis > 0, no batch statistics)."""
-    cls = layer_type(x)
-    return cls is not None and cls.per_sample
+    return bool(_trait(x, "per_sample"))
 
 
 def folds_bn_after(x: TypeOrModule) -> bool:
     """A BatchNorm + Scale after a layer of this type folds into its weights."""
-    cls = layer_type(x)
-    return cls is not None and cls.fold_bn_after
+    return bool(_trait(x, "fold_bn_after"))
 
 
 def folds_scale_before(x: TypeOrModule) -> bool:
     """A Scale before a layer of this type folds into its weights."""
-    cls = layer_type(x)
-    return cls is not None and cls.fold_scale_before
+    return bool(_trait(x, "fold_scale_before"))
 
 
 def fillers(x: TypeOrModule) -> Optional[tuple[str, tuple[tuple[str, Optional[float]], ...]]]:
     """Caffe's fillers of the type's blobs (``CaffeLayer.fillers``), or None."""
-    cls = layer_type(x)
-    return None if cls is None else cls.fillers
+    return _trait(x, "fillers", None)
 
 
 def quantizable_types() -> tuple[str, ...]:
