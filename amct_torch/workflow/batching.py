@@ -29,10 +29,6 @@ def default_batch_size(count: Optional[int], batch_num: int) -> Optional[int]:
     return max(1, min(MAX_DEFAULT_BATCH, -(-count // batch_num)))
 
 
-
-
-
-
 class Keep:
     """Passes batches on, remembering the first ``n`` (at most ``limit`` of them when given:
     what later steps read again) and counting their samples."""
@@ -54,16 +50,14 @@ class Keep:
             yield b
 
 
-
-
 def report_use(keeper: Keep, count: Optional[int], batch_num: int, bs: Optional[int],
-               held_out_batches: int = 0) -> None:
+               held_batches: int = 0) -> None:
     """Log how many samples calibrated and warn when some were left out (the per-layer report's
-    held-out rows, the ``held_out_batches`` after the calibration batches, are not unused)."""
+    held-out rows, the ``held_batches`` after the calibration batches, are not unused)."""
     if count is None:
         return
     rest = count - keeper.samples
-    held = min(rest, held_out_batches * bs) if bs else 0
+    held = min(rest, held_batches * bs) if bs else 0
     unused = rest - held
     if unused > 0:
         also = f"; {held} more held out for the per-layer report" if held else ""

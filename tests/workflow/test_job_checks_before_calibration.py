@@ -71,9 +71,9 @@ def test_the_unused_warning_does_not_count_the_held_out_rows(caplog):
     keep = Keep()
     list(keep((torch.zeros(4, 1, 2, 2) for _ in range(2)), 2))  # 8 samples calibrated
     with caplog.at_level(logging.INFO, logger="amct_torch"):
-        report_use(keep, 16, 2, 4, held_out_batches=2)  # the other 8: the report's two batches
+        report_use(keep, 16, 2, 4, held_batches=2)  # the other 8: the report's two batches
     assert "unused" not in caplog.text and "held out for the per-layer report" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="amct_torch"):
-        report_use(keep, 20, 2, 4, held_out_batches=2)
+        report_use(keep, 20, 2, 4, held_batches=2)
     assert "4 sample(s) unused" in caplog.text and "8 more held out" in caplog.text
