@@ -141,19 +141,11 @@ class QuantizeOptions:
             if not isinstance(p, (str, os.PathLike)) or isinstance(p, bytes):
                 raise ModelError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}")
             check_regular_file(os.fspath(p), what, ModelError)
-        if self.save_type is not None and self.save_type not in SAVE_TYPES:
-            raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)} or None, got {self.save_type!r}")
-        if self.onnx not in (False, None, True) + ONNX_ACTIVATIONS:
-            raise AmctError(f"onnx must be True, False, 'int8' or 'uint8', got {self.onnx!r}")
-        if self.onnx_target not in ONNX_TARGETS:
-            raise AmctError(f"onnx_target must be one of {', '.join(ONNX_TARGETS)}, got {self.onnx_target!r}")
         if self.onnx:  # a target that cannot express the settings: refused before any work
             from amct_torch.export.onnx.targets import check_options
             check_options(self.onnx_target, self.activation_offset, self.config, self.onnx_speed)
         if self.batch_num is not None:  # bounded: an absurd count overflowed the config's field
             self.batch_num = check_batch_num(self.batch_num, file=self.data_path, error=ConfigError)
-        if isinstance(self.report_batches, bool) or not isinstance(self.report_batches, int) or self.report_batches < 0:
-            raise AmctError(f"report_batches must be an integer >= 0, got {self.report_batches!r}")
         if self.checkpoint is not None:  # a FIFO blocks, a missing folder failed after batch 1
             check_checkpoint_path(os.fspath(self.checkpoint), error=CalibrationError)
         try:  # a list, a comma-separated string or "all", held as the tuple in applying order
