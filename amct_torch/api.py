@@ -125,8 +125,6 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     from amct_torch.export.graph_outputs import export_models
 
     graph = _check_graph(graph, "save_model")
-    if save_type not in SAVE_TYPES:
-        raise AmctError(f"save_type must be one of {', '.join(SAVE_TYPES)}, got {save_type!r}")
     save_path = _output_path(save_path, "save_path")
     if graph.fused is None or graph.session is None:
         raise CalibrationError("save_model needs a calibrated graph: call quantize_model and run "
