@@ -44,12 +44,6 @@ def _output_path(path: object, what: str) -> str:
     return check_output_name(path, what, PREFIX_SUFFIXES)
 
 
-def _check_graph(graph: object, caller: str) -> QuantGraph:
-    if not isinstance(graph, QuantGraph):
-        raise AmctError(f"{caller} takes the graph returned by init(), got {type(graph).__name__}")
-    return graph
-
-
 @checked(config_file=path_arg, model_file=path_arg, weights_file=path_arg,
          scale_offset_record_file=path_arg)
 def init(config_file: str, model_file: str, weights_file: str,
@@ -84,7 +78,6 @@ def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modifi
     does not grow with batch_num) or "exact" (AMCT's keep-every-element search)."""
     from amct_torch.caffe.netio import save_caffe
 
-    graph = _check_graph(graph, "quantize_model")
     if graph.session is not None:
         raise CalibrationError("quantize_model was already called on this graph; call init again")
     if graph.record_file is None:
@@ -124,7 +117,6 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     (``amct_torch.files.transaction``): an error or a kill leaves the previous files as they were."""
     from amct_torch.export.graph_outputs import export_models
 
-    graph = _check_graph(graph, "save_model")
     save_path = _output_path(save_path, "save_path")
     if graph.fused is None or graph.session is None:
         raise CalibrationError("save_model needs a calibrated graph: call quantize_model and run "
