@@ -284,8 +284,7 @@ def _add_test(sub: Any) -> argparse.ArgumentParser:
                            "(default with --quantized: PREFIX_test_report.html)")
     page.add_argument("--no-report", action="store_true", help="write no report page")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
+    _common(p)
     return p
 
 
