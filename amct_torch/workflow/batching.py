@@ -29,6 +29,12 @@ def default_batch_size(count: Optional[int], batch_num: int) -> Optional[int]:
     return max(1, min(MAX_DEFAULT_BATCH, -(-count // batch_num)))
 
 
+def batch_rows(batch: Any) -> int:
+    """Samples in one batch: its (first) tensor's first dimension; 1 for a 0-d value."""
+    first = batch[0] if isinstance(batch, tuple) else batch
+    return int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
+
+
 class Keep:
     """Passes batches on, remembering the first ``n`` (at most ``limit`` of them when given:
     what later steps read again) and counting their samples."""
@@ -45,8 +51,7 @@ class Keep:
             if i < n:
                 if self.limit is None or len(self.cache) < self.limit:
                     self.cache.append(b)
-                first = b[0] if isinstance(b, tuple) else b
-                self.samples += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
+                self.samples += batch_rows(b)
             yield b
 
 
@@ -83,8 +88,7 @@ def held_out_batches(rest: Iterator[Any], batches: int, rows: int = HELD_ROWS) -
         if b is None:
             break
         taken.append(b)
-        first = b[0] if isinstance(b, tuple) else b
-        seen += int(first.shape[0]) if getattr(first, "dim", lambda: 0)() else 1
+        seen += batch_rows(b)
     return taken, itertools.chain(taken, rest)
 
 
