@@ -16,35 +16,40 @@ from amct_torch.inputs.data import IMAGE_EXTS, Preprocess, check_resize
 log = logging.getLogger("amct_torch")
 
 
+def _image_data(data: Any, inputs: Any) -> Optional[str]:
+    """The path of ``data`` when it is a file or folder of images for a net with inputs, else None."""
+    if not isinstance(data, (str, os.PathLike)) or not inputs:
+        return None
+    path = os.fspath(data)
+    names = os.listdir(path) if os.path.isdir(path) else [path]
+    return path if any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names) else None
+
+
+def _net_hw(shape: Any) -> Optional[tuple[int, int]]:
+    """(H, W) of an NCHW input shape, or None."""
+    return (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
+
+
 def check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model_file: str) -> None:
     """Warn when --mean/--scale/--resize cannot apply (arrays are used as they are) and refuse
     a resize target beyond the image budget before any image is read."""
     if not isinstance(data, (str, os.PathLike)) or not inputs:
         return
-    path = os.fspath(data)
-    names = os.listdir(path) if os.path.isdir(path) else [path]
-    images = any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names)
     pre = pre or Preprocess()
-    if images:
-        shape = inputs[0][1]
-        hw = (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
-        check_resize(hw, pre, model_file)
+    if _image_data(data, inputs) is not None:
+        check_resize(_net_hw(inputs[0][1]), pre, model_file)
     elif pre.mean is not None or pre.scale != 1.0 or pre.resize is not None or pre.crop is not None:
         log.warning("--mean/--scale/--resize/--crop apply to images only: the arrays of %s are "
-                    "used as they are", path)
+                    "used as they are", os.fspath(data))
 
 
 def preprocessed_sample_shape(data: Any, inputs: Any, pre: Optional[Preprocess]) -> Optional[tuple]:
     """The shape of one image sample after ``pre`` (channels, height, width), known before any
     image is read: the crop, else the resize (one number: the shorter side, so at least that
     square), else the net's declared size. None for arrays (used as they are) or no images."""
-    if not isinstance(data, (str, os.PathLike)) or not inputs:
+    if _image_data(data, inputs) is None or _net_hw(inputs[0][1]) is None:
         return None
-    path = os.fspath(data)
-    names = os.listdir(path) if os.path.isdir(path) else [path]
     shape = inputs[0][1]
-    if not any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names) or not shape or len(shape) != 4:
-        return None
     pre = pre or Preprocess()
     target = pre.crop if pre.crop is not None else pre.resize
     if target is None:
@@ -65,7 +70,7 @@ def check_held_out_images(data: Any, inputs: Any, pre: Optional[Preprocess], sta
     if not files or os.path.splitext(files[0])[1].lower() not in IMAGE_EXTS:
         return
     shape = inputs[0][1]
-    channels = int(shape[1]) if shape and len(shape) == 4 else 3
-    hw = (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
+    hw = _net_hw(shape)
+    channels = int(shape[1]) if hw is not None else 3
     for path in files[start:start + count]:
         load_image(path, pre or Preprocess(), channels, hw)
