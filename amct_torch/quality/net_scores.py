@@ -10,6 +10,7 @@ net's TEST data layers, whose read-ahead decodes while the forwards run.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,8 @@ from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.files.output_names import TEST_REPORT_SUFFIX, output_path
 from amct_torch.quality.detection_map import AP_VERSIONS
+
+log = logging.getLogger(__name__)
 
 #: the forms ``test`` scores, in its table's order: name -> (label, the files under a prefix)
 FORMS = {"float": "float", "fake_quant": "fake-quant Caffe", "deploy": "deploy Caffe",
@@ -231,6 +234,22 @@ def quantized_forms(prefix: str) -> list[tuple[str, list[str]]]:
     return found
 
 
+def _scorable(forms: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The forms this install can score, decided before any forward: without ONNX Runtime the
+    int8 ONNX model is left out with one warning (the Caffe forms are still scored), instead of
+    an error after the other forms ran."""
+    if not any(form == "onnx" for form, _ in forms):
+        return forms
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        onnx_file = next(files[0] for form, files in forms if form == "onnx")
+        log.warning("%s: not scored: ONNX Runtime is not installed (pip install 'amct-torch[onnxruntime]')",
+                    onnx_file)
+        return [(form, files) for form, files in forms if form != "onnx"]
+    return forms
+
+
 def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: PhaseData,
           iterations: int, label: str, quiet: bool, start: int = 0,
           ap_version: str = "Integral") -> tuple[Scores, int, float]:
@@ -277,6 +296,7 @@ def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quan
     if quantized is not None and not forms:
         raise AmctError("no quantized model under this prefix (expected the files calibrate writes: "
                         "_fake_quant_model.prototxt, _deploy_model.prototxt or _quant.onnx)", file=quantized)
+    forms = _scorable(forms)
     dev = resolve_device(device)
     gm = load_caffe(model_file, weights_file)
     data = PhaseData(gm.meta.get("caffe_data_layers", []), model_file)

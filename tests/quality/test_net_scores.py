@@ -276,3 +276,31 @@ def test_calibrate_without_data_needs_a_readable_data_layer(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mnist_test_lmdb" in err[0] and "layer 'mnist'" in err[0]
     assert not os.path.exists(str(tmp_path / "o")) or not os.listdir(str(tmp_path / "o"))
+
+
+def test_without_onnxruntime_the_caffe_forms_are_scored_and_the_onnx_one_named(tmp_path, monkeypatch):
+    """An install without ONNX Runtime (the plain install) scores the Caffe forms and says, before
+    any forward, which model it leaves out; the Caffe forms' numbers are those of a full run."""
+    pytest.importorskip("onnxruntime")
+    model, weights, _, _ = _lenet(tmp_path)
+    out = str(tmp_path / "out" / "lenet")
+    assert main(["calibrate", model, weights, "--batch-num", "2", "--onnx", "-o", out, "-q",
+                 "--device", "cpu"]) == 0
+    full = caffe_test(model, weights, iterations=2, quantized=out, quiet=True, device="cpu")
+    monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)  # import now fails
+    import logging
+
+    warned: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("amct_torch.quality.net_scores")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.WARNING)  # the calibrate run above was -q
+    try:
+        part = caffe_test(model, weights, iterations=2, quantized=out, quiet=True, device="cpu")
+    finally:
+        logger.removeHandler(handler)
+    assert [f.form for f in full.forms] == ["float", "fake_quant", "deploy", "onnx"]
+    assert [f.form for f in part.forms] == ["float", "fake_quant", "deploy"]
+    assert [f.outputs for f in part.forms] == [f.outputs for f in full.forms[:3]]
+    assert any(out + "_quant.onnx" in m and "ONNX Runtime is not installed" in m for m in warned)
