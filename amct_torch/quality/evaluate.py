@@ -52,14 +52,19 @@ class _Sums:
         self.maxdiff = 0.0
 
     def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
+        import torch
         o, r = out.double().flatten(), ref.double().flatten()
         d = o - r
-        self.sig += float((r * r).sum())
-        self.err += float((d * d).sum())
-        self.dot += float((o * r).sum())
-        self.nx += float((o * o).sum())
-        self.ny += float((r * r).sum())
-        self.maxdiff = max(self.maxdiff, float(d.abs().max()) if d.numel() else 0.0)
+        big = d.abs().max() if d.numel() else d.new_zeros(())
+        # one read-back per batch and output (on a GPU each read stalls the stream)
+        sig, err, dot, nx, maxdiff = torch.stack([(r * r).sum(), (d * d).sum(), (o * r).sum(),
+                                                  (o * o).sum(), big]).tolist()
+        self.sig += sig
+        self.err += err
+        self.dot += dot
+        self.nx += nx
+        self.ny += sig
+        self.maxdiff = max(self.maxdiff, maxdiff)
 
     def sqnr(self) -> float:
         if self.err == 0:
