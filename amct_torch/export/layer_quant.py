@@ -122,7 +122,7 @@ def check_not_zeroed(name: str, w: torch.Tensor, s: torch.Tensor, caffe_type: st
     around 0.1). A channel whose weights are all below ``NEGLIGIBLE_WEIGHT`` stays allowed:
     calibration itself gives it scale 1 (its scale would be below float32's epsilon)."""
     ratio = w.abs() / s  # |w| / scale_w: codes are 0 exactly where this is at most 0.5
-    if caffe_type == "Deconvolution" or w.dim() < 2:  # channels are not the first axis
+    if is_transposed(caffe_type) or w.dim() < 2:  # channels are not the first axis
         if float(ratio.max()) <= 0.5 and float(w.abs().max()) >= NEGLIGIBLE_WEIGHT:
             raise RecordError(f"scale_w makes every int8 weight of this layer 0 (largest |weight| / "
                               f"scale_w is {float(ratio.max()):.3g}, below 0.5): the quantized layer "

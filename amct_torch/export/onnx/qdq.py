@@ -23,6 +23,7 @@ from torch import fx
 
 from amct_torch.arguments import checked, graph_module, instance, names_arg, one_of, opt, path_arg
 from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
+from amct_torch.caffe.layers.traits import is_transposed
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
 from amct_torch.export.onnx import layers_core, layers_segmentation  # noqa: F401  (register their mappings)
@@ -207,7 +208,7 @@ class _Builder:
         return self.node("Add", [y, b], mod.caffe_name)[0]
 
     def conv(self, mod, x: str, lq: Optional[LayerQuant]) -> str:
-        deconv = mod.caffe_type == "Deconvolution"
+        deconv = is_transposed(mod)
         ins = [x] + self._weight_and_bias(mod, lq, axis=1 if deconv else 0,
                                           grouped_deconv=deconv and mod.groups > 1)
         (ph, pw), kernel = mod.padding, list(mod.kernel_size)
