@@ -464,8 +464,11 @@ class OutputTransaction:
                     os.replace(self.staged(p), p)
                     placed.append(p)
                 removed = _unlink_stale(stale)
-            except OSError as err:  # the earlier files back over the new ones: the old set
-                _restore(placed, aside)
+            except OSError as err:  # the earlier files back over the new ones: the old set,
+                # stale files already removed included (their links are in ``aside`` too)
+                gone = [p for p in stale if not os.path.lexists(p)
+                        and os.path.lexists(os.path.join(aside, os.path.basename(p)))]
+                _restore(placed + gone, aside)
                 os.unlink(os.path.join(self.staging, MANIFEST))
                 self._committed = False
                 raise write_error(err, err.filename if isinstance(err.filename, str) else self.folder,

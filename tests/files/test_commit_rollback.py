@@ -82,6 +82,29 @@ def test_a_failed_commit_keeps_the_stale_files_of_an_owned_prefix_too(tmp_path, 
     assert _contents(finals + stale) == ["old"] * 4
 
 
+def test_a_failed_removal_of_a_stale_file_puts_back_the_ones_already_removed(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "m")
+    finals = _old_set(prefix)
+    stale = _old_set(prefix, ("_deploy_model.prototxt", "_deploy_weights.caffemodel"))
+    tx = _staged_new(finals, owns=prefix)
+    real_unlink, calls = os.unlink, []
+
+    def unlink(path, *a, **k):  # the second stale file cannot be removed
+        if os.path.dirname(str(path)) == str(tmp_path):
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError(errno.EPERM, os.strerror(errno.EPERM), path)
+        return real_unlink(path, *a, **k)
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(AmctError, match="previous outputs were kept"):
+        tx.commit()
+    monkeypatch.undo()
+    tx.abort()
+    assert len(calls) == 2
+    assert _contents(finals + stale) == ["old"] * 5
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in finals + stale)
+
+
 def test_an_immutable_earlier_output_keeps_the_earlier_set(tmp_path, monkeypatch):
     prefix = str(tmp_path / "m")
     finals = _old_set(prefix)
