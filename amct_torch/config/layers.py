@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from amct_torch.caffe.layers import traits
+from amct_torch.caffe.netio import layer_included, test_state
 
 # V1 (`layers`) enum values of the quantizable types, mapped to their type strings.
 _V1_TYPES = {4: "Convolution", 39: "Deconvolution", 14: "InnerProduct", 17: "Pooling"}
-_PHASE_TEST = 1
 
 
 @dataclass(frozen=True)
@@ -33,16 +33,6 @@ class LayerInfo:
     out_channels: Optional[int] = None
 
 
-def _in_test_phase(layer: Any) -> bool:
-    """Caffe's NetStateRule check reduced to what a deploy net uses: the phase."""
-    for rule in layer.exclude:
-        if rule.HasField("phase") and rule.phase == _PHASE_TEST:
-            return False
-    if len(layer.include) == 0:
-        return True
-    return any((not rule.HasField("phase")) or rule.phase == _PHASE_TEST for rule in layer.include)
-
-
 def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
     out_c = None
     field = traits.weight_param(ltype)
@@ -54,19 +44,21 @@ def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
 
 
 def layer_infos_from_net(net_param: Any) -> list[LayerInfo]:
-    """``LayerInfo`` of every TEST-phase layer of a Caffe ``NetParameter``, in file order.
+    """``LayerInfo`` of every layer of a Caffe ``NetParameter`` that ``caffe test`` builds
+    (its include/exclude rules met by ``netio.test_state``), in file order.
 
     New-style ``layer`` entries are used when present, else the V1 ``layers`` entries (their
     enum types are mapped to type strings; non-quantizable V1 types keep their enum name).
     """
     out: list[LayerInfo] = []
+    state = test_state(net_param)
     if len(net_param.layer) > 0:
         for layer in net_param.layer:
-            if _in_test_phase(layer):
+            if layer_included(layer, state):
                 out.append(_info(layer.name, layer.type, layer))
         return out
     for layer in net_param.layers:
-        if not _in_test_phase(layer):
+        if not layer_included(layer, state):
             continue
         ltype = _V1_TYPES.get(int(layer.type))
         if ltype is None:
