@@ -8,43 +8,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Optional
-
-from google.protobuf import text_format
+from typing import Optional
 
 from amct_torch.arguments import checked, opt, path_arg
+from amct_torch.caffe.netio import parse_prototxt
 from amct_torch.config.json_config import write_quant_config_json
 from amct_torch.config.layers import LayerInfo, layer_infos_from_net
 from amct_torch.config.quant_cfg import parse_quant_cfg, resolve_quant_cfg
-from amct_torch.config.textproto import read_text_file
 from amct_torch.config.types import QuantConfig
 from amct_torch.errors import ConfigError, ModelError
 from amct_torch.proto import calibration_config_pb2
 
 
-def _parse_prototxt(model_file: str) -> Any:
-    """The deploy ``NetParameter``: the loader's parser when present, else protobuf text
-    format with unknown (fork-specific) fields skipped."""
-    try:
-        from amct_torch.caffe.netio import parse_prototxt
-    except ImportError:
-        pass
-    else:
-        return parse_prototxt(model_file)
-    from amct_torch.proto import amct_caffe_pb2
-    text = read_text_file(model_file, ModelError, "model prototxt")
-    net = amct_caffe_pb2.NetParameter()
-    try:
-        text_format.Parse(text, net, allow_unknown_field=True)
-    except text_format.ParseError as err:
-        raise ModelError(f"cannot parse the model prototxt: {err}", file=model_file,
-                         line=err.GetLine() or None) from None
-    return net
-
-
 def model_layer_infos(model_file: str) -> list[LayerInfo]:
     """``LayerInfo`` of every layer of a deploy prototxt."""
-    return layer_infos_from_net(_parse_prototxt(model_file))
+    return layer_infos_from_net(parse_prototxt(model_file))
 
 
 def default_quant_config(layers: Sequence[LayerInfo], skip_layers: Optional[Sequence[str]] = None,
