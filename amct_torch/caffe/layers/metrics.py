@@ -8,6 +8,7 @@ of the float (truncation toward zero); a label out of range is a DataError namin
 """
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -61,7 +62,7 @@ class HeadLayer(CaffeLayer):
         scores along ``axis``; a label not ignored outside [0, classes) is a DataError."""
         ax = canonical_axis(axis, scores.dim(), self)
         classes = int(scores.shape[ax])
-        outer = int(torch.tensor(scores.shape[:ax]).prod()) if ax else 1
+        outer = math.prod(scores.shape[:ax])
         inner = scores.numel() // max(outer * classes, 1)
         lab = self.labels_of(labels, outer * inner).reshape(outer, inner)
         valid = torch.ones_like(lab, dtype=torch.bool) if ignore is None else lab != ignore
