@@ -29,14 +29,12 @@ def is_data_layer(type_name: str) -> bool:
     return type_name in DATA_LAYER_TYPES or type_name in REFUSED_DATA_LAYER_TYPES
 
 
-def open_data_layer(layer: pb.LayerParameter, *, base_dir: str, phase: str = "TEST",
+def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
                     threads: Optional[int] = None) -> DataSource:
-    """The batches ``layer`` gives in Caffe's ``phase`` (only TEST, the phase ``caffe test``
-    runs, is reproducible: TRAIN draws random crops and mirrors). ``threads``: decoding
+    """The batches ``layer`` gives in Caffe's TEST phase (the phase ``caffe test`` runs, the
+    only reproducible one: TRAIN draws random crops and mirrors). ``threads``: decoding
     threads (default: the cores, at most 16). DataError naming the file and the layer for
     anything wrong with the data."""
-    if phase != "TEST":
-        raise ValueError(f"only the TEST phase's data are read, not {phase!r}")
     kind, name = layer.type, layer.name
     if kind in ("Data", "AnnotatedData"):
         path = resolve(layer.data_param.source, base_dir, "data_param source", name)
