@@ -7,7 +7,6 @@ and the Caffe exporters write the layers back unchanged.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -18,18 +17,13 @@ def is_data_layer(type_name: str) -> bool:
     return bool(known(type_name))
 
 
-def data_base_dir(model_file: Optional[str]) -> str:
-    """Where a data layer's relative ``source`` and ``mean_file`` are looked up when the working
-    folder (``caffe test``'s) does not have them: the prototxt's folder."""
-    return os.path.dirname(os.path.abspath(model_file)) if model_file else os.getcwd()
-
-
 def data_top_shapes(layers: Sequence[Any], model_file: Optional[str]) -> list[tuple[str, list[int]]]:
     """(top, shape) of every data layer's tops in Caffe's order; a shape is empty (unknown)
     when the layer's source cannot be opened now (``test`` and ``calibrate`` open it again and
     report the problem)."""
     from amct_torch.errors import AmctError
     from amct_torch.inputs.caffe_data import open_data_layer
+    from amct_torch.inputs.caffe_data.paths import data_base_dir
 
     out: list[tuple[str, list[int]]] = []
     for layer in layers:

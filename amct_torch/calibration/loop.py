@@ -141,17 +141,6 @@ def _forward_block(model: nn.Module, it: Iterator[Any], n: int, block: range, de
             bar.close()
 
 
-def take(it: Iterator[Any], n: int) -> list:
-    """Up to ``n`` items of ``it``."""
-    out = []
-    for _ in range(n):
-        item = next(it, None)
-        if item is None:
-            break
-        out.append(item)
-    return out
-
-
 def resolve_device(device: Optional[str]) -> torch.device:
     """``None``/"auto" → CUDA when present, else CPU; anything else must be a valid device."""
     if device is None or device == "auto":

@@ -37,7 +37,7 @@ class NetAccuracyEvaluator:
         from amct_torch.caffe.graph import load_caffe
         from amct_torch.caffe.head import NetHead
         from amct_torch.calibration.loop import resolve_device
-        from amct_torch.quality.net_scores import PhaseData
+        from amct_torch.inputs.caffe_data import PhaseData
 
         gm = load_caffe(model_file, weights_file)
         self.metric = accuracy_top(gm, model_file)

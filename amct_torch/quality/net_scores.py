@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -24,6 +24,7 @@ from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, pos
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.files.output_names import TEST_REPORT_SUFFIX, output_path
+from amct_torch.inputs.caffe_data import PhaseData
 from amct_torch.quality.detection_map import AP_VERSIONS
 
 log = logging.getLogger(__name__)
@@ -138,39 +139,6 @@ class Scores:
 
     def mean_loss(self) -> float:
         return float(np.float32(self.loss / np.float32(max(self.iterations, 1))))
-
-
-class PhaseData:
-    """The net's TEST-phase data layers as one source of batches (their tops merged)."""
-
-    def __init__(self, data_layers: Sequence[Any], model_file: str) -> None:
-        from amct_torch.caffe.data_layers import data_base_dir
-        from amct_torch.inputs.caffe_data import open_data_layer
-
-        if not data_layers:
-            raise ModelError("the net has no data layer in the TEST phase: 'test' runs a train/test "
-                             "net (a deploy net has no labels)", file=model_file)
-        self.model_file = model_file
-        self.sources = [open_data_layer(l, base_dir=data_base_dir(model_file)) for l in data_layers]
-        sizes = {int(s.batch_size) for s in self.sources}
-        if len(sizes) != 1:
-            raise ModelError(f"the TEST data layers have different batch sizes {sorted(sizes)}",
-                             file=model_file)
-        self.batch_size = sizes.pop()
-
-    def batches(self, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
-        """Batches from batch ``start`` on, endlessly: each source wraps round at its end, as
-        Caffe's data layers do."""
-        its = [s.batches(start=start) for s in self.sources]
-        while True:
-            merged: dict[str, np.ndarray] = {}
-            for it in its:
-                merged.update(next(it))
-            yield merged
-
-    def close(self) -> None:
-        for s in self.sources:
-            s.close()
 
 
 Forward = Callable[[dict[str, np.ndarray]], dict[str, torch.Tensor]]

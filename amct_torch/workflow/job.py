@@ -19,14 +19,12 @@ from typing import Any, Optional, Union
 import torch
 
 from amct_torch.arguments import checked
-from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
-from amct_torch.calibration.loop import resolve_device, run_calibration, take
+from amct_torch.calibration.loop import resolve_device, run_calibration
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
 from amct_torch.files.output_names import model_kinds, output_path
 from amct_torch.files.transaction import OutputTransaction, check_outputs, user_path, write_error
-from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
-from amct_torch.inputs.data_checks import check_data_settings, check_held_out_images, preprocessed_sample_shape
+from amct_torch.inputs import BatchPlan, Preprocess, plan_batches
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
     QuantGraph,
@@ -36,14 +34,6 @@ from amct_torch.steps import (
     quantize_weights,
     start_calibration,
     write_records,
-)
-from amct_torch.workflow.batching import (
-    HELD_ROWS,
-    Keep,
-    NetData,
-    default_batch_size,
-    held_out_batches,
-    report_use,
 )
 from amct_torch.workflow.options import QUANTIZE_ARGS, QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
@@ -119,7 +109,7 @@ class _Plan:
     tmp: str
     prefix: str
     float_onnx: Any = None  # the float ONNX model being written during calibration (FloatAhead)
-    own_data: Any = None  # without calibration data: the net's TEST data layers (NetData)
+    data: Optional[BatchPlan] = None  # the calibration data's batches (made once the model is loaded)
 
 
 @dataclass
@@ -128,10 +118,7 @@ class _Calibrated:
 
     graph: QuantGraph
     model: Any
-    keeper: Keep
-    rest: Any
-    batch_size: Optional[int]
-    count: Optional[int]
+    data: BatchPlan
     config_file: str
     records: dict[str, LayerRecord]
 
@@ -178,8 +165,8 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
         raise AmctError(f"cannot read or write this file: {err.strerror or err}", file=where) from None
     finally:
         prog.close()
-        if plan.own_data is not None:  # the data layers' databases and decoding threads
-            plan.own_data.close()
+        if plan.data is not None:  # the net's data layers: their databases and decoding threads
+            plan.data.close()
         try:
             if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
                 plan.float_onnx.discard()
@@ -227,8 +214,12 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
         if err.file == cfg and cfg != opts.config:  # the JSON this run made from the user's quant.cfg
             raise err.with_file(opts.config) from None
         raise
-    if opts.calibration_data is None:  # the net's own data, opened before any other check
-        plan.own_data = NetData(graph.model, opts.model_file, opts.batch_size)
+    # the net's own data layers (without calibration data) are opened here, before any other check
+    plan.data = plan_batches(graph.model, opts.calibration_data, model_file=opts.model_file, device=plan.device,
+                             batch_size=opts.batch_size, preprocess=opts.preprocess,
+                             report_batches=opts.report_batches if opts.report else 0,
+                             report_data=opts.report_data, guard=bool(opts.improve),
+                             keep_all=bool(opts.improve or opts.onnx))
     if opts.onnx:  # imported only here: a run without ONNX output never loads onnx
         from amct_torch.export.onnx.preflight import preflight_onnx
         from amct_torch.export.onnx.targets import check_config as check_target_config
@@ -255,42 +246,17 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     session = start_calibration(graph, ifmr_mode=opts.ifmr_mode)
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
-    inputs_decl = graph.model.caffe_inputs
-    bs: Optional[int]
-    held_out = 0
-    if opts.calibration_data is None:  # the net's own TEST data layers
-        own = plan.own_data
-        count, bs = None, own.batch_size
-        check_activation_memory(graph.model, bs, opts.model_file, plan.device)  # before any batch
-        batches: Any = checked_first_batch(iter(own.batches()), graph.model, opts.model_file, plan.device)
-    else:
-        count = count_samples(opts.calibration_data, inputs_decl)
-        bs = opts.batch_size if opts.batch_size is not None else default_batch_size(count, n)
-        check_data_settings(opts.calibration_data, inputs_decl, opts.preprocess, opts.model_file)
-        check_activation_memory(graph.model, bs or 1, opts.model_file, plan.device,  # before any batch
-                                sample_shape=preprocessed_sample_shape(opts.calibration_data, inputs_decl,
-                                                                       opts.preprocess))
-        # the rows read after calibration (the report's batches, the improvements' guard rows):
-        # decoded now, so that a bad image among them cannot fail a finished job
-        held_out = opts.report_batches if opts.report and opts.report_data is None else 0
-        if opts.improve and bs:
-            held_out = max(held_out, -(-HELD_ROWS // bs))
-        if held_out and bs:
-            check_held_out_images(opts.calibration_data, inputs_decl, opts.preprocess, n * bs, held_out * bs)
-        batches = checked_first_batch(calibration_batches(opts.calibration_data, inputs_decl, bs, opts.preprocess),
-                                      graph.model, opts.model_file, plan.device)
-    # all calibration batches only for what reads them again (bias correction, ONNX);
-    # otherwise the report's fallback at most: 256 images at 224x224 are 154 MB
-    keeper = Keep(None if opts.improve or opts.onnx else (opts.report_batches if opts.report else 0))
+    data = plan.data
+    assert data is not None  # made by _load_and_check
+    batches = data.calibration_batches(n)  # the data and memory checks first
     if opts.checkpoint is not None:
-        _fingerprint_run(graph, opts, n, bs)
+        _fingerprint_run(graph, opts, n, data.batch_size)
     if plan.float_onnx is not None:
         plan.float_onnx.start()
-    rest = run_calibration(model, session, keeper(batches, n), plan.device, quiet=opts.quiet,
-                           ctx=plan.ctx, checkpoint=opts.checkpoint)
-    report_use(keeper, count, n, bs, held_out)
+    data.calibrated(run_calibration(model, session, batches, plan.device, quiet=opts.quiet,
+                                    ctx=plan.ctx, checkpoint=opts.checkpoint))
     records = check_records(graph, finish_calibration(graph), None)
-    return _Calibrated(graph, model, keeper, rest, bs, count, config_file, records)
+    return _Calibrated(graph, model, data, config_file, records)
 
 
 def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Calibrated, prog) -> QuantizeResult:
@@ -306,9 +272,8 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     if opts.improve:  # graph.fused becomes the improved model; model stays the float one
         from amct_torch.improve.pipeline import improve_graph
         prog.start("improving: " + ", ".join(opts.improve))
-        held, cal.rest = held_out_batches(cal.rest, opts.report_batches if opts.report else 0)
-        improved = improve_graph(graph, records, cal.keeper.cache, plan.device, opts.improve, opts.ifmr_mode,
-                                 held)
+        improved = improve_graph(graph, records, cal.data.cache, plan.device, opts.improve, opts.ifmr_mode,
+                                 cal.data.guard_batches())
         records = check_records(graph, improved.records, None)
     write_records(records, staged["record"])
     save_type = opts.save_type
@@ -317,7 +282,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         def caffe_models() -> None:
             export_models(graph, records, save_type, plan.prefix)
     if opts.onnx:
-        calib = [b[0] if isinstance(b, tuple) else b for b in cal.keeper.cache]
+        calib = [b[0] if isinstance(b, tuple) else b for b in cal.data.cache]
         calibration_data = [b.cpu().numpy() for b in calib]
 
         def onnx_models() -> tuple[str, str]:
@@ -355,7 +320,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
     final = {k: plan.finals[k] for k in files}
     return QuantizeResult(files=final, records=records, float_model=model,
                           quant_model=quant_model, graph=graph, report=stats, device=plan.device,
-                          samples_used=cal.keeper.samples, samples_total=cal.count,
+                          samples_used=cal.data.samples, samples_total=cal.data.count,
                           removed=published.removed, report_page=page,
                           improvement=improved.summary() if improved is not None else None)
 
@@ -367,16 +332,12 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
     from amct_torch.quality.job_report import PendingReport
     from amct_torch.quality.report import layer_report, write_report
 
-    held = take(cal.rest, opts.report_batches) if opts.report_data is None else list(
-        calibration_batches(opts.report_data, cal.graph.model.caffe_inputs, cal.batch_size, opts.preprocess))
-    held_out = bool(held) or opts.report_data is not None
-    if not held:
-        held = cal.keeper.cache[:opts.report_batches]
+    held, held_out = cal.data.report_batches()
     files["report"], files["html_report"] = plan.staged["report"], plan.staged["html_report"]
     # the visual report's layer charts are drawn on a helper thread during the forwards below
     page = PendingReport(opts, cal.graph, records, {k: plan.finals[k] for k in files}, timings or {},
-                         fused=cal.graph.fused, samples_used=cal.keeper.samples, samples_total=cal.count,
-                         batch_size=cal.batch_size, held_out=held_out, batches=len(held),
+                         fused=cal.graph.fused, samples_used=cal.data.samples, samples_total=cal.data.count,
+                         batch_size=cal.data.batch_size, held_out=held_out, batches=len(held),
                          improvement=improvement, device=plan.device)
     stats = layer_report(model, quant_model, held, list(records), device=plan.device)
     meta = {"model": opts.model_file, "held_out": held_out, "batches": len(held)}

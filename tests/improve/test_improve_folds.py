@@ -14,7 +14,6 @@ import torch
 
 import amct_torch
 from amct_torch.improve import folds, pipeline
-from amct_torch.workflow.batching import held_out_batches
 from helpers.caffe_nets import rand
 from helpers.improve_nets import conv_fc_net
 
@@ -30,18 +29,6 @@ def test_blocks_hold_out_every_row_once_and_the_fold_fits_on_the_others():
     assert rows.flatten().tolist() == others          # the other rows, in order
     assert n_fit == len(others) - len(others) // 4    # their last quarter guards the pass
     assert len(folds.blocks(3, 4)) == 3               # never an empty block
-
-
-def test_held_out_batches_are_read_again_by_the_report():
-    batches = iter([torch.full((8, 1), float(i)) for i in range(12)])
-    taken, rest = held_out_batches(batches, 2)
-    assert len(taken) == 8                            # 64 rows: 8 batches of 8
-    again = list(rest)
-    assert [float(b[0, 0]) for b in again] == list(range(12))   # the same batches first, then the rest
-    taken, rest = held_out_batches(iter([torch.zeros(40, 1)] * 3), 2)
-    assert len(taken) == 2                            # the report's 2 batches already hold 64 rows
-    taken, _ = held_out_batches(iter([torch.zeros(8, 1)] * 3), 0)
-    assert len(taken) == 3                            # fewer rows than wanted: all there are
 
 
 def sqnr(ref: np.ndarray, q: np.ndarray) -> float:

@@ -1,9 +1,7 @@
 """What the job checks before calibrating, so that nothing fails a finished job: the images the
 per-layer report reads afterwards, the activation memory at the input size after
-preprocessing; and what it says about the samples it did not calibrate on."""
+preprocessing."""
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ from amct_torch.caffe.graph import load_caffe
 from amct_torch.caffe.memory import check_activation_memory, checked_first_batch, estimate_activation_memory
 from amct_torch.cli import main
 from amct_torch.errors import ModelError
-from amct_torch.workflow.batching import Keep, report_use
 from amct_torch.workflow.examples import example_model
 
 
@@ -65,15 +62,3 @@ def _checked_with_room(batches, gm, model, room):
         yield from checked_first_batch(batches, gm, model)
     finally:
         memory.available_memory = real
-
-
-def test_the_unused_warning_does_not_count_the_held_out_rows(caplog):
-    keep = Keep()
-    list(keep((torch.zeros(4, 1, 2, 2) for _ in range(2)), 2))  # 8 samples calibrated
-    with caplog.at_level(logging.INFO, logger="amct_torch"):
-        report_use(keep, 16, 2, 4, held_batches=2)  # the other 8: the report's two batches
-    assert "unused" not in caplog.text and "held out for the per-layer report" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="amct_torch"):
-        report_use(keep, 20, 2, 4, held_batches=2)
-    assert "4 sample(s) unused" in caplog.text and "8 more held out" in caplog.text

@@ -112,8 +112,7 @@ class DetectionEvaluateLayer(HeadLayer):
 
     def _image_sizes(self) -> Optional[list[tuple[int, int]]]:
         if self.name_size_file and self.sizes is None:
-            from amct_torch.caffe.data_layers import data_base_dir
-            from amct_torch.inputs.caffe_data.paths import resolve
+            from amct_torch.inputs.caffe_data.paths import data_base_dir, resolve
             path = resolve(self.name_size_file, data_base_dir(self._file), "name_size_file",
                            layer=self.caffe_name, file=self._file)
             self.sizes = read_name_sizes(path, self.caffe_name)

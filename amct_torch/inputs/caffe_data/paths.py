@@ -12,6 +12,12 @@ from typing import Optional
 from amct_torch.errors import DataError
 
 
+def data_base_dir(model_file: Optional[str]) -> str:
+    """Where a data layer's relative ``source`` and ``mean_file`` are looked up when the working
+    folder (``caffe test``'s) does not have them: the prototxt's folder."""
+    return os.path.dirname(os.path.abspath(model_file)) if model_file else os.getcwd()
+
+
 def resolve(name: str, base_dir: Optional[str], what: str, layer: Optional[str] = None,
             file: Optional[str] = None) -> str:
     """The path ``name`` refers to: as given (relative to the working directory), else relative

@@ -1,8 +1,10 @@
-"""How the one-call job turns the user's data into calibration batches, and says what it used.
+"""The pieces of a batch plan: the default batch size, the batches kept for later steps, the
+held-out batches, the net's own data layers as batches, and what calibration used.
 
 Why: without an explicit batch size the job spreads every sample over ``batch_num`` batches
 (a single .npz of 180 digits must not calibrate on 2 of them), keeps only the batches that
-later steps read again, and tells the user how many samples calibrated.
+later steps read again, and tells the user how many samples calibrated (plan.py puts them
+together).
 """
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ class NetData:
 
     def __init__(self, gm: Any, model_file: str, batch_size: Optional[int] = None) -> None:
         from amct_torch.errors import DataError
-        from amct_torch.quality.net_scores import PhaseData
+        from amct_torch.inputs.caffe_data import PhaseData
 
         layers = gm.meta.get("caffe_data_layers", [])
         if not layers:
