@@ -95,11 +95,7 @@ class Walk:
             module = frame.f_globals.get("__name__", "?")
             if module != JOB:
                 self.job_calls[module] = self.job_calls.get(module, 0) + 1
-        try:
-            holding = any(_holds(v, self.path) for v in _arguments(frame))
-        except Exception:  # an argument whose attributes cannot be read
-            holding = False
-        if not holding:
+        if not any(_holds(v, self.path) for v in _arguments(frame)):
             return None
         self.stack.append(frame)
         self._note(frame.f_globals.get("__name__", "?"), "call")
