@@ -20,6 +20,7 @@ import torch
 from amct_torch.errors import DataError
 from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, check_png_chunks, image_size
 from amct_torch.inputs.limits import MAX_NPZ_MEMBERS, check_regular_file, file_kind
+from amct_torch.inputs.transform import centre_window, resize_hwc, subtract_and_scale
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
 ARRAY_EXTS = (".npy", ".npz")
@@ -179,39 +180,41 @@ def load_image(path: str, pre: Preprocess, channels: int,
         img = img[:, :, None]
     if channels not in (1, 3):
         raise DataError(f"the net takes {channels} input channels; images give 1 or 3", file=path)
+    return _transform(img, pre, channels, target_hw, path)
+
+
+def _transform(img: np.ndarray, pre: Preprocess, channels: int,
+               target_hw: Optional[tuple[int, int]], path: str) -> np.ndarray:
+    """The H×W×C image ``img`` through ``pre``'s steps, in its documented order: a float32
+    C×H×W array."""
     resize = pre.resize if pre.resize is not None else (None if pre.crop is not None else target_hw)
     if resize is not None:
         if isinstance(resize, int) or len(list(resize)) == 1:
             short = _hw(resize)[0]
             h, w = img.shape[:2]
             f = short / min(h, w)
-            size = (max(1, round(w * f)), max(1, round(h * f)))
+            rh, rw = max(1, round(h * f)), max(1, round(w * f))
         else:
             rh, rw = _hw(resize)
-            size = (rw, rh)
-        if size[0] * size[1] > MAX_IMAGE_PIXELS:
-            raise DataError(f"resizing this image gives {size[0]}x{size[1]} pixels; at most "
+        if rh * rw > MAX_IMAGE_PIXELS:
+            raise DataError(f"resizing this image gives {rw}x{rh} pixels; at most "
                             f"{MAX_IMAGE_PIXELS} are allowed", file=path)
-        img = cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
-        if img.ndim == 2:
-            img = img[:, :, None]
+        img = resize_hwc(img, rh, rw)
     if pre.crop is not None:
         ch, cw = _hw(pre.crop)
         h, w = img.shape[:2]
         if ch > h or cw > w:
             raise DataError(f"crop {ch}x{cw} is larger than the (resized) image {h}x{w}", file=path)
-        y, x = (h - ch) // 2, (w - cw) // 2
-        img = img[y:y + ch, x:x + cw]
-    arr = img.astype(np.float32)
+        img = img[centre_window(h, w, ch, cw)]
     if channels == 3 and pre.channel_order == "rgb":
-        arr = arr[:, :, ::-1]
+        img = img[:, :, ::-1]
+    mean = None
     if pre.mean is not None:
         mean = np.asarray(list(pre.mean), dtype=np.float32).reshape(-1)
-        if mean.size not in (1, arr.shape[2]):
-            raise DataError(f"mean has {mean.size} values, the images have {arr.shape[2]} channels")
-        arr = arr - mean
-    arr = arr * np.float32(pre.scale)
-    return np.ascontiguousarray(arr.transpose(2, 0, 1))
+        if mean.size not in (1, img.shape[2]):
+            raise DataError(f"mean has {mean.size} values, the images have {img.shape[2]} channels")
+    chw = img.transpose(2, 0, 1)
+    return subtract_and_scale(chw, mean, np.float32(pre.scale), np.empty(chw.shape, np.float32))
 
 
 #: numpy dtype kinds that are numbers a net can take (bool, ints, uints, floats)

@@ -24,6 +24,7 @@ from amct_torch.inputs.caffe_data.source import RecordSource
 from amct_torch.inputs.caffe_data.transformer import DataTransformer
 from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, check_png_chunks, image_size
 from amct_torch.inputs.limits import check_regular_file
+from amct_torch.inputs.transform import resize_hwc
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 #: largest list file read
@@ -116,7 +117,7 @@ class ImageListSource(RecordSource):
             raise DataError(f"cannot read the image '{path}' (not an image, or corrupt)",
                             file=self.file, line=line, layer=self.name)
         if self.new_hw is not None:
-            img = cv2.resize(img, (self.new_hw[1], self.new_hw[0]))
+            img = resize_hwc(img, *self.new_hw)
         return Pixels(img[:, :, None] if img.ndim == 2 else img, hwc=True)
 
     def _records(self, first: int) -> Iterator[tuple[int, int, int]]:

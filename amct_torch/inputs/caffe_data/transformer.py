@@ -5,7 +5,7 @@ crop (``crop_size``, or the SSD fork's ``crop_h``/``crop_w``) at offsets ``(H - 
 and ``(W - crop) / 2``, subtract the mean (``mean_file``: per pixel, at the same offsets as the
 crop; or ``mean_value``: one, or one per channel), then multiply by ``scale``, in float32:
 ``(pixel - mean) * scale``. ``mirror`` is random in Caffe and not applied here. Every output
-element is written once, straight into the batch array.
+element is written once, straight into the batch array, by the steps of inputs/transform.py.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from amct_torch.inputs.caffe_data.mean_file import read_mean_file
 from amct_torch.inputs.caffe_data.optional_deps import require
 from amct_torch.inputs.caffe_data.paths import resolve
 from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS
+from amct_torch.inputs.transform import centre_window, resize_hwc, subtract_and_scale
 from amct_torch.proto import amct_caffe_pb2 as pb
 
 log = logging.getLogger("amct_torch")
@@ -85,10 +86,9 @@ class DataTransformer:
         arr, hwc = px.array, px.hwc
         if self.resize is not None:
             cv2 = require("cv2", "resized images", file)
-            src = arr if hwc else np.ascontiguousarray(arr.transpose(1, 2, 0))
-            arr = cv2.resize(src, (self.resize[1], self.resize[0]),
-                             interpolation=getattr(cv2, self.resize[2]))
-            arr, hwc = (arr[:, :, None] if arr.ndim == 2 else arr), True
+            arr = resize_hwc(arr if hwc else arr.transpose(1, 2, 0), self.resize[0],
+                             self.resize[1], getattr(cv2, self.resize[2]))
+            hwc = True
         c, h, w = (arr.shape[2], arr.shape[0], arr.shape[1]) if hwc else arr.shape
         oc, oh, ow = out.shape
         if c != oc or (self.crop is None and (h, w) != (oh, ow)) or h < oh or w < ow:
@@ -96,23 +96,16 @@ class DataTransformer:
                             f"{oc}x{oh}x{ow}" + ("" if self.crop else "; images of several "
                                                  "sizes need a crop_size"),
                             file=file, layer=self.layer)
-        h0, w0 = (h - oh) // 2, (w - ow) // 2
-        view = arr[h0:h0 + oh, w0:w0 + ow].transpose(2, 0, 1) if hwc else \
-            arr[:, h0:h0 + oh, w0:w0 + ow]
+        rows, cols = centre_window(h, w, oh, ow)
+        view = arr[rows, cols].transpose(2, 0, 1) if hwc else arr[:, rows, cols]
+        mean = self.mean_values
         if self.mean is not None:
             if self.mean.shape != (c, h, w):
                 raise DataError(f"{where}: the image is {c}x{h}x{w}, the mean is "
                                 f"{'x'.join(map(str, self.mean.shape))}", file=self.mean_file,
                                 layer=self.layer)
-            np.subtract(view, self.mean[:, h0:h0 + oh, w0:w0 + ow], out=out)
-        elif self.mean_values is not None:
-            mv = self.mean_values if len(self.mean_values) == c else \
-                np.repeat(self.mean_values, c)
-            np.subtract(view, mv[:, None, None], out=out)
-        else:
-            out[...] = view
-        if self.scale != 1:
-            np.multiply(out, self.scale, out=out)
+            mean = self.mean[:, rows, cols]
+        subtract_and_scale(view, mean, self.scale, out)
 
 
 def _resize_spec(rp: pb.ResizeParameter, layer: Optional[str]) -> tuple[int, int, str]:
