@@ -10,9 +10,9 @@ keeping the current folder off ``sys.path``), on the same inputs:
 * the bundled example: ``amct-torch demo`` and ``calibrate --onnx --save-type Deploy``.
 
 Every file each job writes (record, quant JSON, fake-quant and deploy prototxt/caffemodel, float
-and QDQ ONNX, report) is compared byte for byte, with the checkout's own path (the bundled
-example model's location, which the report names) replaced by a placeholder. Prints one JSON line per job and a summary;
-exits 1 when anything differs.
+and QDQ ONNX, reports) is compared byte for byte, with the checkout's and the run folder's paths
+(which the reports name) replaced by placeholders and the reports' measured times left out.
+Prints one JSON line per job and a summary; exits 1 when anything differs.
 
     python benchmarks/check_identical_outputs.py                 # HEAD vs the working tree
     python benchmarks/check_identical_outputs.py --base 5c9eaaa --new HEAD
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,8 @@ def _run(code: str, args: list, cwd: str) -> dict:
             data = open(p, "rb").read().replace(os.path.join(code, "amct_torch").encode(), b"<CODE>")
             if f.endswith("_layer_report.json"):
                 data = _without_timings(data)
+            if f.endswith("_report.html"):  # the page names the output paths, in this run's folder
+                data = _without_times(data.replace(cwd.encode(), b"<RUN>"))
             out[os.path.relpath(p, cwd)] = data
     return out
 
@@ -95,6 +98,17 @@ def _without_timings(data: bytes) -> bytes:
             return [strip(x) for x in v]
         return v
     return json.dumps(strip(json.loads(data)), sort_keys=True).encode()
+
+
+def _without_times(page: bytes) -> bytes:
+    """The HTML report without its wall times (different on every run): the "time per phase"
+    table and the improvement stages' seconds; everything else compared as written."""
+    page = re.sub(rb"<h3>time per phase</h3><table>.*?</table>", b"", page, flags=re.S)
+
+    def stage_seconds(m: re.Match) -> bytes:
+        return re.sub(rb"\(\d+(\.\d+)? s\)", b"(- s)",
+                      re.sub(rb"<td>\d+(\.\d+)?</td></tr>", b"<td>-</td></tr>", m.group(0)))
+    return re.sub(rb'data-section="improvements".*?</details>', stage_seconds, page, flags=re.S)
 
 
 def main() -> int:
