@@ -1,4 +1,4 @@
-"""Issue 17 figures, one JSON line per test model (nsfw, the code-built ResNet-style SSD net,
+"""The output models' figures, one JSON line per test model (nsfw, the code-built ResNet-style SSD net,
 the PReLU cascade's P-Net and R-Net):
 
 - ``float_onnx_vs_opencv``: max |ORT − OpenCV| / max(1, max|OpenCV|) of the float ONNX model

@@ -22,7 +22,7 @@ calibration crops and held-out crops come from different seeds.
     python benchmarks/bench_fidelity.py [--n 500] [--calib 32] [--batch 16]
     python benchmarks/bench_fidelity.py --ablate 48   # per-layer error attribution instead
 
-Models mode (``--families`` and/or ``--caffe``; issue 24's table): per model, ours with each
+Models mode (``--families`` and/or ``--caffe``; docs/algorithms.md's "Measured per method" table): per model, ours with each
 ``--methods`` value (default: AMCT's default, every improvement ``quantize(improve=...)``
 knows, and ``all``) against ONNX Runtime's ``quantize_static`` (MinMax/Percentile/Entropy ×
 U8S8/S8S8, with and without (``_noout``) quantized outputs) and NNCF's ``nncf.quantize``

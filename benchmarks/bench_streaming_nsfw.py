@@ -1,5 +1,5 @@
-"""Streaming vs exact IFMR on the real nsfw model's activations (issue 4's acceptance on real
-data); prints JSON lines.
+"""Streaming vs exact IFMR on the real nsfw model's activations (is streaming as good as exact on
+real data: same factors, within one step, quantization MSE within 1 %); prints JSON lines.
 
     python benchmarks/bench_streaming_nsfw.py [--images 6] [--batch 2]
 

@@ -9,9 +9,10 @@
 # The device image has python3 with a CUDA torch, onnx, onnxruntime, OpenCV, scikit-image,
 # scikit-learn, pytest and hypothesis, and no network. `run` installs the carried test data
 # (the nsfw Caffe model) and this project's protobuf into /tmp/site, runs every test
-# parametrized on the cuda device and the algorithms benchmark on CUDA (the issue's CUDA
-# table), and writes the logs and JSON lines under $OUT (./gpu_out elsewhere). Each step
-# has its own time limit, so a hang in one still returns the others' results.
+# parametrized on the cuda device and the algorithms benchmark on CUDA (the figures
+# benchmarks/results/README.md lacks for CUDA), and writes the logs and JSON lines under
+# $OUT (./gpu_out elsewhere). Each step has its own time limit, so a hang in one still
+# returns the others' results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-"""Streaming IFMR against exact IFMR (the issue's acceptance: same ratio in ≥ 95 % of cases,
+"""Streaming IFMR against exact IFMR (the bar streaming must meet: same ratio in ≥ 95 % of cases,
 never more than one step away, quantization MSE within 1 %)."""
 from __future__ import annotations
 

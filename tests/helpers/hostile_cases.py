@@ -535,7 +535,7 @@ def checkpoint_cases(folder: str) -> list[Case]:
     return cases
 
 
-# ---------------------------------------------------------------- model faults (issue 23)
+# ---------------------------------------------------------------- model faults
 def _edited_weights(edit: Callable) -> bytes:
     """The example caffemodel after ``edit(layers_by_name)``."""
     from amct_torch.proto import amct_caffe_pb2 as pb
@@ -607,7 +607,7 @@ def model_fault_cases(folder: str) -> list[Case]:
     return cases
 
 
-# ---------------------------------------------------------------- paths, arguments, reruns (issue 23)
+# ---------------------------------------------------------------- paths, arguments, reruns
 #: the files of ``_calibrate(..., "--save-type", "Fakequant")`` (no report): a rerun's whole set
 _FAKEQUANT_SET = sorted(["m_quant_config.json", "m_record.txt", "m_fake_quant_model.prototxt",
                          "m_fake_quant_weights.caffemodel", "m_quant.json"])
