@@ -614,9 +614,9 @@ _FAKEQUANT_SET = sorted(["m_quant_config.json", "m_record.txt", "m_fake_quant_mo
 
 
 def path_and_run_cases(folder: str) -> list[Case]:
-    """Inputs that used to hang (FIFOs), crash (a big-endian .npy, absurd or negative counts, a
+    """Inputs that could hang (FIFOs), crash (a big-endian .npy, absurd or negative counts, a
     checkpoint in a missing folder, a damaged staging manifest) or run unbounded (a .npz of
-    100,000 members), and reruns that left an earlier run's files beside the new set."""
+    100,000 members), and reruns that could leave an earlier run's files beside the new set."""
     cases = []
     d = os.path.join(folder, "paths")
     os.makedirs(d, exist_ok=True)
