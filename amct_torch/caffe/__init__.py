@@ -15,10 +15,12 @@ _LAZY = {
     **{n: "amct_torch.caffe.graph" for n in ("CaffeGraphModule", "build_graph", "layer_modules", "load_caffe")},
     **{n: "amct_torch.caffe.layers" for n in ("CaffeLayer", "is_quantizable", "supported_types")},
     **{n: "amct_torch.caffe.netio" for n in ("ParsedNet", "read_net", "save_caffe", "write_net")},
+    **{n: "amct_torch.caffe.unknown_fields" for n in ("allow_unknown_fields", "unknown_fields_allowed")},
 }
 
-__all__ = ["CaffeGraphModule", "CaffeLayer", "ParsedNet", "build_graph", "is_quantizable",
-           "layer_modules", "load_caffe", "read_net", "save_caffe", "supported_types", "write_net"]
+__all__ = ["CaffeGraphModule", "CaffeLayer", "ParsedNet", "allow_unknown_fields", "build_graph", "is_quantizable",
+           "layer_modules", "load_caffe", "read_net", "save_caffe", "supported_types", "unknown_fields_allowed",
+           "write_net"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
@@ -28,3 +30,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules, load_caffe
     from amct_torch.caffe.layers import CaffeLayer, is_quantizable, supported_types
     from amct_torch.caffe.netio import ParsedNet, read_net, save_caffe, write_net
+    from amct_torch.caffe.unknown_fields import allow_unknown_fields, unknown_fields_allowed

@@ -19,8 +19,8 @@ from typing import Any, Optional
 from amct_torch.caffe.prototxt import UNKNOWN_FIELD
 from amct_torch.errors import ModelError
 
-__all__ = ["UnknownField", "unknown_fields", "refuse_unknown_fields", "unknown_fields_allowed",
-           "allowed"]
+__all__ = ["UnknownField", "allow_unknown_fields", "allowed", "refuse_unknown_fields", "unknown_fields",
+           "unknown_fields_allowed"]
 
 _ALLOW: contextvars.ContextVar[bool] = contextvars.ContextVar("amct_allow_unknown_fields", default=False)
 
@@ -72,6 +72,12 @@ def unknown_fields_allowed(allow: bool = True) -> Iterator[None]:
         yield
     finally:
         _ALLOW.reset(token)
+
+
+def allow_unknown_fields(allow: bool) -> contextlib.AbstractContextManager[None]:
+    """A call's own ``allow_unknown_fields`` argument: within the block unknown fields are
+    allowed when ``allow`` is true or the enclosing block already allows them."""
+    return unknown_fields_allowed(allow or allowed())
 
 
 def refuse_unknown_fields(net: Any, file: Optional[str], allow: Optional[bool] = None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amct_torch.runtime.lazy_names import lazy_names
+from amct_torch.runtime import lazy_names
 
 _LAZY = {"quantize": "amct_torch.workflow.job", "run": "amct_torch.workflow.job",
          "QuantizeOptions": "amct_torch.workflow.options", "QuantizeResult": "amct_torch.workflow.result"}

@@ -29,8 +29,8 @@ def accuracy(model: torch.nn.Module, inputs: np.ndarray, labels: np.ndarray,
 def run_demo(output: str = "amct_demo/lenet_digits", batch_num: int = 4,
              device: Optional[str] = None, quiet: bool = False, out=None) -> int:
     """Quantize the example model, print accuracies, the report and the outputs; exit code."""
-    from amct_torch.caffe.graph import load_caffe
-    from amct_torch.quality.report import format_table
+    from amct_torch.caffe import load_caffe
+    from amct_torch.quality import format_table
     from amct_torch.workflow import quantize
     from amct_torch.workflow.examples import example_data, example_model
 

@@ -19,11 +19,11 @@ from typing import Any, Optional, Union
 import torch
 
 from amct_torch.arguments import checked
-from amct_torch.calibration.loop import resolve_device, run_calibration
+from amct_torch.calibration import resolve_device, run_calibration
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
 from amct_torch.export import fake_quant_graph
-from amct_torch.files.output_names import model_kinds, output_path
-from amct_torch.files.transaction import OutputTransaction, check_outputs, user_path, write_error
+from amct_torch.files import OutputTransaction, check_outputs, output_path, user_path, write_error
+from amct_torch.files.output_names import model_kinds
 from amct_torch.inputs import BatchPlan, Preprocess, plan_batches
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
@@ -126,13 +126,13 @@ class _Calibrated:
 def run(opts: QuantizeOptions) -> QuantizeResult:
     """The job for ``opts``: plan, load and check, calibrate, write; every error names the
     user's files."""
-    from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
-    with unknown_fields_allowed(opts.allow_unknown_fields or allowed()):
+    from amct_torch.caffe import allow_unknown_fields
+    with allow_unknown_fields(opts.allow_unknown_fields):
         return _run(opts)
 
 
 def _run(opts: QuantizeOptions) -> QuantizeResult:
-    from amct_torch.runtime.progress import JobProgress, progress_enabled
+    from amct_torch.runtime import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
     writes = bool(opts.onnx) or opts.save_type is not None  # one phase: side by side
@@ -182,7 +182,7 @@ def _plan(opts: QuantizeOptions) -> _Plan:
     and opens the output transaction (rank 0 only)."""
     ctx = None
     if opts.distributed:
-        from amct_torch.calibration.distributed import init_distributed
+        from amct_torch.calibration import init_distributed
         ctx = init_distributed(opts.device)
     dev = ctx.device if ctx is not None and ctx.active else resolve_device(opts.device)
     finals = planned_outputs(opts.output, opts.save_type, opts.onnx, opts.report)
@@ -270,7 +270,7 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
         shutil.copyfile(cal.config_file, staged["config"])
     improved = None
     if opts.improve:  # graph.fused becomes the improved model; model stays the float one
-        from amct_torch.improve.pipeline import improve_graph
+        from amct_torch.improve import improve_graph
         prog.start("improving: " + ", ".join(opts.improve))
         improved = improve_graph(graph, records, cal.data.cache, plan.device, opts.improve, opts.ifmr_mode,
                                  cal.data.guard_batches())
@@ -329,8 +329,7 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
             improvement: Optional[dict] = None, timings: Optional[dict] = None) -> tuple[list, Any]:
     """The per-layer report on held-out batches (else the calibration batches), written as
     JSON and as the visual report (returned for the result's Jupyter view)."""
-    from amct_torch.quality.job_report import PendingReport
-    from amct_torch.quality.report import layer_report, write_report
+    from amct_torch.quality import PendingReport, layer_report, write_report
 
     held, held_out = cal.data.report_batches()
     files["report"], files["html_report"] = plan.staged["report"], plan.staged["html_report"]
@@ -380,8 +379,8 @@ def _fingerprint_run(graph: QuantGraph, opts: QuantizeOptions, batch_num: int, b
     import dataclasses
     import hashlib
 
-    from amct_torch.calibration.checkpoint import describe_data, set_run_fingerprint
-    from amct_torch.config.json_config import quant_config_to_json
+    from amct_torch.calibration import describe_data, set_run_fingerprint
+    from amct_torch.config import quant_config_to_json
     with open(opts.model_file, "rb") as f:
         model_sha = hashlib.sha256(f.read()).hexdigest()
     pre = opts.preprocess

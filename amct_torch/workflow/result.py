@@ -48,7 +48,7 @@ class QuantizeResult:
     def report_html(self, accuracy: Optional[Sequence[tuple[str, float, float]]] = None) -> str:
         """The visual report as an HTML fragment; ``accuracy``: (metric, float, int8) rows to
         show in its accuracy section (e.g. top-1 of both models on a labelled test set)."""
-        from amct_torch.quality.html_report import render
+        from amct_torch.quality import render
         if self.report_page is None:
             return ("<p>amct_torch: no report for this run (report=False); files: "
                     + html.escape(", ".join(sorted(self.files))) + "</p>")

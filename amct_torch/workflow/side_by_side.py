@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Optional
 
-from amct_torch.runtime.helper_thread import HelperThread
+from amct_torch.runtime import HelperThread
 
 __all__ = ["side_by_side"]
 
