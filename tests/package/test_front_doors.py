@@ -1,7 +1,7 @@
-"""The one-call job talks to each package through its front door: ``workflow/job.py`` and the
-workflow modules beside it import ``amct_torch`` packages (their ``__init__``), modules
-directly under ``amct_torch`` and their own siblings, never another package's inner module --
-at module level or inside a function. The front doors stay light (importing them loads no
+"""The one-call job talks to each package through its front door: the workflow modules listed
+import ``amct_torch`` packages (their ``__init__``), modules directly under ``amct_torch`` and
+their own siblings, never another package's inner module -- at module level or inside a
+function. The front doors stay light (importing them loads no
 torch, ONNX or OpenCV) and every name they export resolves.
 
 Read from the source with ``ast``; the front doors are imported in a fresh interpreter."""
