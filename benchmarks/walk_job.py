@@ -6,9 +6,11 @@ gets answers back; one that reaches into internals bounces between many rooms. T
 ``sys.settrace`` (main thread). Counting:
 
 - a *holding frame* is a call of an ``amct_torch`` function one of whose arguments is the
-  ``model_file`` string, or holds it one level down (a tuple/list/dict item, a field of a
-  dataclass such as the job's options or the steps' ``QuantGraph``);
-  a generator's resumptions are not new calls;
+  ``model_file`` string, or holds it one level down: a tuple/list/dict item, or a field of a
+  dataclass record (the job's options, the steps' ``QuantGraph``); ``with_objects`` counts
+  the attributes of any ``amct_torch`` object too (a method's ``self``: the batch plan),
+  torch modules aside (a Caffe layer keeps the path for its errors: its forwards would count
+  every layer of every batch); a generator's resumptions are not new calls;
 - the walk is the module that runs the innermost holding frame, after every holding call and
   every holding return; a *stay* is a run of one module in it; *rooms*: distinct modules;
   a *climb back* is a stay entered by a return; *entries* of a module: its stays
@@ -38,22 +40,27 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+from torch.nn import Module as _Module
+
 #: the modules counted as the batch-planning room (before: workflow/batching.py; after: inputs/)
 JOB = "amct_torch.workflow.job"
 PLAN_MODULES = ("amct_torch.workflow.batching", "amct_torch.inputs.plan", "amct_torch.inputs.batching")
 
 
-def _holds(value: Any, path: str) -> bool:
-    """``value`` is ``path``, or holds it one level down."""
+def _holds(value: Any, path: str, objects: bool) -> bool:
+    """``value`` is ``path``, or holds it one level down (``objects``: in any amct_torch
+    object's attributes, else in a dataclass's fields)."""
     if isinstance(value, str):
         return value == path
     if isinstance(value, (tuple, list)):
         return any(isinstance(v, str) and v == path for v in value)
     if isinstance(value, dict):
         return any(isinstance(v, str) and v == path for v in value.values())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(isinstance(v, str) and v == path for v in vars(value).values())
-    return False
+    if isinstance(value, type) or not type(value).__module__.startswith("amct_torch"):
+        return False
+    if not (dataclasses.is_dataclass(value) or objects) or isinstance(value, _Module):
+        return False  # a Caffe layer keeps the model file for its errors: not the job's route
+    return hasattr(value, "__dict__") and any(isinstance(v, str) and v == path for v in vars(value).values())
 
 
 def _arguments(frame: Any) -> list:
@@ -69,8 +76,8 @@ class Walk:
 
     GEN = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
-    def __init__(self, path: str, package_dir: str) -> None:
-        self.path = path
+    def __init__(self, path: str, package_dir: str, objects: bool = False) -> None:
+        self.path, self.objects = path, objects
         self.root = package_dir + os.sep
         self.stack: list = []  # the holding frames now running, innermost last
         self.seen_generators: set = set()  # generator frames already started (kept alive)
@@ -95,7 +102,7 @@ class Walk:
             module = frame.f_globals.get("__name__", "?")
             if module != JOB:
                 self.job_calls[module] = self.job_calls.get(module, 0) + 1
-        if not any(_holds(v, self.path) for v in _arguments(frame)):
+        if not any(_holds(v, self.path, self.objects) for v in _arguments(frame)):
             return None
         self.stack.append(frame)
         self._note(frame.f_globals.get("__name__", "?"), "call")
@@ -176,14 +183,18 @@ def main(argv: Optional[list] = None) -> dict:
     assert spec is not None and spec.origin is not None
     model, weights = example_model()
     x, _ = example_data("calib")
-    walk = Walk(model, package_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        sys.settrace(walk.call)
-        try:
-            amct_torch.quantize(model, weights, x, output=os.path.join(tmp, "m"), device="cpu", quiet=True)
-        finally:
-            sys.settrace(None)
+    walks = [Walk(model, package_dir), Walk(model, package_dir, objects=True)]
+    for walk in walks:
+        with tempfile.TemporaryDirectory() as tmp:
+            sys.settrace(walk.call)
+            try:
+                amct_torch.quantize(model, weights, x, output=os.path.join(tmp, "m"), device="cpu", quiet=True)
+            finally:
+                sys.settrace(None)
+    walk, with_objects = walks
+    shape = ("stays", "rooms", "climbs_back", "job_entries", "plan_entries")
     out: dict[str, Any] = {"case": "walk", "tree": os.path.dirname(package_dir), **walk.summary(),
+                           "with_objects": {k: with_objects.summary()[k] for k in shape},
                            "job_imports": job_imports(spec.origin, package_dir)}
     if args.stays:
         out["walk"] = [f"{'<' if how == 'return' else '>'} {m}" for m, how in walk.steps]
