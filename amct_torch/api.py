@@ -19,7 +19,9 @@ from amct_torch.arguments import checked, instance, one_of, opt, path_arg
 from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
-from amct_torch.files.output_names import PREFIX_SUFFIXES, SAVE_TYPES, model_paths
+from amct_torch.export.caffe import model_paths
+from amct_torch.export.formats import prefix_suffixes
+from amct_torch.files.output_names import SAVE_TYPES
 from amct_torch.files.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.record import empty_record, read_record
@@ -41,7 +43,7 @@ def _need_file(path: str, what: str, err: type = ModelError) -> str:
 
 def _output_path(path: object, what: str) -> str:
     """An output path or prefix given by the user, as a string (``AmctError`` otherwise)."""
-    return check_output_name(path, what, PREFIX_SUFFIXES)
+    return check_output_name(path, what, prefix_suffixes())
 
 
 @checked(config_file=path_arg, model_file=path_arg, weights_file=path_arg,
@@ -115,7 +117,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     ``{save_path}_quant.json``, from the graph's record file. Error (nothing written) if a
     quantized layer lacks factors. Returns the paths written. The files are committed together
     (``amct_torch.files.transaction``): an error or a kill leaves the previous files as they were."""
-    from amct_torch.export.graph_outputs import export_models
+    from amct_torch.export.caffe.exporter import write_caffe_models
 
     save_path = _output_path(save_path, "save_path")
     if graph.fused is None or graph.session is None:
@@ -123,11 +125,11 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
                                "its model on the calibration batches first")
     inputs = [graph.model_file, graph.weights_file, graph.config_file, graph.record_file]
     with OutputTransaction(model_paths(save_path, save_type), [p for p in inputs if p is not None],
-                           name=os.path.basename(save_path)) as tx:
+                           name=os.path.basename(save_path), known_suffixes=prefix_suffixes()) as tx:
         records = _read_records(graph)
-        staged = export_models(graph, records, save_type, tx.staged_prefix(save_path),
-                               record_file=graph.record_file)
-        return tx.commit([tx.final_of(p) for p in staged])
+        staged = write_caffe_models(graph, records, save_type, tx.staged_prefix(save_path),
+                                    record_file=graph.record_file)
+        return tx.commit([tx.final_of(p) for p in staged.values()])
 
 
 @checked(model_file=path_arg, weights_file=path_arg, scale_offset_record_file=path_arg, save_path=path_arg)
@@ -136,13 +138,13 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     """Build the fake-quant and deploy models from a record the user supplies (no
     calibration); honours each record's ``skip_fusion``. A prototxt field the tool does not
     read is refused unless ``allow_unknown_fields``."""
-    from amct_torch.export.graph_outputs import convert
+    from amct_torch.export.convert import convert_model as convert
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
     record_file = _need_file(scale_offset_record_file, "record file", RecordError)
     save_path = _output_path(save_path, "save_path")
     with OutputTransaction(model_paths(save_path, "Both"), [model_file, weights_file, record_file],
-                           name=os.path.basename(save_path)) as tx:
+                           name=os.path.basename(save_path), known_suffixes=prefix_suffixes()) as tx:
         with unknown_fields_allowed(allow_unknown_fields or allowed()):
             staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from amct_torch.errors import AmctError, excerpt
-from amct_torch.files.output_names import ONNX_ACTIVATIONS, ONNX_TARGETS, PREFIX_SUFFIXES
+from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS
+from amct_torch.files.output_names import ONNX_ACTIVATIONS
 from amct_torch.files.transaction import Terminated, abort_open
 from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
 
@@ -43,7 +45,7 @@ CALIBRATE_EXAMPLES = """examples:
   amct-torch calibrate deploy.prototxt weights.caffemodel images/ --mean 104,117,123 --improve bias_correction
 
 outputs (prefix --output):
-""" + textwrap.fill("  ".join(PREFIX_SUFFIXES), width=96, initial_indent="  ", subsequent_indent="  ",
+""" + textwrap.fill("  ".join(prefix_suffixes()), width=96, initial_indent="  ", subsequent_indent="  ",
                     break_on_hyphens=False) + "\n"
 
 CONVERT_EXAMPLES = """examples:

@@ -288,13 +288,13 @@ def phases_child(argv: list[str]) -> None:
 
     import amct_torch.caffe.graph as graph
     import amct_torch.caffe.netio as netio
-    import amct_torch.export.graph_outputs as graph_outputs
+    import amct_torch.export.caffe.exporter as caffe_exporter
     wrap(netio, "read_net", "load_read_net")
     wrap(graph, "build_graph", "load_build_graph")
     wrap(oneshot, "_config_json", "config_json")
     wrap(oneshot, "load", "load_total")
     wrap(oneshot, "quantize_weights", "fuse_arq")
-    wrap(graph_outputs, "export_models", "write_caffe_outputs")
+    wrap(caffe_exporter, "write_caffe_models", "write_caffe_outputs")
     wrap(oneshot, "calibration_batches", "data_setup")
     wrap(oneshot, "run_calibration", "calibration")
     wrap(oneshot, "check_records", "records")

@@ -1,18 +1,44 @@
-"""The output models: fake-quant and deploy Caffe, quant info JSON, ONNX QDQ, convert_model.
-See docs/export.md."""
-from amct_torch.export.caffe.deploy import deploy_net, pack_deq_scale, save_deploy, unpack_deq_scale
-from amct_torch.export.caffe.fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
-from amct_torch.export.convert import convert_model, refuse_quantized_model, save_quant_models
-from amct_torch.export.quant_info import quant_info, write_quant_info
+"""The output models: fake-quant and deploy Caffe, quant info JSON, ONNX QDQ, convert_model,
+and the exporter interface the one-call job loops over (``exporter.py``, ``formats.py``).
+See docs/export.md.
 
+Names are imported on first use: the exporters' declarations (their file names, the ONNX
+targets) are read by ``--help`` and the option checks, which must not import torch or onnx."""
+from __future__ import annotations
 
-def export_onnx(*args, **kwargs):
-    """``amct_torch.export.onnx.qdq.export_onnx`` (same arguments, see there), imported on first
-    call: the ``onnx`` package costs ~0.5 s to import and most jobs write no ONNX model."""
-    from amct_torch.export.onnx.qdq import export_onnx as impl
-    return impl(*args, **kwargs)
+from typing import TYPE_CHECKING
 
+from amct_torch.runtime.lazy_names import lazy_names
 
-__all__ = ["convert_model", "deploy_net", "export_onnx", "fake_quant_graph", "fake_quant_net",
-           "pack_deq_scale", "quant_info", "refuse_quantized_model", "save_deploy",
-           "save_fake_quant", "save_quant_models", "unpack_deq_scale", "write_quant_info"]
+_CAFFE, _CONVERT, _INFO = "amct_torch.export.caffe", "amct_torch.export.convert", "amct_torch.export.quant_info"
+_FORMATS = "amct_torch.export.formats"
+#: public name -> the module that defines it
+_LAZY = {
+    "deploy_net": f"{_CAFFE}.deploy", "pack_deq_scale": f"{_CAFFE}.deploy", "save_deploy": f"{_CAFFE}.deploy",
+    "unpack_deq_scale": f"{_CAFFE}.deploy",
+    "fake_quant_graph": f"{_CAFFE}.fakequant", "fake_quant_net": f"{_CAFFE}.fakequant",
+    "save_fake_quant": f"{_CAFFE}.fakequant", "write_caffe_models": f"{_CAFFE}.exporter",
+    "convert_model": _CONVERT, "refuse_quantized_model": _CONVERT, "save_quant_models": _CONVERT,
+    "write_quant_info": _INFO,
+    "export_onnx": "amct_torch.export.onnx.qdq",
+    "Exporter": "amct_torch.export.exporter", "ExportInputs": "amct_torch.export.exporter",
+    "exporters_for": _FORMATS, "prefix_outputs": _FORMATS, "prefix_suffixes": _FORMATS,
+    "register_exporter": _FORMATS,
+}
+
+__all__ = ["ExportInputs", "Exporter", "convert_model", "deploy_net", "export_onnx", "exporters_for",
+           "fake_quant_graph", "fake_quant_net", "pack_deq_scale", "prefix_outputs", "prefix_suffixes",
+           "refuse_quantized_model", "register_exporter", "save_deploy", "save_fake_quant", "save_quant_models",
+           "unpack_deq_scale", "write_caffe_models", "write_quant_info"]
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.export.caffe.deploy import deploy_net, pack_deq_scale, save_deploy, unpack_deq_scale
+    from amct_torch.export.caffe.exporter import write_caffe_models
+    from amct_torch.export.caffe.fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
+    from amct_torch.export.convert import convert_model, refuse_quantized_model, save_quant_models
+    from amct_torch.export.exporter import Exporter, ExportInputs
+    from amct_torch.export.formats import exporters_for, prefix_outputs, prefix_suffixes, register_exporter
+    from amct_torch.export.onnx.qdq import export_onnx
+    from amct_torch.export.quant_info import write_quant_info

@@ -19,10 +19,11 @@ from amct_torch.caffe.graph import build_graph
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt, read_net
 from amct_torch.config import layer_infos_from_net
 from amct_torch.errors import ExportError, ModelError
+from amct_torch.export.caffe import SUFFIXES, model_paths
 from amct_torch.export.caffe.deploy import save_deploy
 from amct_torch.export.caffe.fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
-from amct_torch.files.output_names import SAVE_TYPES, model_paths, output_path
+from amct_torch.files.output_names import SAVE_TYPES
 from amct_torch.record import LayerRecord, read_record, validate_record
 
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")
@@ -82,7 +83,7 @@ def save_quant_models(fused: torch.fx.GraphModule, records: Mapping[str, LayerRe
     if save_type in ("Deploy", "Both"):
         emitted = save_deploy(fused, records, save_path, offset_form, record_file)
     assert emitted is not None, save_type  # save_type was checked against SAVE_TYPES
-    write_quant_info(output_path(save_path, "quant"), emitted, fused_map)
+    write_quant_info(save_path + SUFFIXES["quant"], emitted, fused_map)
     return model_paths(save_path, save_type)
 
 

@@ -23,7 +23,6 @@ from typing import Optional
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.files.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.files.output_errors import REASONS, STAGING_SUFFIX, user_path, write_error
-from amct_torch.files.output_names import prefix_outputs
 from amct_torch.files.termination import SignalGuard, Terminated, signals_held
 
 __all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
@@ -244,13 +243,14 @@ def _unlink_stale(paths: Iterable[str]) -> list[str]:
     return done
 
 
-def recover(staging: str, inputs: Iterable[Optional[str]] = ()) -> list[str]:
+def recover(staging: str, inputs: Iterable[Optional[str]] = (), known_suffixes: Sequence[str] = ()) -> list[str]:
     """Finish or discard what a killed run left in ``staging``: with a manifest (the run had
     committed) the listed files still there are renamed into place and the stale ones it lists
     removed; then the folder is removed. Returns the final paths completed. Refuses
     (``AmctError``) a staging folder that a live run holds. A damaged manifest is discarded
     with the folder (the run is taken as never committed); a listed name is never moved onto
-    or removed from one of ``inputs``, and only the prefix's known output names are removed."""
+    or removed from one of ``inputs``, and only the prefix's known output names (the prefix with
+    one of ``known_suffixes``) are removed."""
     if not os.path.lexists(staging):
         return []
     if not os.path.isdir(staging) or os.path.islink(staging):
@@ -279,7 +279,7 @@ def recover(staging: str, inputs: Iterable[Optional[str]] = ()) -> list[str]:
                 log.warning("%s: discarding the staging folder of an earlier run whose manifest is "
                             "damaged (its outputs were never complete)", staging)
             else:
-                done = _finish(staging, doc, ins)
+                done = _finish(staging, doc, ins, known_suffixes)
         _discard(staging)
     finally:
         os.close(fd)
@@ -296,7 +296,7 @@ def _discard(staging: str) -> list[str]:
     return []
 
 
-def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:
+def _finish(staging: str, doc: dict, inputs: list[str], known_suffixes: Sequence[str]) -> list[str]:
     """The renames and removals of a committed manifest that a kill interrupted."""
     folder = os.path.dirname(staging)
     done = []
@@ -307,7 +307,7 @@ def _finish(staging: str, doc: dict, inputs: list[str]) -> list[str]:
             os.replace(src, dst)
             done.append(dst)
     prefix = _prefix_name(staging)
-    known = {os.path.basename(p) for p in prefix_outputs(prefix)} if prefix else set()
+    known = {prefix + s for s in known_suffixes} if prefix else set()
     stale = [os.path.join(folder, n) for n in doc["removes"]
              if n in known and n not in doc["moves"]]
     _unlink_stale(p for p in stale if not any(same_file(p, i) for i in inputs))
@@ -339,13 +339,16 @@ class OutputTransaction:
     input files, which no output may name; ``name``: the output prefix's file name (names the
     staging folder ``.{name}.amct-partial``); ``owns_prefix``: the output prefix when this
     command writes the prefix's whole set (the calibrate job): the commit then also removes the
-    prefix's known output names this run did not write (``Published.removed``). ``begin()``
+    prefix's known output names (the prefix with one of ``known_suffixes``: every file a run
+    under it may write) this run did not write (``Published.removed``); a killed commit's
+    recovery removes only such names too. ``begin()``
     checks, creates the folder, recovers a killed run's leftovers and makes the staging folder;
     write each output at ``staged(final)``; ``commit(finals_written)`` publishes them;
     ``abort()`` (or leaving the ``with`` block with an error) discards them."""
 
     def __init__(self, finals: Sequence[str], inputs: Iterable[Optional[str]] = (),
-                 name: Optional[str] = None, owns_prefix: Optional[str] = None) -> None:
+                 name: Optional[str] = None, owns_prefix: Optional[str] = None,
+                 known_suffixes: Sequence[str] = ()) -> None:
         self.finals = [os.path.abspath(os.fspath(p)) for p in finals]
         if not self.finals:
             raise ValueError("an output transaction needs at least one output")
@@ -354,6 +357,7 @@ class OutputTransaction:
             raise ValueError("all outputs of one transaction must be in one folder")
         self.inputs = [p for p in inputs if isinstance(p, (str, os.PathLike))]
         self.name = name
+        self.known_suffixes = tuple(known_suffixes)
         self.owns_prefix = None if owns_prefix is None else os.path.abspath(os.fspath(owns_prefix))
         if self.owns_prefix is not None and os.path.dirname(self.owns_prefix) != self.folder:
             raise ValueError("the owned prefix must be in the outputs' folder")
@@ -370,7 +374,7 @@ class OutputTransaction:
         self._created = make_folder(self.folder)
         name = name or self.name or os.path.basename(self.finals[0])
         staging = staging_folder(os.path.join(self.folder, name))
-        recover(staging, self.inputs)
+        recover(staging, self.inputs, self.known_suffixes)
         self._signals.install()  # from here a SIGTERM cleans up like Ctrl-C
         try:
             with signals_held():  # the folder made and recorded as ours, or neither
@@ -415,7 +419,7 @@ class OutputTransaction:
             return []
         keep = {os.path.abspath(p) for p in publishing}
         out = []
-        for p in prefix_outputs(self.owns_prefix):
+        for p in (self.owns_prefix + s for s in self.known_suffixes):
             p = os.path.abspath(p)
             if p in keep or not os.path.lexists(p) or (os.path.isdir(p) and not os.path.islink(p)):
                 continue
@@ -487,7 +491,7 @@ class OutputTransaction:
             staging, self.staging = self.staging, None
             self._close()  # our lock goes first: recover takes it
             try:
-                recover(staging, self.inputs)
+                recover(staging, self.inputs, self.known_suffixes)
             except OSError as err:
                 raise AmctError(f"the outputs were committed but could not all be put in place "
                                 f"({err.strerror or err}); the next run on this prefix finishes "

@@ -203,7 +203,7 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
     """The calibration, the search and the outputs (``accuracy_based_auto_calibration``)."""
     from amct_torch.caffe.graph import load_caffe
     from amct_torch.config.json_config import write_quant_config_json
-    from amct_torch.export.graph_outputs import export_models
+    from amct_torch.export.caffe.exporter import write_caffe_models
     from amct_torch.files.atomic import atomic_write_text
     from amct_torch.record import write_record
     from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
@@ -227,7 +227,7 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
 
     files = _write_outputs(graph, records, skip, ranking, history, original, metric, save_dir,
                            write_quant_config_json, write_record, atomic_write_text,
-                           export_models)
+                           write_caffe_models)
     return AutoCalibrationResult(original, metric, skip, ranking, history, files)
 
 
@@ -315,6 +315,6 @@ def _write_outputs(graph: Any, records: dict, skip: Sequence[str], ranking: list
         {"original_metric": original, "final_metric": metric, "float_layers": list(skip),
          "evaluations": history}, indent=2) + "\n")
     if export is not None:
-        for p in export(graph, kept, "Both", save_dir):
+        for p in export(graph, kept, "Both", save_dir).values():
             files[os.path.basename(p)[len(os.path.basename(save_dir)) + 1:].rsplit(".", 1)[0]] = p
     return files

@@ -23,7 +23,9 @@ import torch
 from amct_torch.arguments import bool_arg, checked, instance, opt, path_arg, positive_int
 from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
-from amct_torch.files.output_names import TEST_REPORT_SUFFIX, output_path
+from amct_torch.export.caffe import SUFFIXES as CAFFE_SUFFIXES
+from amct_torch.export.onnx import SUFFIXES as ONNX_SUFFIXES
+from amct_torch.files.output_names import TEST_REPORT_SUFFIX
 from amct_torch.inputs.caffe_data import PhaseData
 from amct_torch.quality.detection_map import AP_VERSIONS
 
@@ -196,7 +198,7 @@ def quantized_forms(prefix: str) -> list[tuple[str, list[str]]]:
     found = []
     for form, kinds in (("fake_quant", ("fake_quant_model", "fake_quant_weights")),
                         ("deploy", ("deploy_model", "deploy_weights")), ("onnx", ("onnx",))):
-        files = [output_path(prefix, k) for k in kinds]
+        files = [prefix + {**CAFFE_SUFFIXES, **ONNX_SUFFIXES}[k] for k in kinds]
         if all(os.path.isfile(f) for f in files):
             found.append((form, files))
     return found

@@ -8,6 +8,7 @@ calibration), calibrate (the record stays in memory), write. Every file is commi
 the end (``amct_torch.files.transaction``): a failure or a kill publishes no file of the run."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -21,9 +22,8 @@ import torch
 from amct_torch.arguments import checked
 from amct_torch.calibration import resolve_device, run_calibration
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
-from amct_torch.export import fake_quant_graph
+from amct_torch.export import Exporter, ExportInputs, exporters_for, fake_quant_graph, prefix_suffixes
 from amct_torch.files import OutputTransaction, check_outputs, output_path, user_path, write_error
-from amct_torch.files.output_names import model_kinds
 from amct_torch.inputs import BatchPlan, Preprocess, plan_batches
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
@@ -99,7 +99,8 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
 @dataclass
 class _Plan:
     """Where the job runs and writes: the distributed context, the device, the final and
-    staged path of every output, the transaction (None on ranks > 0) and the work folder."""
+    staged path of every output, the transaction (None on ranks > 0), the work folder and the
+    exporters of the formats asked for."""
 
     ctx: Any
     device: torch.device
@@ -108,7 +109,7 @@ class _Plan:
     tx: Optional[OutputTransaction]
     tmp: str
     prefix: str
-    float_onnx: Any = None  # the float ONNX model being written during calibration (FloatAhead)
+    exporters: list[Exporter]  # the output formats this run writes, in writing order
     data: Optional[BatchPlan] = None  # the calibration data's batches (made once the model is loaded)
 
 
@@ -135,7 +136,7 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
     from amct_torch.runtime import JobProgress, progress_enabled
 
     plan = _plan(opts.validate())
-    writes = bool(opts.onnx) or opts.save_type is not None  # one phase: side by side
+    writes = bool(plan.exporters)  # one phase: side by side
     prog = JobProgress(4 + bool(opts.improve) + writes + 2 * bool(opts.report), progress_enabled(opts.quiet))
     try:
         graph, config_file = _load_and_check(opts, plan, prog)
@@ -168,8 +169,7 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
         if plan.data is not None:  # the net's data layers: their databases and decoding threads
             plan.data.close()
         try:
-            if plan.float_onnx is not None:  # its thread stopped, its file gone unless committed
-                plan.float_onnx.discard()
+            _discard(plan.exporters)  # their threads stopped, their files gone unless committed
         finally:
             if plan.tx is not None:
                 plan.tx.abort()
@@ -185,26 +185,27 @@ def _plan(opts: QuantizeOptions) -> _Plan:
         from amct_torch.calibration import init_distributed
         ctx = init_distributed(opts.device)
     dev = ctx.device if ctx is not None and ctx.active else resolve_device(opts.device)
-    finals = planned_outputs(opts.output, opts.save_type, opts.onnx, opts.report)
+    exporters = exporters_for(opts)
+    finals = planned_outputs(opts.output, exporters, opts.report)
     check_outputs(list(finals.values()), opts.inputs)
     tx = None
     if ctx is None or ctx.is_writer:
-        tx = OutputTransaction(list(finals.values()), opts.inputs,
-                               owns_prefix=opts.output).begin(os.path.basename(opts.output))
+        tx = OutputTransaction(list(finals.values()), opts.inputs, owns_prefix=opts.output,
+                               known_suffixes=prefix_suffixes()).begin(os.path.basename(opts.output))
         assert tx.staging is not None  # begin() made it
         tmp = tx.staging
     else:  # ranks > 0 write nothing: private work folder
         tmp = tempfile.mkdtemp(prefix="amct_")
     staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
-    return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)))
+    return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)), exporters)
 
 
 def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGraph, str]:
     """The end of planning: the quant config (written from a quant.cfg or the defaults, or the
     user's JSON) and the model, then every option checked against them before any calibration
-    work: with ``onnx``, the ONNX preflight builds both models in memory as the exporter will
-    (layer mappings, ``onnx_outputs`` blob names, the QDQ form, the checker); a problem is an
-    ``ExportError`` naming the model file, and nothing of the run is published."""
+    work: each exporter's check (the ONNX one builds both models in memory as it will write
+    them: layer mappings, ``onnx_outputs`` blob names, the QDQ form, the checker); a problem is
+    an ``AmctError`` naming the user's file, and nothing of the run is published."""
     prog.start("reading the model")
     cfg = _config_json(opts.config, plan.staged["config"], opts.model_file, opts.weights_file, opts.skip_layers,
                        opts.batch_num or 1, opts.activation_offset)
@@ -219,14 +220,9 @@ def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGrap
                              batch_size=opts.batch_size, preprocess=opts.preprocess,
                              report_batches=opts.report_batches if opts.report else 0,
                              report_data=opts.report_data, guard=bool(opts.improve),
-                             keep_all=bool(opts.improve or opts.onnx))
-    if opts.onnx:  # imported only here: a run without ONNX output never loads onnx
-        from amct_torch.export.onnx.preflight import preflight_onnx
-        from amct_torch.export.onnx.targets import check_config as check_target_config
-
-        check_target_config(opts.onnx_target, graph.config, opts.config)  # names the config file
-        preflight_onnx(graph.model, graph.config, activations=opts.onnx_activations, outputs=opts.onnx_outputs,
-                       model_file=opts.model_file, speed=opts.onnx_speed, target=opts.onnx_target)
+                             keep_all=bool(opts.improve) or any(e.reads_batches for e in plan.exporters))
+    for exporter in plan.exporters:  # each imports its heavy packages only here (onnx: --onnx)
+        exporter.check(graph)
     if opts.batch_num is not None:
         graph.config.batch_num = int(opts.batch_num)
     return graph, cfg
@@ -237,12 +233,9 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     n = graph.config.batch_num
     prog.start("BN fusion + ARQ")
     quantize_weights(graph)
-    if opts.onnx and plan.tx is not None and opts.onnx_target == "onnxruntime":
-        # the float model needs no calibration: built now, before the observers, and written
-        # beside the calibration once the data checks passed (export/onnx/float_ahead.py)
-        from amct_torch.export.onnx.float_ahead import FloatAhead
-        plan.float_onnx = FloatAhead(graph.fused, plan.prefix, activations=opts.onnx_activations,
-                                     outputs=opts.onnx_outputs, model_file=graph.model_file)
+    if plan.tx is not None:  # what needs no calibration (ONNX: the float model), built before the observers
+        for exporter in plan.exporters:
+            exporter.prepare(graph.fused, plan.prefix)
     session = start_calibration(graph, ifmr_mode=opts.ifmr_mode)
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
@@ -251,8 +244,8 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     batches = data.calibration_batches(n)  # the data and memory checks first
     if opts.checkpoint is not None:
         _fingerprint_run(graph, opts, n, data.batch_size)
-    if plan.float_onnx is not None:
-        plan.float_onnx.start()
+    for exporter in plan.exporters:  # written beside the calibration, once the data checks passed
+        exporter.start()
     data.calibrated(run_calibration(model, session, batches, plan.device, quiet=opts.quiet,
                                     ctx=plan.ctx, checkpoint=opts.checkpoint))
     records = check_records(graph, finish_calibration(graph), None)
@@ -262,8 +255,6 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
 def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Calibrated, prog) -> QuantizeResult:
     """Every output into the staging folder -- the record written once, from memory -- then
     one commit."""
-    from amct_torch.export.graph_outputs import export_models, export_onnx_model
-
     graph, model, staged, records = cal.graph, cal.model, plan.staged, cal.records
     files = {"config": staged["config"], "record": staged["record"]}
     if cal.config_file != staged["config"]:  # the user's JSON config, copied as it was read
@@ -276,31 +267,13 @@ def _write(opts: QuantizeOptions, plan: _Plan, tx: OutputTransaction, cal: _Cali
                                  cal.data.guard_batches())
         records = check_records(graph, improved.records, None)
     write_records(records, staged["record"])
-    save_type = opts.save_type
-    caffe_models = onnx_models = None
-    if save_type is not None:
-        def caffe_models() -> None:
-            export_models(graph, records, save_type, plan.prefix)
-    if opts.onnx:
-        calib = [b[0] if isinstance(b, tuple) else b for b in cal.data.cache]
-        calibration_data = [b.cpu().numpy() for b in calib]
-
-        def onnx_models() -> tuple[str, str]:
-            float_staged = plan.float_onnx.wait() if plan.float_onnx is not None else None
-            return export_onnx_model(
-                graph, records, plan.prefix, opts.onnx_activations, quantize_eltwise=opts.onnx_speed,
-                calibration_data=calibration_data, outputs=opts.onnx_outputs,
-                float_model=model if improved is not None else None, target=opts.onnx_target,
-                float_staged=float_staged)
-    if caffe_models is not None or onnx_models is not None:
-        kinds = [k for k, f in (("Caffe", caffe_models), ("ONNX", onnx_models)) if f is not None]
-        prog.start(f"writing the {' and '.join(kinds)} models")
+    inputs = ExportInputs(graph, records, plan.prefix, float_model=model if improved is not None else None,
+                          batches=cal.data.cache)
+    if plan.exporters:
+        prog.start(f"writing the {_joined([e.label for e in plan.exporters])} models")
     # side by side: each one's waits (framing, the disk, ONNX Runtime's check) overlap
-    _, onnx_paths = side_by_side(caffe_models, onnx_models)
-    if save_type is not None:
-        files.update((k, output_path(plan.prefix, k)) for k in model_kinds(save_type))
-    if onnx_paths is not None:
-        files["onnx_float"], files["onnx"] = onnx_paths
+    for written in side_by_side(*(functools.partial(e.write, inputs) for e in plan.exporters)):
+        files.update(written)
     # the fake-quant twin (a second copy of every weight) only when something reads it: the
     # report now, a caller of the result on first access; after the ONNX models either way, so
     # that the export never holds its weights beside its own
@@ -346,11 +319,30 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
     return stats, page.write(files["html_report"], stats)
 
 
-def planned_outputs(output: str, save_type: Optional[str], onnx: Any, report: bool) -> dict[str, str]:
-    """kind → final path of every file ``quantize`` may write under the prefix ``output``."""
-    kinds = ["config", "record"] + (model_kinds(save_type) if save_type is not None else [])
-    kinds += (["onnx_float", "onnx"] if onnx else []) + (["report", "html_report"] if report else [])
-    return {k: os.path.abspath(output_path(output, k)) for k in kinds}
+def planned_outputs(output: str, exporters: Sequence[Exporter], report: bool) -> dict[str, str]:
+    """kind → final path of every file ``quantize`` may write under the prefix ``output``:
+    the config and the record, each exporter's kinds, the reports."""
+    paths = {k: output_path(output, k) for k in ("config", "record")}
+    paths.update((k, e.path(output, k)) for e in exporters for k in e.kinds())
+    paths.update((k, output_path(output, k)) for k in (("report", "html_report") if report else ()))
+    return {k: os.path.abspath(p) for k, p in paths.items()}
+
+
+def _joined(labels: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _discard(exporters: Sequence[Exporter]) -> None:
+    """Every exporter's ``discard``, each one tried; the first error is raised after."""
+    first: Optional[BaseException] = None
+    for exporter in exporters:
+        try:
+            exporter.discard()
+        except BaseException as err:  # noqa: BLE001 - raised below, once every one was tried
+            first = first or err
+    if first is not None:
+        raise first
 
 
 def _config_json(config: Optional[str], path: str, model_file: str, weights_file: str,

@@ -26,11 +26,11 @@ from amct_torch.arguments import (
     positive_int,
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
+from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS, get_target
 from amct_torch.files.output_names import (
     IMPROVEMENTS,
     ONNX_ACTIVATIONS,
-    ONNX_TARGETS,
-    PREFIX_SUFFIXES,
     SAVE_TYPES,
     improvement_list,
 )
@@ -152,7 +152,7 @@ class QuantizeOptions:
             self.improve = improvement_list(self.improve)
         except ValueError as err:
             raise AmctError(str(err)) from None
-        self.output = check_output_name(self.output, "output", PREFIX_SUFFIXES)
+        self.output = check_output_name(self.output, "output", prefix_suffixes())
         self._check_dropped()
         return self
 
@@ -172,7 +172,6 @@ class QuantizeOptions:
             raise AmctError("onnx_outputs (--onnx-outputs) and onnx_speed (--onnx-quantize-eltwise) "
                             "shape the ONNX model: ask for it too (--onnx)")
         if isinstance(self.onnx, str):
-            from amct_torch.export.onnx.targets import get_target
             fixed = get_target(self.onnx_target).activations
             if fixed is not None and fixed != self.onnx:
                 raise AmctError(f"--onnx-target {self.onnx_target} writes {fixed} activations; "

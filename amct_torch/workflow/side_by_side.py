@@ -1,10 +1,10 @@
-"""Two pieces of work at once: the first on a helper thread, the second on the caller's.
+"""Pieces of work at once: each but the last on a helper thread, the last on the caller's.
 
-Why: the job writes the Caffe models and the ONNX models from the same calibrated graph, and
-neither reads what the other writes; side by side their waits (quantizing blobs, the disk, ONNX
-Runtime's check) overlap. The outcome is that of running them in order: the first one's error
-wins, and the caller never leaves before the helper thread has stopped, so the clean-up never
-removes a folder the other is still writing into."""
+Why: the job writes each output format (the Caffe models, the ONNX models, ...) from the same
+calibrated graph, and none reads what another writes; side by side their waits (quantizing
+blobs, the disk, ONNX Runtime's check) overlap. The outcome is that of running them in order:
+the first one's error wins, and the caller never leaves before every helper thread has
+stopped, so the clean-up never removes a folder another is still writing into."""
 from __future__ import annotations
 
 import contextlib
@@ -15,24 +15,46 @@ from amct_torch.runtime import HelperThread
 __all__ = ["side_by_side"]
 
 
-def side_by_side(first: Optional[Callable[[], Any]], second: Optional[Callable[[], Any]]) -> tuple[Any, Any]:
-    """``(first(), second())``, run at the same time when both are given (None: not run, its
-    result None)."""
-    if first is None or second is None:
-        return (first() if first is not None else None), (second() if second is not None else None)
-    helper = HelperThread(first, "amct-side-by-side")
+def side_by_side(*works: Optional[Callable[[], Any]]) -> tuple[Any, ...]:
+    """``(works[0](), works[1](), ...)``, run at the same time (None: not run, its result
+    None); the last one given runs on the caller's thread (alone: no thread is started)."""
+    given = [k for k, w in enumerate(works) if w is not None]
+    out: list[Any] = [None] * len(works)
+    if not given:
+        return tuple(out)
+    *others, last = given
+    helpers = {k: HelperThread(works[k], "amct-side-by-side") for k in others}  # type: ignore[arg-type]
     try:
-        out = second()
+        out[last] = works[last]()  # type: ignore[misc]
     except Exception:
-        helper.wait()  # an interrupt while waiting is raised from here, once the helper stopped
-        if helper.error is not None:  # in order, the first one's error would have come first
-            raise helper.error from None
+        _wait_all(helpers)  # an interrupt while waiting is raised from here, once all stopped
+        _raise_first(helpers)  # in order, an earlier one's error would have come first
         raise
-    except BaseException:  # an interrupt or a termination signal: it wins, once the helper stopped
+    except BaseException:  # an interrupt or a termination signal: it wins, once the helpers stopped
         with contextlib.suppress(BaseException):  # the one already on its way is raised
-            helper.wait()
+            _wait_all(helpers)
         raise
-    helper.wait()
-    if helper.error is not None:
-        raise helper.error
-    return helper.result, out
+    _wait_all(helpers)
+    _raise_first(helpers)
+    for k, helper in helpers.items():
+        out[k] = helper.result
+    return tuple(out)
+
+
+def _raise_first(helpers: dict[int, HelperThread]) -> None:
+    """Raise the error of the first helper (in the works' order) that failed."""
+    for helper in helpers.values():
+        if helper.error is not None:
+            raise helper.error from None
+
+
+def _wait_all(helpers: dict[int, HelperThread]) -> None:
+    """Wait for every helper; the first interruption meanwhile is raised once all stopped."""
+    pending: Optional[BaseException] = None
+    for helper in helpers.values():
+        try:
+            helper.wait()
+        except BaseException as err:  # noqa: BLE001 - raised below, once every helper stopped
+            pending = pending or err
+    if pending is not None:
+        raise pending

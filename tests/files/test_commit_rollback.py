@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from amct_torch.errors import AmctError
+from amct_torch.export.formats import prefix_suffixes
 from amct_torch.files.transaction import ASIDE, OutputTransaction, recover, staging_folder
 
 
@@ -26,7 +27,7 @@ def _old_set(prefix: str, suffixes=("_record.txt", "_quant.json", "_quant_config
 
 
 def _staged_new(finals: list, owns: str = None) -> OutputTransaction:
-    tx = OutputTransaction(finals, owns_prefix=owns).begin("m")
+    tx = OutputTransaction(finals, owns_prefix=owns, known_suffixes=prefix_suffixes()).begin("m")
     for p in finals:
         with open(tx.staged(p), "w") as f:
             f.write("new")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import amct_torch
-from amct_torch.files.output_names import prefix_outputs
+from amct_torch.export.formats import prefix_outputs, prefix_suffixes
 from amct_torch.files.transaction import MANIFEST, OutputTransaction, Terminated, recover, staging_folder
 from amct_torch.workflow.examples import EXAMPLE_DIR, example_model
 
@@ -97,7 +97,7 @@ def test_stale_removal_spares_the_inputs_of_the_run(tmp_path):
         with open(p, "w") as f:
             f.write("old")
     tx = OutputTransaction([prefix + "_record.txt"], inputs=[prefix + "_layer_report.json"],
-                           owns_prefix=prefix).begin("m")
+                           owns_prefix=prefix, known_suffixes=prefix_suffixes()).begin("m")
     with open(tx.staged(prefix + "_record.txt"), "w") as f:
         f.write("new")
     published = tx.commit()
@@ -131,7 +131,7 @@ def test_a_kill_during_the_commit_is_finished_with_its_removals_only_of_known_na
     manifest = {"moves": ["m_record.txt"],
                 "removes": ["m_quant.onnx", "m_float.onnx", "m_notes.txt", "keep.txt"]}
     (tmp_path / ".m.amct-partial" / MANIFEST).write_text(json.dumps(manifest))
-    done = recover(staging)
+    done = recover(staging, known_suffixes=prefix_suffixes())
     assert done == [os.path.join(str(tmp_path), "m_record.txt")]
     # m_notes.txt and keep.txt are no output names of prefix m: a manifest cannot remove them
     assert _names(tmp_path) == {"m_record.txt", "m_notes.txt", "keep.txt"}
@@ -251,7 +251,7 @@ def _sigterm_after_the_first_rename(monkeypatch) -> None:
 def test_sigterm_inside_the_commit_waits_for_the_whole_set(tmp_path, monkeypatch, default_sigterm):
     prefix = str(tmp_path / "m")
     finals = [prefix + "_record.txt", prefix + "_quant.json", prefix + "_quant_config.json"]
-    tx = _staged_new(OutputTransaction(finals, owns_prefix=prefix), finals)
+    tx = _staged_new(OutputTransaction(finals, owns_prefix=prefix, known_suffixes=prefix_suffixes()), finals)
     _sigterm_after_the_first_rename(monkeypatch)
     with pytest.raises(Terminated) as stop:
         tx.commit()

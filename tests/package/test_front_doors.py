@@ -19,9 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(ROOT, "amct_torch")
 #: the workflow modules held to front doors (inspect_model reads the Caffe layers' inner traits
 #: by design, options.py declares the options from the packages' own name lists)
-FRONT_DOOR_MODULES = ("__init__", "result", "side_by_side", "demo", "examples")
+FRONT_DOOR_MODULES = ("__init__", "job", "result", "side_by_side", "demo", "examples")
 #: the packages whose front doors import on first use
-LAZY_PACKAGES = ("caffe", "calibration", "files", "improve", "inputs", "quality", "runtime", "workflow")
+LAZY_PACKAGES = ("caffe", "calibration", "export", "files", "improve", "inputs", "quality", "runtime", "workflow")
 
 
 def _is_package(name: str) -> bool:

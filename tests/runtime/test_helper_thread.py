@@ -85,7 +85,8 @@ def test_sigterm_while_the_job_waits_for_its_exports_publishes_nothing(tmp_path,
 
     import numpy as np
 
-    import amct_torch.export.graph_outputs as outputs
+    from amct_torch.export.caffe.exporter import CaffeExporter
+    from amct_torch.export.onnx.exporter import OnnxExporter
     from amct_torch.workflow import quantize
     from helpers.caffe_nets import make_net, rand
 
@@ -96,7 +97,7 @@ def test_sigterm_while_the_job_waits_for_its_exports_publishes_nothing(tmp_path,
                               {"conv1": [rand(6, 3, 3, 3, seed=1), rand(6, seed=2)]})
     data = tmp_path / "x.npy"
     np.save(data, rand(4, 3, 8, 8, seed=3))
-    caffe, onnx_models = outputs.export_models, outputs.export_onnx_model
+    caffe, onnx_models = CaffeExporter.write, OnnxExporter.write
     caffe_done = []
 
     def slow_caffe(*a, **k):
@@ -110,8 +111,8 @@ def test_sigterm_while_the_job_waits_for_its_exports_publishes_nothing(tmp_path,
         threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
         return out
 
-    monkeypatch.setattr(outputs, "export_models", slow_caffe)
-    monkeypatch.setattr(outputs, "export_onnx_model", onnx_then_sigterm)
+    monkeypatch.setattr(CaffeExporter, "write", slow_caffe)
+    monkeypatch.setattr(OnnxExporter, "write", onnx_then_sigterm)
     out = tmp_path / "out" / "m"
     with pytest.raises(SystemExit) as ended:
         quantize(proto, weights, str(data), output=str(out), save_type="Both", onnx=True,

@@ -114,7 +114,7 @@ def test_cli_ghost_onnx_output_exits_2_with_no_file_of_the_run(tmp_path, capsys)
 def test_onnx_failing_after_calibration_publishes_nothing(tmp_path, monkeypatch):
     """The ONNX models are in the same transaction as the record and the Caffe models: an
     export failing once everything else is staged leaves the earlier run's set as it was."""
-    import amct_torch.export.graph_outputs as graph_outputs
+    from amct_torch.export.onnx.exporter import OnnxExporter
 
     proto, weights = example_model()
     out = str(tmp_path / "m")
@@ -125,7 +125,7 @@ def test_onnx_failing_after_calibration_publishes_nothing(tmp_path, monkeypatch)
     def boom(*_a, **_k):
         raise ExportError("ONNX export: the disk said no", file=proto)
 
-    monkeypatch.setattr(graph_outputs, "export_onnx_model", boom)
+    monkeypatch.setattr(OnnxExporter, "write", boom)
     x, _ = example_data("calib")
     other = [torch.from_numpy(x[i:i + 20]) for i in (40, 60)]   # other data: another record
     with pytest.raises(ExportError):

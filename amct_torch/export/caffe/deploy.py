@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.export.caffe import SUFFIXES
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
 from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
-from amct_torch.files.output_names import output_path
 from amct_torch.record import LayerRecord
 
 
@@ -66,6 +66,6 @@ def save_deploy(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord], sa
     """Write ``{save_path}_deploy_model.prototxt`` and ``{save_path}_deploy_weights.caffemodel``."""
     plan = LazyPlan(gm, records, file, fake=False, rows=True)  # every check now; each layer's int8 as written
     emitted = emit_net(gm, plan.light, _deploy_blobs, _deploy_dequant_blobs, file, full=plan)
-    write_caffe_layers(emitted, output_path(save_path, "deploy_model"),
-                       output_path(save_path, "deploy_weights"), offset_form)
+    write_caffe_layers(emitted, save_path + SUFFIXES["deploy_model"],
+                       save_path + SUFFIXES["deploy_weights"], offset_form)
     return emitted

@@ -21,10 +21,10 @@ from amct_torch.caffe.graph import CaffeGraphModule, build_graph, layer_modules
 from amct_torch.caffe.layers import CaffeLayer, QuantLayer
 from amct_torch.caffe.layers.base import taking_blobs
 from amct_torch.caffe.netio import ParsedNet
+from amct_torch.export.caffe import SUFFIXES
 from amct_torch.export.caffe.netbuild import EmittedNet, emit_net
 from amct_torch.export.caffe.text import write_caffe_layers
 from amct_torch.export.layer_quant import LayerQuant, LazyPlan, plan_layers
-from amct_torch.files.output_names import output_path
 from amct_torch.record import LayerRecord
 
 
@@ -132,6 +132,6 @@ def save_fake_quant(gm: torch.fx.GraphModule, records: Mapping[str, LayerRecord]
     """Write ``{save_path}_fake_quant_model.prototxt`` and ``_fake_quant_weights.caffemodel``."""
     plan = LazyPlan(gm, records, file, rows=True)  # every check now; each layer's weights as written
     emitted = emit_net(gm, plan.light, _fake_blobs, _fake_dequant_blobs, file, full=plan)
-    write_caffe_layers(emitted, output_path(save_path, "fake_quant_model"),
-                       output_path(save_path, "fake_quant_weights"), offset_form)
+    write_caffe_layers(emitted, save_path + SUFFIXES["fake_quant_model"],
+                       save_path + SUFFIXES["fake_quant_weights"], offset_form)
     return emitted

@@ -16,15 +16,15 @@ from typing import Any, Optional
 
 from torch import fx
 
+from amct_torch.export.onnx import SUFFIXES
 from amct_torch.files.atomic import remove_quietly
-from amct_torch.files.output_names import output_path
 from amct_torch.runtime.helper_thread import HelperThread
 
 __all__ = ["FloatAhead"]
 
 
 class FloatAhead:
-    """``{path_prefix}_float.onnx`` of ``graph`` (the layout of target onnxruntime), built
+    """``{path_prefix}_float.onnx`` of ``graph`` (for a ``streamed`` target), built
     now (probing runs the graph's modules: before calibration attaches its observers) and
     written on a daemon thread from ``start()`` on: ``wait()`` gives its (temporary, final)
     pair or raises what writing or checking it raised; ``discard()`` stops caring (waits for
@@ -36,7 +36,7 @@ class FloatAhead:
                  model_file: Optional[str] = None) -> None:
         from amct_torch.export.onnx.qdq import _build
 
-        self.path = output_path(path_prefix, "onnx_float")
+        self.path = path_prefix + SUFFIXES["onnx_float"]
         self._model_file = model_file
         self._built: Any = _build(graph, {}, activations, model_file, "float", outputs=outputs,
                                   dynamic_spatial=dynamic_spatial, stream=True)

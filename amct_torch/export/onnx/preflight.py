@@ -190,7 +190,7 @@ def preflight_onnx(gm: fx.GraphModule, quant: Union[Any, Iterable[str], None] = 
             model, b = _build(graph, plan, activations, model_file, "quant", out_factors=out_f,
                               eltwise=elt, elt_factors=elt_f, outputs=outputs, dynamic_spatial=False,
                               probed=pr, integer_ops=integer_ops, light=True)
-            if plan and target != "onnxruntime":  # the target's rewrite reads names, not weights
+            if plan and get_target(target).rewritten:  # the target's rewrite reads names, not weights
                 check_structure(apply_target(target, model), model_file, b.layer_of,
                                 f"the QDQ model for --onnx-target {target}")
             built.append((model, b))

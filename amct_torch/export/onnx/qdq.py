@@ -26,7 +26,7 @@ from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.caffe.layers.traits import is_transposed
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
-from amct_torch.export.onnx import layers_core, layers_segmentation  # noqa: F401  (register their mappings)
+from amct_torch.export.onnx import SUFFIXES, layers_core, layers_segmentation  # noqa: F401  (register their mappings)
 from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
@@ -39,7 +39,7 @@ from amct_torch.export.onnx.targets import check_speed, get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.files.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
 from amct_torch.files.direct_io import DirectFile
-from amct_torch.files.output_names import ONNX_ACTIVATIONS, output_path
+from amct_torch.files.output_names import ONNX_ACTIVATIONS
 from amct_torch.record import LayerRecord
 
 OPSET = 17
@@ -485,7 +485,7 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
     to write as ``_float.onnx`` when it is not ``graph`` (e.g. the user's float model when
     ``graph`` was changed by an improvement); None: ``graph``. ``float_staged``: the float
     model already written and checked (``float_ahead.FloatAhead``): its (temporary, final)
-    pair, put in place with the quant model (target "onnxruntime" only)."""
+    pair, put in place with the quant model (a ``streamed`` target only)."""
     activations, integer_ops = get_target(target).layout(activations, integer_ops)
     if activations not in ONNX_ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ONNX_ACTIVATIONS)}, got {activations!r}")
@@ -508,20 +508,20 @@ def export_onnx(graph: fx.GraphModule, records: Mapping[str, LayerRecord], path_
                                           calibration_data, file)
         out_factors = {n: factors[n] for n in res}
         elt_factors = {n: factors[n] for n in extra}
-    float_path, quant_path = output_path(path_prefix, "onnx_float"), output_path(path_prefix, "onnx")
+    float_path, quant_path = path_prefix + SUFFIXES["onnx_float"], path_prefix + SUFFIXES["onnx"]
     pr = probe(graph, try_spatial=dynamic_spatial is not False)
     if float_graph is None:
         float_graph = graph
     named = model_file if model_file is not None else file
     # the ONNX Runtime layout is written from the arrays, one model at a time (the targets'
     # rewrites read initializer values: built whole)
-    stream = target == "onnxruntime"
+    stream = get_target(target).streamed
     if float_staged is not None and (not stream or float_staged[1] != float_path):
-        raise ValueError(f"float_staged: a model staged for {float_path} and target onnxruntime only")
+        raise ValueError(f"float_staged: a model staged for {float_path} and a streamed target only")
     quant = _build(graph, plan, activations, named, "quant", bias, out_factors, eplan, elt_factors,
                    outputs=outputs, dynamic_spatial=dynamic_spatial, probed=pr,
                    integer_ops=integer_ops and not quantize_eltwise, stream=stream)
-    if target != "onnxruntime":
+    if get_target(target).rewritten:
         check_structure(apply_target(target, quant[0]), named, quant[1].layer_of, "the quant ONNX model")
     if stream:
         del plan

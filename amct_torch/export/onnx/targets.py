@@ -11,7 +11,6 @@ and why: docs/export.md, "Runtime targets"."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -19,36 +18,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amct_torch.errors import ConfigError, ExportError
+from amct_torch.export.onnx.runtime_targets import TARGETS, Target, get_target
 
-
-@dataclass(frozen=True)
-class Target:
-    """What one runtime target fixes in the QDQ model (None: the caller's choice stands)."""
-
-    name: str
-    activations: Optional[str]
-    integer_ops: Optional[bool]
-    symmetric: bool
-
-    def layout(self, activations: str, integer_ops: bool) -> tuple[str, bool]:
-        """The activation type and whether the integer form is written: what this target
-        fixes, else the caller's choice."""
-        return (self.activations or activations,
-                integer_ops if self.integer_ops is None else self.integer_ops)
-
-
-TARGETS = {
-    "onnxruntime": Target("onnxruntime", None, None, False),
-    "openvino": Target("openvino", "uint8", False, False),
-    "tensorrt": Target("tensorrt", "int8", False, True),
-}
-
-
-def get_target(name: str) -> Target:
-    """The target called ``name``; a ValueError lists the choices."""
-    if name not in TARGETS:
-        raise ValueError(f"onnx target must be one of {', '.join(TARGETS)}, got {name!r}")
-    return TARGETS[name]
+__all__ = ["TARGETS", "Target", "apply", "check_config", "check_options", "check_records", "check_speed",
+           "get_target", "symmetric_fix"]
 
 
 def symmetric_fix(source: str) -> str:
@@ -106,12 +79,10 @@ def check_records(target: str, offsets: Iterable[tuple[str, int]], file: Optiona
 
 
 def apply(target: str, model: onnx.ModelProto) -> onnx.ModelProto:
-    """The built QDQ model rewritten in place for ``target`` (onnxruntime: unchanged)."""
-    if target == "openvino":
-        _subsample_strided_pointwise(model)
-    elif target == "tensorrt":
-        _residual_through_qdq(model)
-        _requantize_after_reshape(model)
+    """The built QDQ model rewritten in place for ``target`` (one that is not ``rewritten``:
+    unchanged)."""
+    for rewrite in _REWRITES.get(get_target(target).name, ()):
+        rewrite(model)
     return model
 
 
@@ -251,3 +222,11 @@ def _drop_unused(model: onnx.ModelProto) -> None:
     used = _read_names(nodes)
     for t in [t for t in model.graph.initializer if t.name not in used]:
         model.graph.initializer.remove(t)
+
+
+#: each rewritten target's rewrites of the built QDQ model, in order (the targets whose
+#: ``rewritten`` field is set; tests/export checks the two agree)
+_REWRITES: dict[str, tuple[Callable[[onnx.ModelProto], Any], ...]] = {
+    "openvino": (_subsample_strided_pointwise,),
+    "tensorrt": (_residual_through_qdq, _requantize_after_reshape),
+}
