@@ -1,4 +1,4 @@
-"""Two exports at once: the outcome of running them in order, and nobody left writing."""
+"""Exports at once: the outcome of running them in order, and nobody left writing."""
 from __future__ import annotations
 
 import threading
@@ -77,3 +77,37 @@ def test_an_interrupt_in_the_callers_work_wins_once_the_helper_stopped():
     with pytest.raises(KeyboardInterrupt):
         side_by_side(first, second)
     assert done == [1]
+
+
+def test_three_run_at_the_same_time_and_the_earliest_error_wins():
+    started = threading.Barrier(3, timeout=10)
+
+    def work(name, fails=False):
+        def run():
+            started.wait()  # only passes when all three run at once
+            if fails:
+                raise ValueError(name)
+            return name
+        return run
+
+    assert side_by_side(work("a"), None, work("b"), work("c")) == ("a", None, "b", "c")
+    started.reset()
+    with pytest.raises(ValueError, match="b"):
+        side_by_side(work("a"), work("b", True), work("c", True))
+
+
+def test_the_caller_leaves_only_after_every_helper_stopped():
+    done = []
+
+    def slow(delay):
+        def run():
+            time.sleep(delay)
+            done.append(delay)
+        return run
+
+    def last():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        side_by_side(slow(0.3), slow(0.1), last)
+    assert sorted(done) == [0.1, 0.3]
