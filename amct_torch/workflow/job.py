@@ -81,7 +81,7 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
     rank 0 alone writes the outputs (docs/distributed.md);
     ``checkpoint``: a path where the observer states are saved after each batch, and resumed
     from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
-    (``output_names.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric
+    (``runtime_targets.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric
     activations and is refused before calibration otherwise). ``allow_unknown_fields``: run a
     prototxt whose layers have fields this tool does not read (a Caffe fork's parameters) without
     them; refused by default (docs/caffe_format.md "Unknown fields"). Files:
