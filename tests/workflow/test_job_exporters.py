@@ -118,10 +118,3 @@ def test_a_failing_exporter_check_publishes_nothing(tmp_path, notes, monkeypatch
     assert written == [] and notes.calls == ["discard"]
     assert not out.parent.exists()  # the folder the run made is gone with its staging folder
 
-
-def test_a_suffix_already_owned_is_refused(notes):
-    class Clash(Exporter):
-        suffixes = {"twin": "_notes.txt"}
-
-    with pytest.raises(ValueError, match="_notes.txt"):
-        formats.register_exporter(Clash)
