@@ -19,9 +19,8 @@ from amct_torch.arguments import checked, instance, one_of, opt, path_arg
 from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
-from amct_torch.export.caffe import model_paths
+from amct_torch.export.caffe import SAVE_TYPES, model_paths
 from amct_torch.export.formats import prefix_suffixes
-from amct_torch.files.output_names import SAVE_TYPES
 from amct_torch.files.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
 from amct_torch.inputs.limits import check_regular_file
 from amct_torch.record import empty_record, read_record

@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 from amct_torch.errors import AmctError, excerpt
 from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export.onnx import ONNX_ACTIVATIONS
 from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS
-from amct_torch.files.output_names import ONNX_ACTIVATIONS
 from amct_torch.files.transaction import Terminated, abort_open
 from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
 

@@ -19,11 +19,10 @@ from amct_torch.caffe.graph import build_graph
 from amct_torch.caffe.netio import parse_caffemodel, parse_prototxt, read_net
 from amct_torch.config import layer_infos_from_net
 from amct_torch.errors import ExportError, ModelError
-from amct_torch.export.caffe import SUFFIXES, model_paths
+from amct_torch.export.caffe import SAVE_TYPES, SUFFIXES, model_paths
 from amct_torch.export.caffe.deploy import save_deploy
 from amct_torch.export.caffe.fakequant import save_fake_quant
 from amct_torch.export.quant_info import fused_layers_of, write_quant_info
-from amct_torch.files.output_names import SAVE_TYPES
 from amct_torch.record import LayerRecord, read_record, validate_record
 
 _QUANT_TYPES = ("Quant", "DeQuant", "AscendQuant", "AscendDequant")

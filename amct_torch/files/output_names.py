@@ -1,15 +1,12 @@
-"""The names of the one-call job's own files, and the choices that select the outputs.
+"""The names of the one-call job's own files, and the improvements it may apply.
 
-Why a module of its own, without torch: the command line lists these choices in ``--help``
-(which must not import torch) and the API validates them. Each output format declares its
-own file names (``amct_torch.export.formats`` gathers them with these).
+Why a module of its own, without torch: the command line lists these in ``--help`` (which
+must not import torch) and the API validates them. Each output format declares its own file
+names and choices (``amct_torch.export.caffe``, ``amct_torch.export.onnx``; ``formats.py``
+gathers the names with these).
 """
 from __future__ import annotations
 
-#: ``save_model``'s save_type values (AMCT's)
-SAVE_TYPES = ("Fakequant", "Deploy", "Both")
-#: activation types of the ONNX QDQ model
-ONNX_ACTIVATIONS = ("int8", "uint8")
 #: opt-in improvements beyond AMCT's result (``quantize(improve=...)``), in their order of
 #: application: cross-layer equalization changes the weights (AMCT's calibration then runs again
 #: on them); then, layer by layer in one sequential pass, the output-error activation range, the

@@ -26,12 +26,12 @@ from amct_torch.arguments import (
     positive_int,
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
+from amct_torch.export.caffe import SAVE_TYPES
 from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export.onnx import ONNX_ACTIVATIONS
 from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS, get_target
 from amct_torch.files.output_names import (
     IMPROVEMENTS,
-    ONNX_ACTIVATIONS,
-    SAVE_TYPES,
     improvement_list,
 )
 from amct_torch.files.transaction import check_output_name

@@ -5,6 +5,8 @@ The file names (AMCT's) are declared here, without imports, where the writers an
 (``exporter.py``) both read them."""
 from __future__ import annotations
 
+#: ``save_model``'s save_type values (AMCT's): which Caffe models are written
+SAVE_TYPES = ("Fakequant", "Deploy", "Both")
 #: kind -> the suffix of each file the Caffe exporter writes under an output prefix
 SUFFIXES = {
     "fake_quant_model": "_fake_quant_model.prototxt",

@@ -26,7 +26,7 @@ from amct_torch.caffe.layers import CaffeLayer, caffe_pooled_size
 from amct_torch.caffe.layers.traits import is_transposed
 from amct_torch.errors import ExportError
 from amct_torch.export.layer_quant import LayerQuant, plan_layers
-from amct_torch.export.onnx import SUFFIXES, layers_core, layers_segmentation  # noqa: F401  (register their mappings)
+from amct_torch.export.onnx import ONNX_ACTIVATIONS, SUFFIXES, layers_core, layers_segmentation  # noqa: F401  (register their mappings)
 from amct_torch.export.onnx.eltwise import EltwiseQuant, calibrated_layers, eltwise_plan
 from amct_torch.export.onnx.integer import node_inputs, rewrite
 from amct_torch.export.onnx.layers import write_layer
@@ -39,7 +39,6 @@ from amct_torch.export.onnx.targets import check_speed, get_target
 from amct_torch.export.onnx.validate import check_runtime, check_structure
 from amct_torch.files.atomic import atomic_write_bytes, remove_quietly, staged_files, temp_beside
 from amct_torch.files.direct_io import DirectFile
-from amct_torch.files.output_names import ONNX_ACTIVATIONS
 from amct_torch.record import LayerRecord
 
 OPSET = 17
