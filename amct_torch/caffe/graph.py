@@ -24,7 +24,7 @@ from torch.func import functional_call
 from amct_torch.arguments import bool_arg, checked, opt, path_arg
 from amct_torch.caffe.fillers import fill_blobs, has_fillers
 from amct_torch.caffe.layers import CaffeLayer, layer_class
-from amct_torch.caffe.layers.base import layer_modules  # noqa: F401  (part of this module's API)
+from amct_torch.caffe.layers.base import layer_modules, node_layer  # noqa: F401  (layer_modules: part of this module's API)
 from amct_torch.caffe.layers.conv import WeightedLayer
 from amct_torch.caffe.layers.quant import DeQuantLayer
 from amct_torch.caffe.layers.traits import is_net_head
@@ -422,10 +422,8 @@ def _mark_inplace(graph: fx.Graph, root: nn.Module) -> None:
     for node in graph.nodes:
         fx.node.map_arg((node.args, node.kwargs), lambda a: uses.__setitem__(a, uses.get(a, 0) + 1))
     for node in graph.nodes:
-        if node.op != "call_module" or not node.args:
-            continue
-        mod = root.get_submodule(node.target)
-        if not isinstance(mod, CaffeLayer):
+        mod = node_layer(root, node) if node.args else None
+        if mod is None:
             continue
         mod.inplace = False
         src = node.args[0]

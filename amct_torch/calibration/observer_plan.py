@@ -14,7 +14,7 @@ from typing import Optional
 
 from torch import fx
 
-from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.base import node_layer
 from amct_torch.config.act_algos import act_key
 from amct_torch.config.types import LayerQuantConfig
 
@@ -61,10 +61,8 @@ def build_plan(gm: fx.GraphModule, layer_configs: Mapping[str, LayerQuantConfig]
     groups: list[CalibGroup] = []
     by_key: dict[tuple, CalibGroup] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_module":
-            continue
-        mod = gm.get_submodule(node.target)
-        if not isinstance(mod, CaffeLayer):
+        mod = node_layer(gm, node)
+        if mod is None:
             continue
         name = mod.caffe_name
         cfg = layer_configs.get(name)

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
+from amct_torch.caffe.layers.base import node_layer
 from amct_torch.caffe.layers.traits import is_fully_connected, weight_layout
 
 #: the weight layouts handled: the convolutions (not Deconvolution) and InnerProduct
@@ -34,13 +35,6 @@ class Pair:
     act: str
     second: str
     scale: Optional[torch.Tensor] = None
-
-
-def _module(gm: fx.GraphModule, node: fx.Node) -> Optional[CaffeLayer]:
-    if node.op != "call_module":
-        return None
-    mod = gm.get_submodule(str(node.target))
-    return mod if isinstance(mod, CaffeLayer) else None
 
 
 def _linear(mod: Optional[CaffeLayer]) -> bool:
@@ -60,16 +54,16 @@ def find_pairs(gm: fx.GraphModule, allowed: Optional[Iterable[str]] = None) -> l
             calls[node.target] = calls.get(node.target, 0) + 1
     pairs = []
     for node in gm.graph.nodes:
-        first = _module(gm, node)
+        first = node_layer(gm, node)
         if first is None or not _linear(first) or calls[node.target] != 1 or len(node.users) != 1:
             continue
         act_node = next(iter(node.users))
-        act = _module(gm, act_node)
+        act = node_layer(gm, act_node)
         if act is None or act.caffe_type not in _HOMOGENEOUS or len(act_node.users) != 1 \
                 or calls[act_node.target] != 1 or act_node.args[0] is not node:
             continue
         sec_node = next(iter(act_node.users))
-        second = _module(gm, sec_node)
+        second = node_layer(gm, sec_node)
         if second is None or not _linear(second) or calls[sec_node.target] != 1 or sec_node.args[0] is not act_node \
                 or len(sec_node.args) != 1:
             continue
