@@ -72,18 +72,21 @@ class LayerChange:
 
     @property
     def range_db(self) -> float:
-        a, b = self.range_mse
-        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+        return _gain_db(self.range_mse)
 
     @property
     def bias_db(self) -> float:
-        a, b = self.bias_err
-        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+        return _gain_db(self.bias_err)
 
     @property
     def rounding_db(self) -> float:
-        a, b = self.rounding_mse
-        return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
+        return _gain_db(self.rounding_mse)
+
+
+def _gain_db(before_after: tuple[float, float]) -> float:
+    """10·log10(before / after); 0 when either is not positive (nothing measured)."""
+    a, b = before_after
+    return 10 * math.log10(a / b) if a > 0 and b > 0 else 0.0
 
 
 @dataclass
