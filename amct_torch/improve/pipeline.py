@@ -169,17 +169,12 @@ def _outputs(y: Any) -> list[torch.Tensor]:
 def net_outputs(model: fx.GraphModule, data: tuple) -> list[torch.Tensor]:
     """The net's outputs on ``data``, an output made by a Softmax replaced by that Softmax's
     input (the logits: saturated probabilities hide most of the error, and the guard must see it)."""
-    out_node = next(n for n in model.graph.nodes if n.op == "output")
-    args = out_node.args[0]
-    nodes = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
     caught: dict[int, torch.Tensor] = {}
     handles = []
-    for i, n in enumerate(nodes):
-        if isinstance(n, fx.Node) and n.op == "call_module":
-            mod = model.get_submodule(str(n.target))
-            if getattr(mod, "caffe_type", None) == "Softmax":
-                handles.append(mod.register_forward_hook(
-                    lambda _m, a, _y, i=i: caught.__setitem__(i, a[0])))
+    for i, mod in enumerate(_output_modules(model)):
+        if mod is not None and getattr(mod, "caffe_type", None) == "Softmax":
+            handles.append(mod.register_forward_hook(
+                lambda _m, a, _y, i=i: caught.__setitem__(i, a[0])))
     try:
         with torch.no_grad():
             out = _outputs(model(*data))
@@ -193,13 +188,18 @@ def _db(p: float, e: float) -> float:
     return 10 * math.log10(max(p, 1e-30) / max(e, 1e-30))
 
 
-def _output_types(model: fx.GraphModule) -> set:
-    """The Caffe types of the modules whose outputs are the net's."""
+def _output_modules(model: fx.GraphModule) -> list[Optional[torch.nn.Module]]:
+    """Per net output, in order, the module that makes it (None where no module does)."""
     out_node = next(n for n in model.graph.nodes if n.op == "output")
     args = out_node.args[0]
     nodes = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
-    return {getattr(model.get_submodule(str(n.target)), "caffe_type", None)
-            for n in nodes if isinstance(n, fx.Node) and n.op == "call_module"}
+    return [model.get_submodule(str(n.target)) if isinstance(n, fx.Node) and n.op == "call_module" else None
+            for n in nodes]
+
+
+def _output_types(model: fx.GraphModule) -> set:
+    """The Caffe types of the modules whose outputs are the net's."""
+    return {getattr(mod, "caffe_type", None) for mod in _output_modules(model) if mod is not None}
 
 
 def _per_row(y: Optional[torch.Tensor], rows: int) -> bool:
