@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from amct_torch.calibration.loop import run_calibration
+from amct_torch.calibration.loop import resolve_device, run_calibration
 from amct_torch.errors import AmctError, CalibrationError
 
 log = logging.getLogger("amct_torch.calibration")
@@ -86,7 +86,7 @@ def init_distributed(device: Optional[str] = None, backend: Optional[str] = None
         dev = torch.device(f"cuda:{local}") if be == "nccl" else torch.device("cpu")
         return DistContext(rank, world, local, be, dev, owns_group=False)
     if not launched_by_torchrun():
-        return DistContext(device=_single_device(device))
+        return DistContext(device=resolve_device(device))
     if not dist.is_available():
         raise AmctError("torch.distributed is not available in this PyTorch build")
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -112,12 +112,6 @@ def init_distributed(device: Optional[str] = None, backend: Optional[str] = None
     atexit.register(shutdown, ctx)  # a clean exit for callers (quantize, the CLI) that do not
     log.info("distributed calibration: rank %d of %d (%s on %s)", ctx.rank, ctx.world_size, be, dev)
     return ctx
-
-
-def _single_device(device: Optional[str]) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def shutdown(ctx: DistContext) -> None:
