@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from amct_torch.errors import DataError
-from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, check_png_chunks, image_size
+from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS, bound_opencv_decoding, check_png_chunks, image_size
 from amct_torch.inputs.limits import MAX_NPZ_MEMBERS, check_regular_file, file_kind
 from amct_torch.inputs.transform import centre_window, resize_hwc, subtract_and_scale
 
@@ -146,7 +146,7 @@ def _decoder_message(text: str) -> str:
 def load_image(path: str, pre: Preprocess, channels: int,
                target_hw: Optional[tuple[int, int]]) -> np.ndarray:
     """One image file as a float32 C×H×W array, preprocessed by ``pre``."""
-    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+    bound_opencv_decoding()
     import cv2
 
     check_regular_file(path, "image")

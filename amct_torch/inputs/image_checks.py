@@ -13,6 +13,12 @@ from amct_torch.errors import DataError
 MAX_IMAGE_PIXELS = 50_000_000
 
 
+def bound_opencv_decoding() -> None:
+    """Cap OpenCV's decoders at ``MAX_IMAGE_PIXELS`` (read when ``cv2`` is first imported,
+    so call this before that import)."""
+    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+
+
 def _open_binary(source: Union[str, bytes, memoryview]) -> Any:
     """A binary file object over a path or over the bytes themselves (an encoded image held in
     a database record)."""

@@ -7,12 +7,11 @@ ModuleNotFoundError traceback.
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 from typing import Optional
 
 from amct_torch.errors import DataError
-from amct_torch.inputs.image_checks import MAX_IMAGE_PIXELS
+from amct_torch.inputs.image_checks import bound_opencv_decoding
 
 _PACKAGES = {
     "lmdb": ("lmdb", "amct_torch"),
@@ -26,7 +25,7 @@ def require(module: str, what: str, file: Optional[str] = None) -> ModuleType:
     """Import ``module`` (one of lmdb, plyvel, h5py, cv2) or raise a one-line DataError naming
     the pip requirement that provides it; ``what`` says what needs it (e.g. "LevelDB data")."""
     if module == "cv2":  # bound what a forged image header can make OpenCV allocate
-        os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(MAX_IMAGE_PIXELS))
+        bound_opencv_decoding()
     try:
         return importlib.import_module(module)
     except ImportError:
