@@ -51,28 +51,24 @@ class Preprocess:
     crop: Optional[Union[int, Sequence[int]]] = None
 
     def __post_init__(self) -> None:  # wrong types or values: a DataError naming the field
-        from amct_torch.arguments import ArgumentError, check_values, number_arg, numbers_arg, one_of, opt, sizes_arg
+        from amct_torch.arguments import ArgumentError, check_values, numbers_arg, one_of, opt, sizes_arg
         fields = {"channel_order": self.channel_order, "mean": self.mean, "scale": self.scale,
                   "resize": self.resize, "crop": self.crop}
         try:
             check_values("Preprocess()", fields, {
-                "channel_order": one_of("bgr", "rgb"), "mean": opt(numbers_arg), "scale": number_arg,
+                "channel_order": one_of("bgr", "rgb"), "mean": opt(numbers_arg), "scale": _scale_arg,
                 "resize": opt(sizes_arg), "crop": opt(sizes_arg)})
         except ArgumentError as err:
             raise DataError(err.message) from None
 
-    def check(self) -> None:
-        """Refuse nonsense settings with a DataError (the CLI's exit code 2)."""
-        if self.channel_order not in ("bgr", "rgb"):
-            raise DataError(f"channel order must be 'bgr' or 'rgb', got {self.channel_order!r}")
-        for what, v in (("resize", self.resize), ("crop", self.crop)):
-            if v is None:
-                continue
-            vals = [v] if isinstance(v, int) else list(v)
-            if len(vals) not in (1, 2) or any(int(x) < 1 for x in vals):
-                raise DataError(f"{what} must be one positive size or H,W; got {v!r}")
-        if not np.isfinite(self.scale) or self.scale == 0:
-            raise DataError(f"scale must be a finite non-zero number, got {self.scale!r}")
+
+def _scale_arg(value: Any, name: str) -> float:
+    """A finite non-zero number (a zero scale makes every input 0)."""
+    from amct_torch.arguments import ArgumentError, number_arg
+    scale = number_arg(value, name)
+    if scale == 0:
+        raise ArgumentError(f"{name} must be a finite non-zero number, got {value!r}")
+    return scale
 
 
 def _hw(v: Union[int, Sequence[int]]) -> tuple[int, int]:
@@ -558,7 +554,6 @@ def calibration_batches(data: Any, inputs: Sequence[tuple[str, Optional[Sequence
     if not specs:
         raise DataError("the net declares no input")
     pre = preprocess or Preprocess()
-    pre.check()
     if batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
         raise DataError(f"batch size must be >= 1, got {batch_size!r}")
     bs = int(batch_size) if batch_size is not None else 1

@@ -110,6 +110,8 @@ def test_missing_path_and_bad_settings(tmp_path):
     assert "nope" in str(err.value)
     with pytest.raises(DataError):
         list(calibration_batches([], RGB_INPUT, preprocess=Preprocess(channel_order="grb")))
+    with pytest.raises(DataError, match="scale must be a finite non-zero number"):
+        Preprocess(scale=0)  # every input would be 0
     with pytest.raises(DataError):
         list(calibration_batches(np.zeros((2, 3, 2, 2)), RGB_INPUT, batch_size=0))
     empty = tmp_path / "empty"
