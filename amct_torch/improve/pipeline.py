@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
+from amct_torch.inputs.batching import HELD_ROWS  # rows wanted beyond calibration; fewer: cross-fit
 from amct_torch.record import LayerRecord
 
 log = logging.getLogger("amct_torch")
@@ -29,9 +30,6 @@ Recalibrate = Callable[[fx.GraphModule], dict]
 #: one-sided confidence of the stage guard: every output's mean gain must be at least this many
 #: standard errors above zero (95 %)
 Z = 1.645
-#: rows the guard wants beyond the calibration batches; with fewer it also cross-fits the
-#: calibration rows
-HELD_ROWS = 64
 #: most rows beyond the calibration batches the guard reads (each stage's model runs on them)
 MAX_HELD = 256
 #: fewest rows the paired statistic is computed on; with fewer the improvements are skipped
