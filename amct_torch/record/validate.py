@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NoReturn, Optional
 
+from amct_torch.algorithms.quant import FLT_EPS, QMAX, QMIN
 from amct_torch.caffe.layers.traits import is_depthwise, is_fully_connected
 from amct_torch.config.layers import LayerInfo
 from amct_torch.errors import RecordError
@@ -22,7 +23,7 @@ def _finite_positive(v: float) -> bool:
 #: FLT_EPS (a smaller one becomes 1.0), and above SCALE_MAX the dequant scale
 #: scale_d·scale_w and 255·scale could leave float32; outside [SCALE_MIN, SCALE_MAX] the
 #: quantized input or weight degenerates (3e38 makes every input the constant offset_d)
-SCALE_MIN = 1.1920929e-07
+SCALE_MIN = FLT_EPS
 SCALE_MAX = 1e18
 
 
@@ -51,8 +52,8 @@ def validate_layer_record(name: str, r: LayerRecord, info: LayerInfo, path: Opti
     why = _plausible("scale_d", r.scale_d)
     if why:
         fail(why)
-    if not -128 <= r.offset_d <= 127:
-        fail(f"offset_d must be in [-128, 127], got {r.offset_d}")
+    if not QMIN <= r.offset_d <= QMAX:
+        fail(f"offset_d must be in [{QMIN}, {QMAX}], got {r.offset_d}")
     if any(s != 0 for s in r.shift_bit):
         fail(f"shift_bit {r.shift_bit} is not supported (non-zero shift): edit the record entry "
              f"of layer '{name}' to remove its shift_bit lines or set them to 0")

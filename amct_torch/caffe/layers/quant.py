@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import fx
 
-from amct_torch.algorithms.quant import fake_quant
+from amct_torch.algorithms.quant import QMAX, QMIN, fake_quant
 from amct_torch.caffe.layers.base import CaffeLayer, node_layer, register
 from amct_torch.caffe.layers.integer import unpack_deq
 
@@ -42,7 +42,7 @@ class QuantLayer(CaffeLayer):
     def set_exact_scale(self, scale_d: float, offset_d: int) -> None:
         """Compute with the record's exact ``scale_d`` (division) instead of the file's
         1/scale_d (multiplication)."""
-        if not (np.isfinite(scale_d) and scale_d > 0) or not -128 <= int(offset_d) <= 127:
+        if not (np.isfinite(scale_d) and scale_d > 0) or not QMIN <= int(offset_d) <= QMAX:
             self.fail(f"invalid quantization factors scale_d={scale_d!r}, offset_d={offset_d!r}")
         self.scale_d = float(np.float32(scale_d))
         self.offset = int(offset_d)
@@ -50,7 +50,7 @@ class QuantLayer(CaffeLayer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale_d is not None:
             return fake_quant(x, self.scale_d, self.offset)
-        q = torch.clamp(torch.round(x * self.scale) + self.offset, -128, 127)
+        q = torch.clamp(torch.round(x * self.scale) + self.offset, QMIN, QMAX)
         if self.emit_codes:
             return q - self.offset
         return (q - self.offset) / self.scale
