@@ -93,7 +93,8 @@ def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modifi
     write_records(quantize_weights(graph), record_file)
     if write:
         save_caffe(graph.fused, outs[0], outs[1])
-    start_calibration(graph, ifmr_mode=ifmr_mode, then=lambda records: write_records(records, record_file))
+    start_calibration(graph, ifmr_mode=ifmr_mode, then=lambda records: write_records(records, record_file),
+                      summaries=False)  # these calls write no visual report
     log.info("run the returned model on %d batch(es) of calibration data", graph.config.batch_num)
     return graph.fused
 

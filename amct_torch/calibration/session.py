@@ -46,11 +46,15 @@ class CalibrationSession:
     ``finish_when_done``: finish by itself after the ``batch_num``-th forward (AMCT's
     behaviour, the default). False keeps the session open until ``finish()`` is called; the
     calibration loop sets it while it runs (see ``kept_open``).
+
+    ``summaries``: keep each observer's ``ActivationSummary`` at finish (the visual report's
+    histograms); False for callers that write no report (the summaries cost time at finish).
     """
 
     def __init__(self, model: nn.Module, groups: Sequence[CalibGroup], batch_num: int,
                  on_finish: Optional[Callable[[Factors], None]] = None,
-                 ifmr_mode: str = "streaming", finish_when_done: bool = True) -> None:
+                 ifmr_mode: str = "streaming", finish_when_done: bool = True,
+                 summaries: bool = True) -> None:
         if batch_num < 1:
             raise CalibrationError(f"batch_num must be >= 1, got {batch_num}")
         self.model = model
@@ -64,9 +68,10 @@ class CalibrationSession:
         backends.prepare(first.device if first is not None else torch.device("cpu"))
         self.batches_seen = 0
         self.factors: Optional[Factors] = None
-        #: record key -> ``summaries.ActivationSummary`` of its observer, kept by ``finish`` (the
-        #: visual report's histograms; the observers themselves are freed)
+        #: record key -> ``summaries.ActivationSummary`` of its observer, kept by ``finish`` when
+        #: ``keep_summaries`` (the visual report's histograms; the observers themselves are freed)
         self.summaries: dict = {}
+        self.keep_summaries = bool(summaries)
         self._handles: list = []
         self._attach()
 
@@ -135,7 +140,7 @@ class CalibrationSession:
                 raise CalibrationError(f"cannot compute activation factors: {err}",
                                        layer=group.layers[0]) from None
             c, h, w = group.shape if group.shape is not None else (None, None, None)
-            summary = summarize(obs, float(scale), int(offset))
+            summary = summarize(obs, float(scale), int(offset)) if self.keep_summaries else None
             for name in group.layers:
                 factors[name] = (float(scale), int(offset), c, h, w)
                 if summary is not None:

@@ -211,7 +211,7 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
     dev = torch.device(getattr(model_evaluator, "device", "cpu"))
     original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
     quantize_weights(graph)  # in memory: the record file is written once, with the outputs
-    session = start_calibration(graph)
+    session = start_calibration(graph, summaries=False)  # no visual report here
     model = graph.fused.to(dev)
     seen, handle = _capture_inputs(model, graph.config.batch_num)
     try:

@@ -26,10 +26,11 @@ def joint_config(qc: QuantConfig) -> LayerQuantConfig:
 
 
 def start_calibration(graph: QuantGraph, ifmr_mode: str = "streaming",
-                      then: Optional[Callable[[dict[str, LayerRecord]], None]] = None
-                      ) -> CalibrationSession:
+                      then: Optional[Callable[[dict[str, LayerRecord]], None]] = None,
+                      summaries: bool = True) -> CalibrationSession:
     """Plan the groups and attach a session to ``graph.fused``. When it finishes, the
-    activation factors are merged into ``graph.records`` and ``then(graph.records)`` runs."""
+    activation factors are merged into ``graph.records`` and ``then(graph.records)`` runs;
+    ``summaries``: keep the observers' summaries for a visual report (``CalibrationSession``)."""
     qc = graph.config
     graph.groups = build_plan(graph.fused, qc.layers, joint_quant=qc.joint_quant,
                               joint_config=joint_config(qc))
@@ -42,7 +43,7 @@ def start_calibration(graph: QuantGraph, ifmr_mode: str = "streaming",
             then(graph.records)
 
     graph.session = CalibrationSession(graph.fused, graph.groups, qc.batch_num, on_finish=merge,
-                                       ifmr_mode=ifmr_mode)
+                                       ifmr_mode=ifmr_mode, summaries=summaries)
     return graph.session
 
 
