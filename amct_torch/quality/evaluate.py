@@ -8,14 +8,12 @@ ship, and works for the deploy model, which has no float weights to report per l
 """
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from amct_torch.errors import AmctError, DataError, ModelError, excerpt
-from amct_torch.inputs.limits import check_regular_file
 
 #: samples per batch by default (a batch of calibrate's size on a typical image net)
 DEFAULT_BATCH = 8
@@ -221,75 +219,3 @@ def format_stats(stats: Sequence[OutputStats]) -> str:
             lines.append(f"{s.name:<28} {str(list(s.shape)):<20} {s.sqnr_db:>9.2f} {s.cosine:>10.6f} "
                          f"{s.max_abs_diff:>11.4g}")
     return "\n".join(lines)
-
-
-EVALUATE_EXAMPLES = """examples:
-  # the deploy model against the float one, on the images and preprocessing calibrate used
-  amct-torch evaluate out/resnet_deploy_model.prototxt out/resnet_deploy_weights.caffemodel images/ \\
-      --reference deploy.prototxt weights.caffemodel --mean 104,117,123 --resize 256 --crop 224
-
-  # the fake-quant model on arrays, 32 samples a batch, the first 10 batches, on the GPU
-  amct-torch evaluate out/m_fake_quant_model.prototxt out/m_fake_quant_weights.caffemodel calib.npz \\
-      --reference deploy.prototxt weights.caffemodel --batch-size 32 --max-batches 10 --device cuda
-"""
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """The ``evaluate`` subcommand (registered by ``amct_torch.cli``): the data and the image
-    preprocessing options are calibrate's own."""
-    from amct_torch.inputs.preprocess_options import add_preprocess_options
-    e = sub.add_parser("evaluate", help="run a float, fake-quant or deploy model on data; SQNR/cosine "
-                                        "per output against a reference model",
-                       description="Run MODEL WEIGHTS (any model amct_torch loads, the deploy model "
-                                   "with its integer semantics included) on DATA, preprocessed as "
-                                   "calibrate does, and print, per output blob, SQNR and cosine "
-                                   "similarity against --reference.",
-                       epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("model", help="prototxt")
-    e.add_argument("weights", help="caffemodel")
-    e.add_argument("data", help="a folder of images or .npy/.npz, or one .npy/.npz file")
-    e.add_argument("--reference", nargs=2, metavar=("FLOAT_MODEL", "FLOAT_WEIGHTS"),
-                   help="the model to compare with (normally the float model)")
-    e.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH,
-                   help="samples per batch (default: %(default)s)")
-    e.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
-    e.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    e.add_argument("--report-html", metavar="PATH",
-                   help="also write the table as a self-contained HTML page at PATH")
-    add_preprocess_options(e)
-    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar, warnings and errors only")
-    e.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
-    return e
-
-
-def _positive(text: str) -> int:
-    """An argument that must be an integer >= 1 (argparse turns the error into exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    """CLI entry: prints the table; exit 0."""
-    from amct_torch.inputs.preprocess_options import preprocess_from
-    for path, what in ((args.model, "model file"), (args.weights, "weights file"),
-                       *(((p, w) for p, w in zip(args.reference, ("reference model", "reference weights")))
-                         if args.reference else ())):
-        check_regular_file(path, what, ModelError)
-    if args.report_html:
-        from amct_torch.quality.html_report import check_page_path
-        check_page_path(args.report_html, [args.model, args.weights, args.data, *(args.reference or ())])
-    stats = evaluate(args.model, args.weights, args.data, args.reference, batch_size=args.batch_size,
-                     max_batches=args.max_batches, preprocess=preprocess_from(args), device=args.device,
-                     quiet=args.quiet)
-    print(format_stats(stats))
-    if args.report_html:
-        import os
-
-        from amct_torch.quality.html_report import write_page
-        write_page(args.report_html, stats._repr_html_(), f"amct-torch evaluate: {os.path.basename(args.model)}")
-    return 0

@@ -25,7 +25,6 @@ from amct_torch.caffe.head import NetHead, NetOutput, net_outputs
 from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.export.caffe import SUFFIXES as CAFFE_SUFFIXES
 from amct_torch.export.onnx import SUFFIXES as ONNX_SUFFIXES
-from amct_torch.files.output_names import TEST_REPORT_SUFFIX
 from amct_torch.inputs.caffe_data import PhaseData
 from amct_torch.quality.detection_map import AP_VERSIONS
 
@@ -309,37 +308,3 @@ def format_result(result: CaffeTestResult) -> str:
     lines = [f"{result.iterations} iteration(s) of {result.batch_size} image(s)", fmt.format(*head)]
     lines += [fmt.format(*r) for r in rows]
     return "\n".join(lines)
-
-
-def report_path(args: Any) -> Optional[str]:
-    """Where ``test`` writes its page: ``--report-html``, else ``PREFIX_test_report.html`` with
-    ``--quantized PREFIX``; None with ``--no-report`` or neither."""
-    if getattr(args, "no_report", False):
-        return None
-    if getattr(args, "report_html", None):
-        return str(args.report_html)
-    return args.quantized + TEST_REPORT_SUFFIX if args.quantized else None
-
-
-def cmd_test(args: Any) -> int:
-    """``amct-torch test``: print the table (or JSON) and write the page (``report_path``)."""
-    import json
-
-    from amct_torch.quality.html_report import check_page_path
-    page = report_path(args)
-    if page is not None:
-        check_page_path(page, [args.model, args.weights])
-    result = caffe_test(args.model, args.weights, iterations=args.iterations, quantized=args.quantized,
-                        device=args.device, quiet=args.quiet, ap_version=getattr(args, "ap_version", "Integral"))
-    if page is not None:
-        result.write_html(page)
-    if args.json:
-        out = result.as_json()
-        if page is not None:
-            out["html_report"] = page
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_result(result))
-        if page is not None and not args.quiet:
-            print(f"report: {page}")
-    return 0

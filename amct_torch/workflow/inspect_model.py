@@ -8,10 +8,7 @@ whether the ONNX export will work (``export/onnx/preflight.py``). Exit 0: suppor
 cannot be read; 3: something is not supported. docs/cli.md."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -265,46 +262,3 @@ def _onnx_answer(res: Inspection, gm: Any, qc: Any, model_file: str) -> None:
     res.onnx_ok = True
     res.onnx_message = (f"float model {pre.float_nodes} nodes, QDQ model {pre.quant_nodes} nodes, "
                         f"{pre.quantized} quantized layers; checked with {pre.checked_with}")
-
-
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """The ``inspect`` subcommand (registered by ``amct_torch.cli``)."""
-    p = sub.add_parser("inspect", help="what a model has and whether it is supported (no data needed)",
-                       description="Read MODEL (and WEIGHTS) and print its inputs and shapes, its layer "
-                                   "types with counts, the layers the config quantizes, every layer that "
-                                   "is not supported, and whether the ONNX export will work. Exit 0: "
-                                   "supported; 2: a file cannot be read; 3: something is not supported.",
-                       epilog="examples:\n  amct-torch inspect deploy.prototxt weights.caffemodel\n"
-                              "  amct-torch inspect deploy.prototxt --config quant.cfg --json",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="deploy, test or train_val prototxt")
-    p.add_argument("weights", nargs="?", default=None,
-                   help="caffemodel (optional: without it the structure and shapes are checked with zero weights)")
-    p.add_argument("--config", default=None,
-                   help="quant.cfg or JSON quant config (default: quantize every quantizable layer)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--no-onnx", action="store_true", help="skip the ONNX export check")
-    p.add_argument("--allow-unknown-fields", action="store_true",
-                   help="list prototxt fields the tool does not read without counting them as unsupported")
-    p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step (INFO)")
-    return p
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    """CLI entry: prints the answer; exit 0 (supported) or 3 (something unsupported)."""
-    from amct_torch.errors import ModelError
-    from amct_torch.inputs.limits import check_regular_file
-    from amct_torch.runtime.threads import prefer_passive_waits
-    prefer_passive_waits()  # before torch loads: on a busy machine idle threads sleep, not spin
-    for path, what in ((args.model, "model file"), (args.weights, "weights file")):
-        if path is not None:
-            check_regular_file(path, what, ModelError)
-    res = inspect_model(args.model, args.weights, args.config, onnx=not args.no_onnx,
-                        allow_unknown_fields=args.allow_unknown_fields)
-    if args.json:
-        json.dump(res.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(res.format())
-    return res.exit_code

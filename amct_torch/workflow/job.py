@@ -35,7 +35,7 @@ from amct_torch.steps import (
     start_calibration,
     write_records,
 )
-from amct_torch.workflow.options import QUANTIZE_ARGS, QuantizeOptions
+from amct_torch.workflow.options import ARGUMENTS_DOC, QUANTIZE_ARGS, QuantizeOptions
 from amct_torch.workflow.result import Deferred, QuantizeResult
 from amct_torch.workflow.side_by_side import side_by_side
 
@@ -55,37 +55,11 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
              checkpoint: Optional[str] = None,
              onnx_outputs: Optional[Sequence[str]] = None, onnx_target: str = "onnxruntime",
              allow_unknown_fields: bool = False) -> QuantizeResult:
-    """Quantize a Caffe model in one call and write every output under the prefix ``output``.
+    """Quantize a Caffe model in one call and write every output under the prefix ``output``
+    (docs/workflow.md); returns what was written and calibrated.
 
-    ``calibration_data``: an iterable of batches (tensors/arrays N×C×H×W), one array of samples,
-    or a path (folder of images or .npy/.npz files, or one .npy/.npz file; images are
-    preprocessed by ``preprocess``); None: the net's own TEST-phase data layers (a train/test
-    prototxt), ``batch_num`` batches of the layer's batch_size (or ``batch_size``), the
-    report's held-out batches the ones after them. ``config``: None (defaults), a quant.cfg or a JSON quant
-    config. ``batch_num`` overrides the config's; for an array or folder the default
-    ``batch_size`` spreads the samples over ``batch_num`` batches. ``device`` defaults to CUDA
-    when present. ``save_type`` as in ``save_model`` (None: record only); ``onnx`` (True, "int8" or
-    "uint8": the activation type) also writes ``{output}_quant.onnx`` (QDQ) and
-    ``{output}_float.onnx``; ``onnx_outputs`` cuts them at named blobs; ``onnx_speed`` makes that
-    QDQ model the opt-in speed mode (``export_onnx(quantize_eltwise=True)``: residual outputs
-    and Eltwise SUMs quantized too so ONNX Runtime stays in int8 kernels — no longer
-    AMCT-exact); ``report`` compares every quantized layer's output with the float model on
-    ``report_data`` (default: up to ``report_batches`` batches of the calibration data not used
-    for calibration, else the calibration batches) and writes ``{output}_layer_report.json``.
-    ``improve``: None (AMCT's result) or opt-in improvements beyond AMCT: a name of
-    ``output_names.IMPROVEMENTS``, a comma-separated string or list of them, or "all"; applied in
-    that fixed order and guarded on held-out calibration rows (``improve/pipeline.py``,
-    docs/algorithms.md); the record, the Caffe models and the QDQ ONNX carry the improved
-    model, ``float_model`` and ``_float.onnx`` stay the float (BN-fused) model.
-    ``distributed``: under ``torchrun``, each process calibrates its share of the batches and
-    rank 0 alone writes the outputs (docs/distributed.md);
-    ``checkpoint``: a path where the observer states are saved after each batch, and resumed
-    from when it exists. ``onnx_target``: the runtime the QDQ model is laid out for
-    (``runtime_targets.ONNX_TARGETS``, docs/export.md "Runtime targets"; "tensorrt" needs symmetric
-    activations and is refused before calibration otherwise). ``allow_unknown_fields``: run a
-    prototxt whose layers have fields this tool does not read (a Caffe fork's parameters) without
-    them; refused by default (docs/caffe_format.md "Unknown fields"). Files:
-    ``{output}_quant_config.json``, ``{output}_record.txt`` and the models."""
+    Arguments (each a ``QuantizeOptions`` field, documented with its declaration):
+    """
     return run(QuantizeOptions(
         model_file=model_file, weights_file=weights_file, calibration_data=calibration_data,
         config=config, output=output, batch_num=batch_num, batch_size=batch_size, device=device,
@@ -94,6 +68,10 @@ def quantize(model_file: str, weights_file: str, calibration_data: Any = None,
         report=report, report_data=report_data, report_batches=report_batches, ifmr_mode=ifmr_mode,
         quiet=quiet, improve=improve, distributed=distributed, checkpoint=checkpoint,
         onnx_target=onnx_target, allow_unknown_fields=allow_unknown_fields))
+
+
+if quantize.__doc__:  # None under python -OO
+    quantize.__doc__ = quantize.__doc__.rstrip() + "\n" + ARGUMENTS_DOC + "\n"
 
 
 @dataclass

@@ -2,15 +2,15 @@
 
 Why an object: the one-call job has some twenty settings; carrying them as one validated
 value keeps the steps (plan, calibrate, write) short and lets each read only what it needs.
-Each field carries its default, its help, its argument check (``amct_torch.arguments``) and,
-when it is one, its ``calibrate`` argument (``option``): ``QUANTIZE_ARGS`` (``quantize``'s and
-``validate``'s checks) and the command's one-to-one arguments are made from them.
+Each field carries its default, its help, its argument check (``amct_torch.arguments``) and
+its ``calibrate`` arguments (``option_declaration.py``): ``QUANTIZE_ARGS`` (``quantize``'s and
+``validate``'s checks), ``quantize``'s docstring and the command's arguments are made from them.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from amct_torch.arguments import (
@@ -36,18 +36,11 @@ from amct_torch.files.output_names import (
 )
 from amct_torch.files.transaction import check_output_name
 from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
+from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
+from amct_torch.workflow.option_declaration import arguments_doc, flag, option
 
 if TYPE_CHECKING:
     from amct_torch.inputs.data import Preprocess
-
-
-def option(default: Any, help: str, arg: Any = None, cli: Optional[dict] = None) -> Any:
-    """A ``QuantizeOptions`` field declared once: its default (``MISSING``: required), its
-    ``help``, ``arg`` (what the value must be: an ``amct_torch.arguments`` check) and ``cli``
-    (the ``calibrate`` argument when it maps one to one: ``flags`` and argparse keywords,
-    ``type`` by name: "positive", "names", "improvements"; its help the field's unless given)."""
-    meta = {"help": help, "arg": arg, "cli": cli}
-    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
 def _preprocess(value: Any, name: str) -> Any:
@@ -71,66 +64,122 @@ def _device(value: Any, name: str) -> str:
     raise ArgumentError(f"{name} must be a device name such as 'cpu' or 'cuda:0', got {type(value).__name__}")
 
 
+def _onnx_from(args: Any) -> Union[bool, str]:
+    """``--onnx`` and ``--onnx-activations``: False, True or the asked activation type."""
+    return (args.onnx_activations or True) if args.onnx else False
+
+
 @dataclass
 class QuantizeOptions:
-    """Everything ``quantize`` takes (its docstring says what each does)."""
+    """Everything ``quantize`` takes, each field declared once (``option``)."""
 
-    model_file: str = option(MISSING, "the deploy prototxt", path_arg)
-    weights_file: str = option(MISSING, "the caffemodel", path_arg)
-    calibration_data: Any = option(MISSING, "the calibration data (``quantize``'s docstring)", _data)
+    model_file: str = option(MISSING, "deploy, test or train_val prototxt", path_arg, flag("model"))
+    weights_file: str = option(MISSING, "caffemodel", path_arg, flag("weights"))
+    calibration_data: Any = option(
+        MISSING, "an iterable of batches (tensors or arrays N×C×H×W), one array of samples, or a path "
+                 "(a folder of images or .npy/.npz files, or one .npy/.npz file; images are preprocessed "
+                 "by ``preprocess``); None: the net's own TEST-phase data layers (a train/test "
+                 "prototxt), ``batch_num`` batches of the layer's batch_size (or ``batch_size``), the "
+                 "report's held-out batches the ones after them", _data,
+        flag("data", nargs="?", help="calibration data: a folder of images, a folder of .npy/.npz, or one "
+                                     ".npy/.npz file; left out: the TEST-phase data layer of a train/test prototxt"))
     config: Optional[str] = option(
-        None, "None (defaults), a quant.cfg or a JSON quant config", opt(path_arg),
-        cli=dict(flags=("-c", "--config"), help="quant.cfg (AMCT's simplified config) or a JSON quant "
-                                                "config; default: quantize every quantizable layer with IFMR + ARQ"))
-    output: str = option("amct_output/model", "the path prefix of every output", path_arg,
-                         cli=dict(flags=("-o", "--output"), help="output path prefix (default: %(default)s)"))
+        None, "None (defaults: every quantizable layer, IFMR + ARQ), a quant.cfg or a JSON quant config",
+        opt(path_arg),
+        flag("-c", "--config", help="quant.cfg (AMCT's simplified config) or a JSON quant config; default: "
+                                    "quantize every quantizable layer with IFMR + ARQ"))
+    output: str = option(
+        "amct_output/model", "the path prefix of every output: ``{output}_quant_config.json``, "
+                             "``{output}_record.txt`` and the models", path_arg,
+        flag("-o", "--output", help="output path prefix (default: %(default)s)"))
     batch_num: Optional[int] = option(
         None, "calibration batches (default: the config's batch_num)", opt(positive_int),
-        cli=dict(flags=("--batch-num",), type="positive"))
+        flag("--batch-num", type="positive"))
     batch_size: Optional[int] = option(
-        None, "samples per batch (default: spread the data over batch-num batches; without DATA the "
-              "data layer's batch_size)", opt(positive_int), cli=dict(flags=("--batch-size",), type="positive"))
+        None, "samples per batch (default: the data spread over the batches; without data the data "
+              "layer's batch_size)", opt(positive_int),
+        flag("--batch-size", type="positive", help="samples per batch (default: spread the data over "
+                                                   "batch-num batches; without DATA the data layer's batch_size)"))
     device: Optional[str] = option(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", opt(_device),
-                                   cli=dict(flags=("--device",), default="auto"))
-    preprocess: Optional[Preprocess] = option(None, "how images become the net's input", opt(_preprocess))
+                                   flag("--device", default="auto"))
+    preprocess: Optional[Preprocess] = option(
+        None, "how images become the net's input (Caffe's transform_param: channel order, mean, scale, "
+              "resize, crop)", opt(_preprocess), add_preprocess_options, read=preprocess_from)
     skip_layers: Optional[Sequence[str]] = option(
-        None, "comma-separated layers not to quantize (without --config)", opt(names_arg),
-        cli=dict(flags=("--skip-layers",), type="names"))
-    activation_offset: bool = option(True, "asymmetric activations (False: offset_d = 0)", bool_arg)
+        None, "layers not to quantize (without a config)", opt(names_arg),
+        flag("--skip-layers", type="names", help="comma-separated layers not to quantize (without --config)"))
+    activation_offset: bool = option(
+        True, "asymmetric activations; False: symmetric, offset_d = 0 (without a config)", bool_arg,
+        flag("--no-activation-offset", action="store_false",
+             help="symmetric activations (offset_d = 0; without --config)"))
     save_type: Optional[str] = option(
-        "Both", "Caffe models to write (default: %(default)s)", opt(one_of(*SAVE_TYPES)),
-        cli=dict(flags=("--save-type",), choices=SAVE_TYPES))
-    onnx: Union[bool, str] = option(False, "also write the float and the QDQ ONNX model (True or the "
-                                           "activation type)", either(bool_arg, one_of(*ONNX_ACTIVATIONS)))
-    onnx_speed: bool = option(False, "the QDQ model's opt-in speed mode", bool_arg)
+        "Both", "Caffe models to write: Fakequant, Deploy or Both (default); None: the record only",
+        opt(one_of(*SAVE_TYPES)),
+        flag("--save-type", choices=SAVE_TYPES, help="Caffe models to write (default: %(default)s)"))
+    onnx: Union[bool, str] = option(
+        False, "also write the float and the QDQ ONNX model (``{output}_float.onnx``, "
+               "``{output}_quant.onnx``): True, or the activation type", either(bool_arg, one_of(*ONNX_ACTIVATIONS)),
+        (flag("--onnx", action="store_true", help="also write the float and the QDQ ONNX model"),
+         flag("--onnx-activations", choices=ONNX_ACTIVATIONS, default=None, needs="onnx",
+              help="activation type of the QDQ model: uint8 (zero point offset_d+128, default: the same "
+                   "numbers as int8, and ONNX Runtime fuses more int8 kernels) or int8 (zero point = offset_d)")),
+        read=_onnx_from)
+    onnx_speed: bool = option(
+        False, "ONNX speed mode (opt-in, no longer AMCT-exact): also quantize residual conv outputs and "
+               "Eltwise SUMs so that ONNX Runtime runs every conv and add as an int8 kernel", bool_arg,
+        flag("--onnx-quantize-eltwise", action="store_true", needs="onnx",
+             help="ONNX speed mode (opt-in, no longer AMCT-exact): also quantize residual conv outputs and "
+                  "Eltwise SUMs so ONNX Runtime runs every conv and add as an int8 kernel; use with "
+                  "--onnx-activations uint8"))
     onnx_outputs: Optional[Sequence[str]] = option(
-        None, "comma-separated blob names: write the ONNX models up to these outputs only "
-              "(e.g. before a layer ONNX cannot express exactly)", opt(names_arg),
-        cli=dict(flags=("--onnx-outputs",), type="names"))
-    report: bool = option(True, "write the per-layer report", bool_arg)
+        None, "blob names: write the ONNX models up to these outputs only (e.g. before a layer ONNX "
+              "cannot express exactly)", opt(names_arg),
+        flag("--onnx-outputs", type="names", needs="onnx",
+             help="comma-separated blob names: write the ONNX models up to these outputs only "
+                  "(e.g. before a layer ONNX cannot express exactly)"))
+    report: bool = option(True, "compare every quantized layer's output with the float model's and write "
+                                "``{output}_layer_report.json``", bool_arg,
+                          read=lambda args: args.report_batches > 0)
     report_data: Any = option(None, "the report's data (default: held-out calibration batches)", opt(_data))
-    report_batches: int = option(2, "the report's held-out batches", non_negative_int)
+    report_batches: int = option(
+        2, "the report's held-out batches of the calibration data (when there are none: the calibration "
+           "batches)", non_negative_int,
+        flag("--report-batches", type="non_negative", help="held-out batches for the per-layer report (0: none)"),
+        read=lambda args: max(args.report_batches, 1))
     ifmr_mode: str = option(
         "streaming", "IFMR statistics: streaming (memory-bounded, default) or exact (AMCT's keep-everything)",
-        one_of("streaming", "exact"), cli=dict(flags=("--ifmr-mode",), choices=("streaming", "exact")))
-    quiet: bool = option(False, "no progress output", bool_arg)
+        one_of("streaming", "exact"), flag("--ifmr-mode", choices=("streaming", "exact")))
+    quiet: bool = option(False, "no progress bar", bool_arg,
+                         flag("-q", "--quiet", action="store_true",
+                              help="no progress bar; warnings and errors are still logged"))
     improve: Union[None, str, Sequence[str]] = option(
         None, "opt-in improvements beyond AMCT (default: none, AMCT's result), "
               f"comma-separated, or all: {', '.join(IMPROVEMENTS)}; applied in that "
               "order and each kept per layer only where it lowers the output error on "
               "held-out calibration data, never leaving a net output worse than the default",
-        cli=dict(flags=("--improve",), type="improvements", metavar="LIST"))
+        cli=flag("--improve", type="improvements", metavar="LIST"))
     distributed: bool = option(
         False, "run under torchrun: each process calibrates its share of the batches "
                "(NCCL on GPUs, gloo on CPU); rank 0 writes the outputs", bool_arg,
-        cli=dict(flags=("--distributed",), action="store_true"))
+        flag("--distributed", action="store_true"))
     checkpoint: Optional[str] = option(
         None, "save the calibration state after each batch to PATH and resume from it "
               "if it exists (a killed job continues with the same result)", opt(path_arg),
-        cli=dict(flags=("--checkpoint",), metavar="PATH"))
-    onnx_target: str = option("onnxruntime", "the runtime the QDQ model is laid out for",
-                              one_of(*ONNX_TARGETS))
-    allow_unknown_fields: bool = option(False, "build from a prototxt with fields this tool does not read")
+        flag("--checkpoint", metavar="PATH"))
+    onnx_target: str = option(
+        ONNX_TARGETS[0], "the runtime the QDQ model is laid out for: onnxruntime, openvino (plain QDQ, "
+                         "uint8) or tensorrt (int8, zero point 0: needs symmetric activations, refused "
+                         "before calibration otherwise); the target fixes the activation type",
+        one_of(*ONNX_TARGETS),
+        flag("--onnx-target", choices=ONNX_TARGETS, default=None, needs="onnx",
+             help=f"runtime the QDQ model is laid out for (default: {ONNX_TARGETS[0]}): openvino "
+                  "(plain QDQ, uint8) or tensorrt (int8, zero point 0: needs --no-activation-offset "
+                  "or a config with activation_offset: false); the target fixes the activation type"),
+        read=lambda args: args.onnx_target or ONNX_TARGETS[0])
+    allow_unknown_fields: bool = option(
+        False, "run a prototxt whose layers have fields this tool does not read (a Caffe fork's parameters; "
+               "'inspect' lists them) without those fields; refused otherwise", bool_arg,
+        flag("--allow-unknown-fields", action="store_true"))
 
     def validate(self) -> QuantizeOptions:
         """Refuse bad settings (before any file is read or written); returns self."""
@@ -205,3 +254,6 @@ class QuantizeOptions:
 
 #: what each argument of ``quantize`` / ``QuantizeOptions`` must be (from the fields)
 QUANTIZE_ARGS = {f.name: f.metadata["arg"] for f in fields(QuantizeOptions) if f.metadata.get("arg")}
+
+#: ``quantize``'s arguments paragraph: each field's help
+ARGUMENTS_DOC = arguments_doc(fields(QuantizeOptions))

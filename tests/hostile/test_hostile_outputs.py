@@ -162,7 +162,7 @@ def test_default_batch_size_uses_every_sample(tmp_path):
     batch size calibrates on all of them, and the summary says so."""
     import io
 
-    from amct_torch.cli import _summary
+    from amct_torch.commands.printing import print_summary
     with np.load(DATA) as z:
         total = z["inputs"].shape[0]
     model, weights = _copy_model(tmp_path)
@@ -170,7 +170,7 @@ def test_default_batch_size_uses_every_sample(tmp_path):
                               quiet=True, report=False, batch_num=2)
     assert (res.samples_used, res.samples_total) == (total, total)
     out = io.StringIO()
-    _summary(res, out)
+    print_summary(res, out)
     assert f"{total} of {total} sample(s)" in out.getvalue()
 
 

@@ -23,7 +23,9 @@ def _loaded_after(code: str) -> dict:
 
 
 def test_help_and_argument_errors_do_not_import_torch():
-    for argv in (["--help"], ["calibrate", "--help"], ["calibrate"], ["calibrate", "a", "b", "c", "--batch-size", "0"]):
+    from amct_torch.cli import COMMANDS
+    helps = [[command, "--help"] for command in COMMANDS]
+    for argv in (["--help"], *helps, ["calibrate"], ["calibrate", "a", "b", "c", "--batch-size", "0"]):
         loaded = _loaded_after(f"from amct_torch import cli\ntry:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass")
         assert not any(loaded.values()), (argv, loaded)
 
