@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional, cast
 
-from amct_torch.caffe.layers.traits import is_channel_wise
+from amct_torch.caffe.quant_types import is_channel_wise
 from amct_torch.config.act_algos import ACT_ALGORITHMS, DEFAULT, Field
 from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.types import (

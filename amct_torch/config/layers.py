@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from amct_torch.caffe.layers import traits
 from amct_torch.caffe.netio import layer_included, test_state
+from amct_torch.caffe.quant_types import QUANT_TYPES
 
 # V1 (`layers`) enum values of the quantizable types, mapped to their type strings.
 _V1_TYPES = {4: "Convolution", 39: "Deconvolution", 14: "InnerProduct", 17: "Pooling"}
@@ -34,13 +34,14 @@ class LayerInfo:
 
 
 def _info(name: str, ltype: str, layer: Any) -> LayerInfo:
+    quant = QUANT_TYPES.get(ltype)  # torch-free: the layer classes take their traits from it
+    if quant is None:
+        return LayerInfo(name, ltype, False, False)
     out_c = None
-    field = traits.weight_param(ltype)
-    if field is not None:
-        p = getattr(layer, field)
+    if quant.weight_param is not None:
+        p = getattr(layer, quant.weight_param)
         out_c = int(p.num_output) if p.HasField("num_output") else None
-    quantizable = traits.is_quantizable_type(ltype) and traits.quantizable_param(ltype, layer)
-    return LayerInfo(name, ltype, quantizable, traits.is_weighted(ltype), out_c)
+    return LayerInfo(name, ltype, quant.takes(layer), quant.weight_layout is not None, out_c)
 
 
 def layer_infos_from_net(net_param: Any) -> list[LayerInfo]:

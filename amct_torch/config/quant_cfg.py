@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from amct_torch.caffe.layers.traits import is_channel_wise, quantizable_types
+from amct_torch.caffe.quant_types import is_channel_wise, quantizable_types
 from amct_torch.config.act_algos import DEFAULT, ActAlgorithm, by_proto_field
 from amct_torch.config.layers import LayerInfo, quantizable_layers
 from amct_torch.config.textproto import parse_text_proto, read_text_file

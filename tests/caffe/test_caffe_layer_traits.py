@@ -2,6 +2,8 @@
 layer types the docs name for each (docs/config_and_record.md, docs/design.md)."""
 from __future__ import annotations
 
+import pytest
+
 from amct_torch.caffe.layers import supported_types, traits
 from amct_torch.caffe.layers.conv import ConvolutionLayer
 from amct_torch.proto import amct_caffe_pb2 as pb
@@ -53,3 +55,19 @@ def test_per_layer_params_narrow_the_type():
     assert traits.quantizable_param("Convolution", layer("Convolution", convolution_param={"dilation": [2]}))
     assert not traits.quantizable_param("InnerProduct", layer("InnerProduct", inner_product_param={"axis": 2}))
     assert not traits.quantizable_param("ReLU", layer("ReLU"))
+
+
+def test_the_classes_carry_the_torch_free_table_the_config_code_reads():
+    from amct_torch.caffe import quant_types
+    from amct_torch.caffe.layers.base import CaffeLayer, layer_class, register
+    for t in supported_types():
+        assert layer_class(t).quant_type is quant_types.QUANT_TYPES.get(t), t
+        assert quant_types.is_channel_wise(t) == traits.is_channel_wise(t), t
+    assert quant_types.quantizable_types() == ("Convolution", "Deconvolution", "InnerProduct", "Pooling",
+                                               "DepthwiseConvolution", "ConvolutionDepthwise")
+
+    class Mixed(CaffeLayer):
+        pass
+    with pytest.raises(TypeError, match="quantized differently"):  # one class, a quantized and a plain type
+        register("Convolution", "ReLU")(Mixed)
+    assert layer_class("Convolution") is ConvolutionLayer and layer_class("ReLU") is not Mixed

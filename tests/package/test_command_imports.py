@@ -1,7 +1,7 @@
 """Each command imports only the heavy packages its options use: ONNX (onnx, onnxruntime)
 only with ``--onnx`` or the ONNX check of ``inspect``, OpenCV only when images are decoded,
-OpenVINO never (it is a test-only runtime); torch wherever layers are built or their traits
-read (``config`` reads which layer types are quantized from the layer classes).
+OpenVINO never (it is a test-only runtime); torch wherever layers are built, but not for
+``config``, which reads the prototxt and the torch-free table of quantized layer types.
 
 Each command's ``main`` runs in a fresh interpreter on the bundled example model, which then
 reports ``sys.modules`` (the test process already holds everything)."""
@@ -60,10 +60,16 @@ def test_calibrate_without_onnx_imports_neither_onnx_nor_opencv(calibrated):
     assert os.path.isfile(f"{out}_record.txt")
 
 
-def test_convert_and_config_import_no_onnx_or_opencv(calibrated):
+def test_convert_imports_no_onnx_or_opencv(calibrated):
     tmp, proto, weights, _, out = calibrated
     assert _imported("convert", proto, weights, f"{out}_record.txt", "-o", str(tmp / "conv" / "m"), "-q") == {"torch"}
-    assert _imported("config", proto, weights, "-o", str(tmp / "cfg.json")) == {"torch"}
+
+
+def test_config_imports_no_heavy_package(calibrated):
+    tmp, proto, weights, _, _ = calibrated
+    assert _imported("config", proto, weights, "-o", str(tmp / "cfg.json")) == set()
+    assert _imported("config", proto, weights, "--skip-layers", "conv1", "--no-activation-offset", "--batch-num", "2",
+                     "-o", str(tmp / "cfg2.json")) == set()
 
 
 def test_inspect_imports_onnx_only_for_its_onnx_check(calibrated):

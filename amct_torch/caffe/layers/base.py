@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from amct_torch.caffe.quant_types import QUANT_TYPES, QuantType
 from amct_torch.errors import ModelError
 
 if TYPE_CHECKING:
@@ -42,8 +43,16 @@ def taking_blobs() -> Iterator[None]:
 
 
 def register(*type_names: str) -> Callable[[type[CaffeLayer]], type[CaffeLayer]]:
-    """Class decorator: make the class the module for the given Caffe layer type strings."""
+    """Class decorator: make the class the module for the given Caffe layer type strings, with
+    their quantization traits from ``caffe/quant_types.py`` (the same for each of its names)."""
     def deco(cls: type[CaffeLayer]) -> type[CaffeLayer]:
+        quant = {QUANT_TYPES.get(t) for t in type_names}
+        if len(quant) != 1:
+            raise TypeError(f"{cls.__name__}: the types {type_names} are quantized differently")
+        cls.quant_type = quant.pop()
+        cls.quantizable_type = cls.quant_type is not None
+        cls.weight_layout = None if cls.quant_type is None else cls.quant_type.weight_layout
+        cls.weight_param = None if cls.quant_type is None else cls.quant_type.weight_param
         for t in type_names:
             _REGISTRY[t] = cls
         return cls
@@ -83,12 +92,11 @@ class CaffeLayer(nn.Module):
     keeps_outputs: ClassVar[bool] = False
 
     # -- the type's traits: the rest of the package asks them through ``caffe.layers.traits``
-    #: AMCT quantizes this type (a layer's own params may still rule it out: ``quantizable_param``)
+    #: how AMCT quantizes the type (``caffe/quant_types.py``, set by ``register``): None if never;
+    #: ``quantizable_type``, ``weight_layout`` and ``weight_param`` are read from it
+    quant_type: ClassVar[Optional[QuantType]] = None
     quantizable_type: ClassVar[bool] = False
-    #: the quantized weight's torch layout: "conv" (C_out, C_in/g, kh, kw), "deconv"
-    #: (C_in, C_out/g, kh, kw) or "fc" (N, K); None: no quantized weight (no scale_w in the record)
     weight_layout: ClassVar[Optional[str]] = None
-    #: the LayerParameter field holding ``num_output`` and ``bias_term`` of a weighted type
     weight_param: ClassVar[Optional[str]] = None
     #: a fork's depthwise convolution (quantized as Convolution; its record may be sized by its weights)
     depthwise: ClassVar[bool] = False
@@ -140,7 +148,7 @@ class CaffeLayer(nn.Module):
     def quantizable_param(cls, layer_param) -> bool:
         """Whether a layer of this type with these params (a ``LayerParameter`` or V1 layer)
         is quantized: the type's trait, narrowed by the params where the type says so."""
-        return cls.quantizable_type
+        return cls.quant_type is not None and cls.quant_type.takes(layer_param)
 
     # -- to override ---------------------------------------------------------------------
     def setup(self, blobs: Optional[list[np.ndarray]], bottom_shapes: Optional[list[Shape]]) -> None:

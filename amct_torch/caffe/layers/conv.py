@@ -40,18 +40,11 @@ def _hw(layer: CaffeLayer, param, rep: str, h: str, w: str, default: Optional[in
 _CONV_FILLERS = (("weight_filler", None), ("bias_filler", 0.0))
 
 
-def _conv_is_2d(p) -> bool:
-    return len(p.kernel_size) <= 2 and len(p.stride) <= 2 and len(p.pad) <= 2 and \
-        len(p.dilation) <= 2 and p.axis == 1
-
-
 class WeightedLayer(CaffeLayer):
     """The traits a convolution and an InnerProduct share: a quantized weight (+ bias) in
-    ``weight_param``, filled by ``_CONV_FILLERS``; a subclass names its ``weight_param`` and
-    ``weight_layout``."""
+    ``weight_param`` (``caffe/quant_types.py``), filled by ``_CONV_FILLERS``."""
 
     fresh_output = True
-    quantizable_type = True
     per_sample = True
     fold_bn_after = True
     int_bias: Optional[torch.Tensor]  # a deploy layer's exact int32 bias (integer.set_integer)
@@ -59,12 +52,7 @@ class WeightedLayer(CaffeLayer):
 
 class _ConvBase(WeightedLayer):
     transposed = False
-    weight_param = "convolution_param"
-    fillers = (weight_param, _CONV_FILLERS)
-
-    @classmethod
-    def quantizable_param(cls, layer_param) -> bool:
-        return _conv_is_2d(layer_param.convolution_param)
+    fillers = ("convolution_param", _CONV_FILLERS)
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.convolution_param
@@ -141,7 +129,6 @@ class _ConvBase(WeightedLayer):
 class ConvolutionLayer(_ConvBase):
     """Caffe Convolution: symmetric pad, stride, dilation, group; out = floor((H+2p-dk)/s)+1."""
 
-    weight_layout = "conv"
     fold_scale_before = True
 
     def infer_shapes(self, bottom_shapes):
@@ -170,12 +157,6 @@ class DeconvolutionLayer(_ConvBase):
     """Caffe Deconvolution: out = s(H-1) + d(k-1) + 1 - 2p, as torch's conv_transpose2d."""
 
     transposed = True
-    weight_layout = "deconv"
-
-    @classmethod
-    def quantizable_param(cls, layer_param) -> bool:
-        p = layer_param.convolution_param
-        return _conv_is_2d(p) and all(d == 1 for d in p.dilation)
 
     def infer_shapes(self, bottom_shapes):
         s = bottom_shapes[0]
@@ -203,14 +184,7 @@ class DeconvolutionLayer(_ConvBase):
 class InnerProductLayer(WeightedLayer):
     """Caffe InnerProduct: flatten from ``axis`` and y = x W^T + b, W kept as (N, K)."""
 
-    weight_layout = "fc"
-    weight_param = "inner_product_param"
-    fillers = (weight_param, _CONV_FILLERS)
-
-    @classmethod
-    def quantizable_param(cls, layer_param) -> bool:
-        p = layer_param.inner_product_param
-        return (not p.transpose) and p.axis == 1
+    fillers = ("inner_product_param", _CONV_FILLERS)
 
     def setup(self, blobs, bottom_shapes):
         p = self.layer_param.inner_product_param

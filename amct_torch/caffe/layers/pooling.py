@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from amct_torch.caffe.layers.base import CaffeLayer, register
 from amct_torch.caffe.layers.conv import _hw
 from amct_torch.caffe.layers.upsample import max_pool_with_mask
+from amct_torch.caffe.quant_types import POOL_AVE
 
-MAX, AVE, STOCHASTIC = 0, 1, 2
+MAX, AVE, STOCHASTIC = 0, POOL_AVE, 2
 
 
 def caffe_pooled_size(size: int, k: int, s: int, p: int, ceil: bool) -> int:
@@ -117,7 +118,6 @@ class PoolingLayer(CaffeLayer):
     ``quantizable`` is True for AVE pooling that is not global (as in AMCT). MAX pooling may
     have BVLC's second top, the argmax mask (``upsample.max_pool_with_mask``) SegNet unpools with."""
 
-    quantizable_type = True
     per_sample = True
     tops = (1, 2)
 
@@ -149,11 +149,6 @@ class PoolingLayer(CaffeLayer):
                 self.fail("kernel and stride must be >= 1")
             if self.padding[0] >= self.kernel_size[0] or self.padding[1] >= self.kernel_size[1]:
                 self.fail(f"pad {self.padding} must be smaller than kernel {self.kernel_size}")
-
-    @classmethod
-    def quantizable_param(cls, layer_param) -> bool:
-        p = layer_param.pooling_param
-        return p.pool == AVE and not p.global_pooling
 
     @property
     def quantizable(self) -> bool:

@@ -1,15 +1,18 @@
 """What the config, quantization, fusion, export and report code ask of a Caffe layer type.
 
 Each trait is a class attribute of the type's ``CaffeLayer`` class (declared once there, listed
-in ``base.py``); these functions answer for a type string, a layer class or a layer module, so
-that no other code keeps its own list of type names (docs/design.md, "Adding a layer type").
+in ``base.py``; the quantization traits come from the torch-free ``caffe/quant_types.py``, which
+the config code reads without torch); these functions answer for a type string, a layer class
+or a layer module, so that no other code keeps its own list of type names (docs/design.md,
+"Adding a layer type").
 An unknown type string has no traits (every answer False / None).
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from amct_torch.caffe.layers.base import _REGISTRY, CaffeLayer, layer_class
+from amct_torch.caffe import quant_types
+from amct_torch.caffe.layers.base import CaffeLayer, layer_class
 
 TypeOrModule = Union[str, CaffeLayer, type[CaffeLayer], Any]
 
@@ -105,6 +108,5 @@ def fillers(x: TypeOrModule) -> Optional[tuple[str, tuple[tuple[str, Optional[fl
 
 
 def quantizable_types() -> tuple[str, ...]:
-    """The type strings AMCT quantizes: BVLC's in registration order, then the forks' depthwise ones."""
-    return tuple(sorted((t for t, cls in _REGISTRY.items() if cls.quantizable_type),
-                        key=lambda t: _REGISTRY[t].depthwise))
+    """The type strings AMCT quantizes (``caffe/quant_types.py``): BVLC's, then the forks' depthwise ones."""
+    return quant_types.quantizable_types()
