@@ -51,6 +51,8 @@ def option(default: Any, help: str, arg: Any = None,
     value must be: an ``amct_torch.arguments`` check), ``cli`` (its ``calibrate`` arguments:
     ``Flag``\\ s, or a function adding a group declared elsewhere) and ``read`` (the field's
     value from the parsed arguments; default: its first flag's value)."""
+    if isinstance(arg, Flag):  # a flag in the check's place: the field would have no check
+        raise TypeError("option(): pass the flags as cli=, after the argument check")
     flags = (cli,) if isinstance(cli, Flag) else cli
     meta = {"help": help, "arg": arg, "cli": flags, "read": read}
     return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)

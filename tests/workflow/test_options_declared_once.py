@@ -114,3 +114,9 @@ def test_every_flag_that_needs_another_names_a_field_with_flags():
     needs = [fl.needs for f in command_fields() for fl in flags_of(f) if fl.needs]
     assert needs and all(n in names and flags_of(next(f for f in fields(QuantizeOptions) if f.name == n))
                          for n in needs)
+
+
+def test_a_flag_in_the_place_of_the_check_is_refused():
+    from amct_torch.workflow.option_declaration import flag, option
+    with pytest.raises(TypeError, match="cli="):
+        option(None, "some help", flag("--some-flag"))
