@@ -352,12 +352,15 @@ def test_a_leftover_handler_still_holds_the_signal_through_a_commit(tmp_path, mo
 def test_a_signal_between_begin_and_the_callers_cleanup_leaves_nothing(tmp_path, monkeypatch, capsys):
     # the job opens the transaction, then sets up its progress display before its try/finally:
     # a SIGTERM landing there ended the command with the staging folder left behind
+    import amct_torch.runtime as runtime
     from amct_torch.cli import main
     from amct_torch.runtime import progress
 
     def terminated(*_args, **_kwargs):
         raise Terminated(15)
     monkeypatch.setattr(progress, "JobProgress", terminated)
+    # the job reads it through the package's front door, which keeps a name once read
+    monkeypatch.setattr(runtime, "JobProgress", terminated, raising=False)
     model, weights = example_model()
     prefix = str(tmp_path / "out" / "m")
     code = main(["calibrate", model, weights, DATA, "--device", "cpu", "-q", "-o", prefix])
