@@ -5,7 +5,7 @@ An entry holds what every reader, writer and the calibration ask of an algorithm
 per-layer fields in JSON key order with their defaults and checks (names shared by
 ``LayerQuantConfig``, the JSON keys and the observer's keyword arguments), the check over all of
 them, and its observer classes in ``calibration/observers.py`` (per IFMR mode), whose ``merge``
-is its merge rule. Adding an algorithm: one entry here, its observer, and its proto message.
+is its merge rule. What adding one touches: docs/extending.md.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each trait is a class attribute of the type's ``CaffeLayer`` class (declared once there, listed
 in ``base.py``; the quantization traits come from the torch-free ``caffe/quant_types.py``, which
 the config code reads without torch); these functions answer for a type string, a layer class
-or a layer module, so that no other code keeps its own list of type names (docs/design.md,
+or a layer module, so that no other code keeps its own list of type names (docs/extending.md,
 "Adding a layer type").
 An unknown type string has no traits (every answer False / None).
 """
