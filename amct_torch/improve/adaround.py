@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from amct_torch.algorithms.quant import QMAX, QMIN, channel_view, quantize
 from amct_torch.caffe.layers.base import canonical_axis
-from amct_torch.caffe.layers.traits import is_fully_connected, weight_layout
+from amct_torch.caffe.layers.traits import is_fully_connected, is_transposed, is_weighted
 
 #: the rectified sigmoid's stretch (AdaRound's ζ, γ)
 ZETA, GAMMA = 1.1, -0.1
@@ -40,14 +40,10 @@ MAX_ELEMENTS = 1 << 22
 #: iteration's), within [MIN_ITERS, MAX_ITERS]
 BUDGET, MIN_ITERS, MAX_ITERS = 2.0, 50, 200
 
-#: the weight layouts handled: the convolutions (not Deconvolution) and InnerProduct
-_LAYOUTS = ("conv", "fc")
-
-
 def supported(mod: Any) -> bool:
     """Whether ``mod``'s rounding can be learned: a float (not integer) Convolution of any group
     count or an InnerProduct."""
-    if weight_layout(mod) not in _LAYOUTS or getattr(mod, "integer", False):
+    if not is_weighted(mod) or is_transposed(mod) or getattr(mod, "integer", False):
         return False
     w = getattr(mod, "weight", None)
     if w is None:

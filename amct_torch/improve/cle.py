@@ -19,10 +19,9 @@ from torch import fx
 
 from amct_torch.caffe.layers import CaffeLayer
 from amct_torch.caffe.layers.base import node_layer
-from amct_torch.caffe.layers.traits import is_fully_connected, weight_layout
+from amct_torch.caffe.layers.traits import is_fully_connected, is_transposed, is_weighted
 
-#: the weight layouts handled: the convolutions (not Deconvolution) and InnerProduct
-_LAYOUTS = ("conv", "fc")
+#: the positively homogeneous activations a pair may pass through (f(s·x) = s·f(x), s > 0)
 _HOMOGENEOUS = ("ReLU", "PReLU")
 
 
@@ -38,7 +37,7 @@ class Pair:
 
 
 def _linear(mod: Optional[CaffeLayer]) -> bool:
-    return (mod is not None and weight_layout(mod) in _LAYOUTS and not getattr(mod, "integer", False)
+    return (mod is not None and is_weighted(mod) and not is_transposed(mod) and not getattr(mod, "integer", False)
             and getattr(mod, "weight", None) is not None
             and not (is_fully_connected(mod) and (getattr(mod, "axis", 1) != 1)))
 
