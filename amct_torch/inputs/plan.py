@@ -24,7 +24,9 @@ class BatchPlan:
     """The batches of one job (made by ``plan_batches``): ``calibration_batches`` once, then
     ``calibrated`` with what the calibration loop left; ``guard_batches`` and
     ``report_batches`` read the held-out batches after them. ``batch_size`` and ``count`` (the
-    samples the data holds; None when unknown) are known once the calibration batches are."""
+    samples the data holds; None when unknown) are known once the calibration batches are;
+    ``cache`` (the calibration batches kept for later steps: all of them with ``keep_all``) and
+    ``samples`` (the samples calibrated on) once calibrated."""
 
     def __init__(self, model: Any, data: Any, model_file: str, device: Any, batch_size: Optional[int],
                  preprocess: Optional[Preprocess], report_batches: int, report_data: Any, guard: bool,
@@ -41,16 +43,8 @@ class BatchPlan:
         self.batch_num = 0
         self.held_out = 0  # batches after the calibration ones read later (checked up front)
         self.rest: Iterator[Any] = iter(())
-
-    @property
-    def cache(self) -> list:
-        """The calibration batches kept for later steps (all of them with ``keep_all``)."""
-        return self.keep.cache
-
-    @property
-    def samples(self) -> int:
-        """Samples in the calibration batches."""
-        return self.keep.samples
+        self.cache: list = []
+        self.samples = 0
 
     def calibration_batches(self, batch_num: int) -> Iterable[Any]:
         """The batches to calibrate on (the first ``batch_num`` are kept and counted), once the
@@ -84,7 +78,7 @@ class BatchPlan:
     def calibrated(self, rest: Iterator[Any]) -> None:
         """Keep ``rest``, the batches after the calibration ones (the calibration loop's answer),
         and log how many samples calibrated."""
-        self.rest = rest
+        self.rest, self.cache, self.samples = rest, self.keep.cache, self.keep.samples
         report_use(self.keep, self.count, self.batch_num, self.batch_size, self.held_out)
 
     def guard_batches(self) -> list:
