@@ -16,8 +16,8 @@ gets answers back; one that reaches into internals bounces between many rooms. T
   a *climb back* is a stay entered by a return; *entries* of a module: its stays
   (``plan_entries``: the batch-planning module's, ``workflow/batching.py`` or ``inputs/plan.py``);
 - ``job_calls``: every call job.py's own frames make into another ``amct_torch`` module,
-  holding the path or not (``job_calls_plan``: into the batch-planning module), and how many
-  modules they reach;
+  holding the path or not (``job_calls_plan``: into the batch-planning module), how many
+  modules they reach, and how many of each package's modules (the rooms behind a front door);
 - ``job_imports``: the ``amct_torch`` modules ``workflow/job.py`` imports (its source read with
   ``ast``), at module level and inside functions; ``internal`` ones are neither a package
   (its ``__init__``, the front door) nor a module directly under ``amct_torch``, nor a
@@ -125,7 +125,17 @@ class Walk:
                 "job_calls": sum(self.job_calls.values()),
                 "job_calls_plan": sum(self.job_calls.get(m, 0) for m in PLAN_MODULES),
                 "job_calls_modules": len(self.job_calls),
+                "job_calls_modules_per_package": _per_package(self.job_calls),
                 "job_calls_by_module": dict(sorted(self.job_calls.items()))}
+
+
+def _per_package(modules: dict) -> dict[str, int]:
+    """package (``amct_torch.x``) -> how many of its modules ``modules`` names."""
+    out: dict[str, int] = {}
+    for m in modules:
+        package = ".".join(m.split(".")[:2])
+        out[package] = out.get(package, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def job_imports(job_file: str, package_dir: str) -> dict:
