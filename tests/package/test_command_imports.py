@@ -70,6 +70,9 @@ def test_config_imports_no_heavy_package(calibrated):
     assert _imported("config", proto, weights, "-o", str(tmp / "cfg.json")) == set()
     assert _imported("config", proto, weights, "--skip-layers", "conv1", "--no-activation-offset", "--batch-num", "2",
                      "-o", str(tmp / "cfg2.json")) == set()
+    cfg = tmp / "quant.cfg"
+    cfg.write_text('batch_num: 2\nskip_layers: "conv1"\n')
+    assert _imported("config", proto, weights, "--quant-cfg", str(cfg), "-o", str(tmp / "cfg3.json")) == set()
 
 
 def test_inspect_imports_onnx_only_for_its_onnx_check(calibrated):
