@@ -22,14 +22,14 @@ _LAZY = {
     "write_quant_info": _INFO,
     "export_onnx": "amct_torch.export.onnx.qdq",
     "Exporter": "amct_torch.export.exporter", "ExportInputs": "amct_torch.export.exporter",
-    "exporters_for": _FORMATS, "prefix_outputs": _FORMATS, "prefix_suffixes": _FORMATS,
-    "register_exporter": _FORMATS,
+    **{n: _FORMATS for n in ("OutputPlan", "exporters_for", "plan_outputs", "planned_outputs", "prefix_outputs",
+                             "prefix_suffixes", "register_exporter")},
 }
 
-__all__ = ["ExportInputs", "Exporter", "convert_model", "deploy_net", "export_onnx", "exporters_for",
-           "fake_quant_graph", "fake_quant_net", "pack_deq_scale", "prefix_outputs", "prefix_suffixes",
-           "refuse_quantized_model", "register_exporter", "save_deploy", "save_fake_quant", "save_quant_models",
-           "unpack_deq_scale", "write_caffe_models", "write_quant_info"]
+__all__ = ["ExportInputs", "Exporter", "OutputPlan", "convert_model", "deploy_net", "export_onnx", "exporters_for",
+           "fake_quant_graph", "fake_quant_net", "pack_deq_scale", "plan_outputs", "planned_outputs",
+           "prefix_outputs", "prefix_suffixes", "refuse_quantized_model", "register_exporter", "save_deploy",
+           "save_fake_quant", "save_quant_models", "unpack_deq_scale", "write_caffe_models", "write_quant_info"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
@@ -39,6 +39,14 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.export.caffe.fakequant import fake_quant_graph, fake_quant_net, save_fake_quant
     from amct_torch.export.convert import convert_model, refuse_quantized_model, save_quant_models
     from amct_torch.export.exporter import Exporter, ExportInputs
-    from amct_torch.export.formats import exporters_for, prefix_outputs, prefix_suffixes, register_exporter
+    from amct_torch.export.formats import (
+        OutputPlan,
+        exporters_for,
+        plan_outputs,
+        planned_outputs,
+        prefix_outputs,
+        prefix_suffixes,
+        register_exporter,
+    )
     from amct_torch.export.onnx.qdq import export_onnx
     from amct_torch.export.quant_info import write_quant_info

@@ -15,11 +15,11 @@ _LAZY = {
     "atomic_write_text": "amct_torch.files.atomic",
     "output_path": "amct_torch.files.output_names",
     **{n: "amct_torch.files.transaction" for n in ("OutputTransaction", "check_output_name", "check_outputs",
-                                                   "make_folder", "user_path", "write_error")},
+                                                   "make_folder", "open_outputs", "user_path", "write_error")},
 }
 
 __all__ = ["OutputTransaction", "atomic_write_text", "check_output_name", "check_outputs", "make_folder",
-           "output_path", "user_path", "write_error"]
+           "open_outputs", "output_path", "user_path", "write_error"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
         check_output_name,
         check_outputs,
         make_folder,
+        open_outputs,
         user_path,
         write_error,
     )

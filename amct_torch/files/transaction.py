@@ -25,7 +25,7 @@ from amct_torch.files.atomic import atomic_write_text, file_mode, fsync_dir
 from amct_torch.files.output_errors import REASONS, STAGING_SUFFIX, user_path, write_error
 from amct_torch.files.termination import SignalGuard, Terminated, signals_held
 
-__all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "recover",
+__all__ = ["OutputTransaction", "Published", "Terminated", "check_outputs", "make_folder", "open_outputs", "recover",
            "same_file", "staging_folder", "user_path", "write_error", "check_output_name"]
 
 log = logging.getLogger("amct_torch")
@@ -532,3 +532,16 @@ class OutputTransaction:
             prefix = os.path.join(self.folder, self.name) if self.name else self.folder
             raise write_error(exc, self.final_of(exc.filename) if isinstance(exc.filename, str)
                               else prefix) from None
+
+
+def open_outputs(finals: Sequence[str], inputs: Iterable[Optional[str]], *, name: str,
+                 owns_prefix: Optional[str] = None, known_suffixes: Sequence[str] = (),
+                 writer: bool = True) -> Optional[OutputTransaction]:
+    """A command's outputs, refused before any work when one is an input, a folder or named
+    twice (``check_outputs``); when this process writes them (``writer``), their transaction
+    made and begun (staging folder ``.{name}.amct-partial``), else None (a distributed job's
+    other ranks write nothing)."""
+    if not writer:
+        check_outputs(finals, inputs)
+        return None
+    return OutputTransaction(finals, inputs, owns_prefix=owns_prefix, known_suffixes=known_suffixes).begin(name)

@@ -22,8 +22,8 @@ import torch
 from amct_torch.arguments import checked
 from amct_torch.calibration import resolve_device, run_calibration
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, DataError, ExportError, RecordError
-from amct_torch.export import Exporter, ExportInputs, exporters_for, fake_quant_graph, prefix_suffixes
-from amct_torch.files import OutputTransaction, check_outputs, output_path, user_path, write_error
+from amct_torch.export import Exporter, ExportInputs, fake_quant_graph, plan_outputs
+from amct_torch.files import OutputTransaction, open_outputs, user_path, write_error
 from amct_torch.inputs import BatchPlan, Preprocess, plan_batches
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
@@ -163,19 +163,19 @@ def _plan(opts: QuantizeOptions) -> _Plan:
         from amct_torch.calibration import init_distributed
         ctx = init_distributed(opts.device)
     dev = ctx.device if ctx is not None and ctx.active else resolve_device(opts.device)
-    exporters = exporters_for(opts)
-    finals = planned_outputs(opts.output, exporters, opts.report)
-    check_outputs(list(finals.values()), opts.inputs)
-    tx = None
-    if ctx is None or ctx.is_writer:
-        tx = OutputTransaction(list(finals.values()), opts.inputs, owns_prefix=opts.output,
-                               known_suffixes=prefix_suffixes()).begin(os.path.basename(opts.output))
-        assert tx.staging is not None  # begin() made it
+    outputs = plan_outputs(opts)
+    finals = outputs.finals
+    tx = open_outputs(list(finals.values()), opts.inputs, name=os.path.basename(opts.output),
+                      owns_prefix=opts.output, known_suffixes=outputs.suffixes,
+                      writer=ctx is None or ctx.is_writer)
+    if tx is not None:
+        assert tx.staging is not None  # begun
         tmp = tx.staging
     else:  # ranks > 0 write nothing: private work folder
         tmp = tempfile.mkdtemp(prefix="amct_")
     staged = {k: os.path.join(tmp, os.path.basename(p)) for k, p in finals.items()}
-    return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)), exporters)
+    return _Plan(ctx, dev, finals, staged, tx, tmp, os.path.join(tmp, os.path.basename(opts.output)),
+                 outputs.exporters)
 
 
 def _load_and_check(opts: QuantizeOptions, plan: _Plan, prog) -> tuple[QuantGraph, str]:
@@ -295,15 +295,6 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
         meta["improve"] = improvement
     write_report(files["report"], stats, meta)
     return stats, page.write(files["html_report"], stats)
-
-
-def planned_outputs(output: str, exporters: Sequence[Exporter], report: bool) -> dict[str, str]:
-    """kind → final path of every file ``quantize`` may write under the prefix ``output``:
-    the config and the record, each exporter's kinds, the reports."""
-    paths = {k: output_path(output, k) for k in ("config", "record")}
-    paths.update((k, e.path(output, k)) for e in exporters for k in e.kinds())
-    paths.update((k, output_path(output, k)) for k in (("report", "html_report") if report else ()))
-    return {k: os.path.abspath(p) for k, p in paths.items()}
 
 
 def _joined(labels: Sequence[str]) -> str:

@@ -17,7 +17,6 @@ from amct_torch import ExportError
 from amct_torch.export import formats
 from amct_torch.export.exporter import Exporter, ExportInputs
 from amct_torch.workflow.examples import example_data, example_model
-from amct_torch.workflow.job import planned_outputs
 from amct_torch.workflow.options import QuantizeOptions
 
 CAFFE_FILES = {
@@ -79,7 +78,7 @@ def test_planned_and_written_files_are_the_wanted_exporters_kinds(tmp_path, save
     out = str(tmp_path / "m")
     want = {**OWN_FILES, **CAFFE_FILES.get(save_type, {}), **(ONNX_FILES if onnx else {})}
     opts = QuantizeOptions(*example_model(), _calib(), output=out, save_type=save_type, onnx=onnx, report=False)
-    planned = planned_outputs(out, formats.exporters_for(opts), report=False)
+    planned = formats.planned_outputs(out, formats.exporters_for(opts), report=False)
     assert planned == {k: os.path.abspath(out + s) for k, s in want.items()}
     res = _run(out, save_type=save_type, onnx=onnx)
     assert res.files == planned

@@ -22,10 +22,7 @@ class OnnxExporter(Exporter):
     label = "ONNX"
     suffixes = SUFFIXES
     reads_batches = True  # the speed mode's extra factors come from the calibration batches
-
-    def __init__(self, opts: Any) -> None:
-        super().__init__(opts)
-        self._ahead: Any = None  # the float model written during calibration (FloatAhead)
+    _ahead: Any = None  # the float model written during calibration (FloatAhead), set by prepare
 
     def kinds(self) -> list[str]:
         return ["onnx_float", "onnx"] if self.opts.onnx else []
