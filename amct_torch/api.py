@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from amct_torch.arguments import checked, instance, one_of, opt, path_arg
-from amct_torch.caffe.unknown_fields import allowed, unknown_fields_allowed
+from amct_torch.caffe import allow_unknown_fields as unknown_fields_within
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
 from amct_torch.export.caffe import SAVE_TYPES, model_paths
@@ -58,7 +58,7 @@ def init(config_file: str, model_file: str, weights_file: str,
     record_file = _output_path(scale_offset_record_file, "record file")
     check_outputs([record_file], [model_file, weights_file, config_file])
     make_folder(os.path.dirname(os.path.abspath(record_file)))
-    with unknown_fields_allowed(allow_unknown_fields or allowed()):
+    with unknown_fields_within(allow_unknown_fields):
         graph = load(config_file, model_file, weights_file)
     graph.record_file = record_file
     empty_record(record_file)
@@ -145,6 +145,6 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     save_path = _output_path(save_path, "save_path")
     with OutputTransaction(model_paths(save_path, "Both"), [model_file, weights_file, record_file],
                            name=os.path.basename(save_path), known_suffixes=prefix_suffixes()) as tx:
-        with unknown_fields_allowed(allow_unknown_fields or allowed()):
+        with unknown_fields_within(allow_unknown_fields):
             staged = convert(model_file, weights_file, record_file, tx.staged_prefix(save_path))
         return tx.commit([tx.final_of(p) for p in staged])

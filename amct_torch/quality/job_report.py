@@ -1,5 +1,6 @@
-"""What the one-call job puts in its visual report, gathered from the job's options, graph,
-record and per-layer figures (``html_report.ReportInputs``)."""
+"""The one-call job's per-layer report: its figures, the JSON report and the visual report
+(``html_report.ReportInputs``, gathered from the job's options, graph, record and figures),
+written in one call."""
 from __future__ import annotations
 
 from collections import Counter
@@ -9,8 +10,8 @@ from typing import Any, Optional
 from amct_torch.quality.html_report import ReportInputs, float_layers, weight_ranges
 
 
-def _data(opts: Any, used: Optional[int], total: Optional[int]) -> str:
-    what = opts.data_path or f"in-memory {type(opts.calibration_data).__name__}"
+def _data(data: Any, data_path: Optional[str], used: Optional[int], total: Optional[int]) -> str:
+    what = data_path or f"in-memory {type(data).__name__}"
     if used is not None:
         what += f" ({used} sample(s) calibrated" + (f" of {total})" if total is not None else ")")
     return what
@@ -27,11 +28,13 @@ def _algorithms(config: Any) -> dict[str, str]:
 
 def job_report_inputs(opts: Any, graph: Any, records: Mapping[str, Any], stats: Sequence[Any],
                       files: Mapping[str, str], timings: Mapping[str, float], *, fused: Any,
-                      samples_used: Optional[int] = None, samples_total: Optional[int] = None,
-                      batch_size: Optional[int] = None, held_out: bool = True, batches: int = 0,
-                      improvement: Optional[dict] = None, device: Any = None) -> ReportInputs:
+                      data_path: Optional[str] = None, samples_used: Optional[int] = None,
+                      samples_total: Optional[int] = None, batch_size: Optional[int] = None,
+                      held_out: bool = True, batches: int = 0, improvement: Optional[dict] = None,
+                      device: Any = None) -> ReportInputs:
     """The report of a ``quantize`` run: ``fused`` is the model the record quantizes (the
-    improved one when an improvement was kept); ``files`` the final paths."""
+    improved one when an improvement was kept); ``files`` the final paths; ``data_path`` the
+    calibration data's path (None: in memory)."""
     from amct_torch.caffe.graph import layer_modules
 
     cfg = graph.config
@@ -43,7 +46,8 @@ def job_report_inputs(opts: Any, graph: Any, records: Mapping[str, Any], stats: 
     types = {n: m.caffe_type for n, m in layer_modules(fused).items()}
     return ReportInputs(
         model_file=opts.model_file, weights_file=opts.weights_file,
-        data=_data(opts, samples_used, samples_total), config=files.get("config", str(opts.config)),
+        data=_data(opts.calibration_data, data_path, samples_used, samples_total),
+        config=files.get("config", str(opts.config)),
         settings=settings, algorithms=_algorithms(cfg), timings=dict(timings), files=dict(files),
         stats=list(stats), records=records, types=types,
         summaries=graph.session.summaries if graph.session is not None else {},
@@ -85,3 +89,25 @@ class PendingReport:
             inp.charts["errors"] = charts.error_chart(inp.stats, [f[0] for f in inp.floats], COSINE_WARN)
         write_html(path, inp)
         return inp
+
+
+def write_job_report(opts: Any, graph: Any, records: Mapping[str, Any], model: Any, quant_model: Any,
+                     held: Sequence[Any], files: Mapping[str, str], *, report: str, html_report: str,
+                     held_out: bool, improvement: Optional[dict] = None,
+                     timings: Optional[Mapping[str, float]] = None, device: Any = None,
+                     **kw: Any) -> tuple[list, ReportInputs]:
+    """The per-layer report of a ``quantize`` run: ``model`` against ``quant_model`` on the
+    ``held`` batches (``held_out``: not calibrated on), written as JSON at ``report`` and as
+    the visual report at ``html_report`` (its charts drawn while the figures are computed);
+    ``files``: the final path of every output. ``kw``: ``job_report_inputs``'s. Returns the
+    figures and the page's inputs (the result's Jupyter view)."""
+    from amct_torch.quality.report import layer_report, write_report
+
+    page = PendingReport(opts, graph, records, files, timings or {}, held_out=held_out, batches=len(held),
+                         improvement=improvement, device=device, **kw)
+    stats = layer_report(model, quant_model, held, list(records), device=device)
+    meta = {"model": opts.model_file, "held_out": held_out, "batches": len(held)}
+    if improvement is not None:  # what each improvement did (dB on its held-out rows) and cost (s)
+        meta["improve"] = improvement
+    write_report(report, stats, meta)
+    return stats, page.write(html_report, stats)

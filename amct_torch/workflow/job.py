@@ -280,21 +280,15 @@ def _report(opts: QuantizeOptions, plan: _Plan, cal: _Calibrated, model, quant_m
             improvement: Optional[dict] = None, timings: Optional[dict] = None) -> tuple[list, Any]:
     """The per-layer report on held-out batches (else the calibration batches), written as
     JSON and as the visual report (returned for the result's Jupyter view)."""
-    from amct_torch.quality import PendingReport, layer_report, write_report
+    from amct_torch.quality import write_job_report
 
     held, held_out = cal.data.report_batches()
     files["report"], files["html_report"] = plan.staged["report"], plan.staged["html_report"]
-    # the visual report's layer charts are drawn on a helper thread during the forwards below
-    page = PendingReport(opts, cal.graph, records, {k: plan.finals[k] for k in files}, timings or {},
-                         fused=cal.graph.fused, samples_used=cal.data.samples, samples_total=cal.data.count,
-                         batch_size=cal.data.batch_size, held_out=held_out, batches=len(held),
-                         improvement=improvement, device=plan.device)
-    stats = layer_report(model, quant_model, held, list(records), device=plan.device)
-    meta = {"model": opts.model_file, "held_out": held_out, "batches": len(held)}
-    if improvement is not None:  # what each improvement did (dB on its held-out rows) and cost (s)
-        meta["improve"] = improvement
-    write_report(files["report"], stats, meta)
-    return stats, page.write(files["html_report"], stats)
+    return write_job_report(opts, cal.graph, records, model, quant_model, held, {k: plan.finals[k] for k in files},
+                            report=files["report"], html_report=files["html_report"], held_out=held_out,
+                            improvement=improvement, timings=timings, device=plan.device, fused=cal.graph.fused,
+                            data_path=opts.data_path, samples_used=cal.data.samples,
+                            samples_total=cal.data.count, batch_size=cal.data.batch_size)
 
 
 def _joined(labels: Sequence[str]) -> str:
