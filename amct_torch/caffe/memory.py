@@ -128,19 +128,25 @@ def check_activation_memory(gm: Any, batch_size: int, model_file: Optional[str],
                      file=model_file, layer=est.largest_layer)
 
 
-def checked_first_batch(batches: Iterable[Any], gm: Any, model_file: Optional[str],
-                        device: Any = None) -> Iterator[Any]:
-    """``batches`` unchanged, the first one checked (``check_activation_memory`` at its real
-    size and per-sample shape) before it is passed on, so before any forward."""
-    it = iter(batches)
-    first = next(it, None)
-    if first is None:
-        return
-    x = first[0] if isinstance(first, (tuple, list)) else first
+def check_batch_memory(batch: Any, gm: Any, model_file: Optional[str], device: Any = None) -> None:
+    """``check_activation_memory`` at ``batch``'s real size and per-sample shape (its first
+    tensor's, a batch being a tensor or a tuple of them)."""
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
     shape = getattr(x, "shape", None)
     if shape is not None and len(shape) >= 1:
         check_activation_memory(gm, max(int(shape[0]), 1), model_file, device,
                                 sample_shape=tuple(int(d) for d in shape[1:]))
+
+
+def checked_first_batch(batches: Iterable[Any], gm: Any, model_file: Optional[str],
+                        device: Any = None) -> Iterator[Any]:
+    """``batches`` unchanged, the first one checked (``check_batch_memory``) before it is
+    passed on, so before any forward."""
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        return
+    check_batch_memory(first, gm, model_file, device)
     yield first
     yield from it
 

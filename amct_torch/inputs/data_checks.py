@@ -30,9 +30,10 @@ def _net_hw(shape: Any) -> Optional[tuple[int, int]]:
     return (int(shape[2]), int(shape[3])) if shape and len(shape) == 4 else None
 
 
-def check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model_file: str) -> None:
+def check_data_settings(data: Any, inputs: Any, pre: Optional[Preprocess], model_file: Optional[str]) -> None:
     """Warn when --mean/--scale/--resize cannot apply (arrays are used as they are) and refuse
-    a resize target beyond the image budget before any image is read."""
+    a resize target beyond the image budget before any image is read (``DataError`` naming
+    ``model_file``, the net that declares the size)."""
     if not isinstance(data, (str, os.PathLike)) or not inputs:
         return
     pre = pre or Preprocess()

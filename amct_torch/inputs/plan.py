@@ -4,15 +4,18 @@ the per-layer report and the improvements' guard, and every check that must pass
 Why: the job asks one object for its batches instead of calling a dozen functions of inputs/
 and caffe/ in the right order. Before the first forward the plan checks the data settings,
 the activation memory (at the shape after preprocessing, then the first batch's real shape)
-and the held-out images, so that nothing about the data fails a finished calibration.
+and the held-out images, so that nothing about the data fails a finished calibration; the
+checks know the net, and the plan names its model file in their errors.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
-from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
+from amct_torch.caffe.memory import check_activation_memory, check_batch_memory
+from amct_torch.errors import AmctError
 from amct_torch.inputs.batching import HELD_ROWS, Keep, NetData, default_batch_size, held_out_batches, report_use
 from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
 from amct_torch.inputs.data_checks import check_data_settings, check_held_out_images, preprocessed_sample_shape
@@ -53,16 +56,18 @@ class BatchPlan:
         self.batch_num = batch_num
         if self.net_data is not None:  # the net's own TEST data layers
             assert self.batch_size is not None  # the layers' batch size
-            check_activation_memory(self.model, self.batch_size, self.model_file, self.device)
+            with self._naming_model():
+                check_activation_memory(self.model, self.batch_size, None, self.device)
             return self.keep(self._checked(self.net_data.batches()), batch_num)
         inputs = self.model.caffe_inputs
         self.count = count_samples(self.data, inputs)
         if self.batch_size is None:
             self.batch_size = default_batch_size(self.count, batch_num)
         bs = self.batch_size
-        check_data_settings(self.data, inputs, self.preprocess, self.model_file)
-        check_activation_memory(self.model, bs or 1, self.model_file, self.device,
-                                sample_shape=preprocessed_sample_shape(self.data, inputs, self.preprocess))
+        with self._naming_model():
+            check_data_settings(self.data, inputs, self.preprocess, None)
+            check_activation_memory(self.model, bs or 1, None, self.device,
+                                    sample_shape=preprocessed_sample_shape(self.data, inputs, self.preprocess))
         # the rows read after calibration (the report's batches, the improvements' guard rows):
         # decoded now, so that a bad image among them cannot fail a finished job
         self.held_out = self.report_count if self.report_data is None else 0
@@ -73,7 +78,26 @@ class BatchPlan:
         return self.keep(self._checked(calibration_batches(self.data, inputs, bs, self.preprocess)), batch_num)
 
     def _checked(self, batches: Iterable[Any]) -> Iterator[Any]:
-        return checked_first_batch(iter(batches), self.model, self.model_file, self.device)
+        """``batches`` unchanged, the first one's activation memory checked at its real shape
+        before it is passed on, so before any forward."""
+        it = iter(batches)
+        first = next(it, None)
+        if first is None:
+            return
+        with self._naming_model():
+            check_batch_memory(first, self.model, None, self.device)
+        yield first
+        yield from it
+
+    @contextlib.contextmanager
+    def _naming_model(self) -> Iterator[None]:
+        """The plan's checks know the net, not its file: an error of theirs names the model file."""
+        try:
+            yield
+        except AmctError as err:
+            if err.file is None:
+                err.with_file(self.model_file)
+            raise
 
     def calibrated(self, rest: Iterator[Any]) -> None:
         """Keep ``rest``, the batches after the calibration ones (the calibration loop's answer),

@@ -122,3 +122,30 @@ def test_held_out_batches_are_read_again_by_the_report():
     assert len(taken) == 2                            # the report's 2 batches already hold 64 rows
     taken, _ = held_out_batches(iter([torch.zeros(8, 1)] * 3), 0)
     assert len(taken) == 3                            # fewer rows than wanted: all there are
+
+
+def test_the_first_batchs_real_shape_is_checked_and_names_the_model(example, monkeypatch):
+    """The declared 16x16 input fits; the first batch, 700x700 per sample, does not: refused
+    (naming the model file, which the memory check itself is not given) before it is passed on."""
+    from amct_torch.caffe import memory
+    model, gm, x = example
+    per = memory.estimate_activation_memory(gm).bytes_at(1)
+    monkeypatch.setattr(memory, "available_memory", lambda device=None: (int(per * 8), "given"))
+    plan = plan_batches(gm, iter([torch.zeros(2, 1, 700, 700)]), model_file=model, device="cpu", batch_size=2)
+    batches = iter(plan.calibration_batches(1))
+    with pytest.raises(ModelError, match="after preprocessing") as err:
+        next(batches)
+    assert err.value.file == model and err.value.layer is not None
+
+
+def test_a_resize_beyond_the_pixel_budget_names_the_model(example, tmp_path):
+    import cv2
+
+    from amct_torch.inputs import Preprocess
+    model, gm, _ = example
+    ok, png = cv2.imencode(".png", np.zeros((16, 16), dtype=np.uint8))
+    (tmp_path / "im0.png").write_bytes(png.tobytes())
+    plan = plan_batches(gm, str(tmp_path), model_file=model, device="cpu", preprocess=Preprocess(resize=100000))
+    with pytest.raises(DataError, match="would be resized to 100000x100000") as err:
+        plan.calibration_batches(1)
+    assert err.value.file == model
