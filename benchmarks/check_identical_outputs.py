@@ -7,7 +7,8 @@ keeping the current folder off ``sys.path``), on the same inputs:
 * the nsfw ResNet-50 (from the ``nsfw`` package): ``calibrate --onnx`` with the report, 8
   natural-image crops in one ``.npy`` at batch 4, IFMR; and again with an HFMG quant.cfg,
   ``--onnx-activations int8`` and ``--improve bias_correction``;
-* the bundled example: ``amct-torch demo`` and ``calibrate --onnx --save-type Deploy``.
+* the bundled example: ``amct-torch demo``, ``calibrate --onnx --save-type Deploy`` and
+  ``calibrate --onnx --improve all``.
 
 Every file each job writes (record, quant JSON, fake-quant and deploy prototxt/caffemodel, float
 and QDQ ONNX, reports) is compared byte for byte, with the checkout's and the run folder's paths
@@ -57,6 +58,8 @@ def _jobs(data: str, cfg: str) -> dict:
         "example_demo": ["demo", "-q", "-o", "out/lenet"],
         "example_deploy_onnx": ["calibrate", "EXAMPLE_MODEL", "EXAMPLE_WEIGHTS", "EXAMPLE_DATA",
                                 "--onnx", "--save-type", "Deploy", "-q", "-o", "out/lenet"],
+        "example_improve_all_onnx": ["calibrate", "EXAMPLE_MODEL", "EXAMPLE_WEIGHTS", "EXAMPLE_DATA",
+                                     "--onnx", "--improve", "all", "-q", "-o", "out/lenet"],
     }
 
 
@@ -115,6 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="HEAD", help="revision to compare against (default HEAD)")
     ap.add_argument("--new", default="WORKTREE", help="revision to check (default: the working tree)")
+    ap.add_argument("--jobs", nargs="+", metavar="JOB", help="run only these jobs (default: every one)")
     args = ap.parse_args()
     import numpy as np
 
@@ -129,7 +133,13 @@ def main() -> int:
         codes = {which: _checkout(rev, os.path.join(tmp, which))
                  for which, rev in (("base", args.base), ("new", args.new))}
         differing = 0
-        for job, cli in _jobs(data, cfg).items():
+        jobs = _jobs(data, cfg)
+        unknown = sorted(set(args.jobs or ()) - set(jobs))
+        if unknown:
+            ap.error(f"unknown job {unknown[0]!r}: choose from {', '.join(jobs)}")
+        for job, cli in jobs.items():
+            if args.jobs and job not in args.jobs:
+                continue
             files = {}
             for which, code in codes.items():
                 cwd = os.path.join(tmp, f"run_{which}_{job}")
