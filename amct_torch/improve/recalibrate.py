@@ -25,7 +25,7 @@ def recalibrate(graph: Any, gm: fx.GraphModule, batches: Sequence[Any], device: 
     """The full record (weight and activation factors) of ``gm`` -- a changed copy of
     ``graph.fused`` -- calibrated as the job calibrated ``graph.fused``, over ``batches``."""
     from amct_torch.calibration.loop import run_calibration
-    from amct_torch.steps import check_records, finish_calibration, start_calibration
+    from amct_torch.steps import calibrated_records, start_calibration
     from amct_torch.steps.weights import weight_factors
 
     g = copy.copy(graph)
@@ -39,4 +39,4 @@ def recalibrate(graph: Any, gm: fx.GraphModule, batches: Sequence[Any], device: 
     rest = run_calibration(g.fused, session, list(batches), device, quiet=True)
     for _ in rest:  # nothing is left over: every batch calibrates
         pass
-    return check_records(g, finish_calibration(g), None)
+    return calibrated_records(g)

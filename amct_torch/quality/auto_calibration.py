@@ -206,7 +206,7 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
     from amct_torch.export.caffe.exporter import write_caffe_models
     from amct_torch.files.atomic import atomic_write_text
     from amct_torch.record import write_record
-    from amct_torch.steps import check_records, finish_calibration, quantize_weights, start_calibration
+    from amct_torch.steps import calibrated_records, quantize_weights, start_calibration
 
     dev = torch.device(getattr(model_evaluator, "device", "cpu"))
     original = _metric(model_evaluator, load_caffe(model_file, weights_file).to(dev).eval())
@@ -221,7 +221,7 @@ def _auto_calibrate(graph: Any, model_file: str, weights_file: str, model_evalua
     if not session.done:
         raise CalibrationError(f"the evaluator's calibration() ran {session.batches_seen} "
                                f"batch(es); the config's batch_num is {graph.config.batch_num}")
-    records = check_records(graph, finish_calibration(graph), graph.record_file)
+    records = calibrated_records(graph, graph.record_file)
     skip, metric, ranking, history = _search_float_layers(graph, records, model_evaluator, original, dev,
                                                           seen, search, sens)
 

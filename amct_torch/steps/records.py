@@ -10,6 +10,7 @@ from typing import Optional
 
 from amct_torch.errors import RecordError
 from amct_torch.record import LayerRecord, validate_record, write_record
+from amct_torch.steps.calibrate import finish_calibration
 from amct_torch.steps.graph import QuantGraph
 
 
@@ -28,6 +29,12 @@ def check_records(graph: QuantGraph, records: Mapping[str, LayerRecord],
                           file=file, layer=missing[0])
     validate_record(records, graph.layers, file)
     return dict(records)
+
+
+def calibrated_records(graph: QuantGraph, file: Optional[str] = None) -> dict[str, LayerRecord]:
+    """The record of a calibrated ``graph``: the session finished (``finish_calibration``)
+    and its record checked (``check_records``, errors naming ``file``)."""
+    return check_records(graph, finish_calibration(graph), file)
 
 
 def write_records(records: Mapping[str, LayerRecord], path: str) -> None:

@@ -28,8 +28,8 @@ from amct_torch.inputs import BatchPlan, Preprocess, plan_batches
 from amct_torch.record import LayerRecord
 from amct_torch.steps import (
     QuantGraph,
+    calibrated_records,
     check_records,
-    finish_calibration,
     load,
     quantize_weights,
     start_calibration,
@@ -226,7 +226,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
         exporter.start()
     data.calibrated(run_calibration(model, session, batches, plan.device, quiet=opts.quiet,
                                     ctx=plan.ctx, checkpoint=opts.checkpoint))
-    records = check_records(graph, finish_calibration(graph), None)
+    records = calibrated_records(graph)
     return _Calibrated(graph, model, data, config_file, records)
 
 
