@@ -82,3 +82,19 @@ def test_the_float_model_is_written_ahead_only_for_a_streamed_target(monkeypatch
     exporter.start()
     exporter.discard()
     assert made == (["stage/m", "start", "discard"] if TARGETS[target].streamed else [])
+
+
+def test_plan_outputs_names_every_file_of_the_run(tmp_path):
+    """One call answers the job's planning: the exporters asked for, the final path of each
+    file (AMCT's names under the prefix, written out here) and the names the prefix owns."""
+    out = str(tmp_path / "m")
+    plan = formats.plan_outputs(SimpleNamespace(**vars(_opts(save_type="Deploy", onnx=True)), output=out,
+                                                report=True))
+    assert [type(e) for e in plan.exporters] == [CaffeExporter, OnnxExporter]
+    assert plan.finals == {k: out + s for k, s in [
+        ("config", "_quant_config.json"), ("record", "_record.txt"), ("deploy_model", "_deploy_model.prototxt"),
+        ("deploy_weights", "_deploy_weights.caffemodel"), ("quant", "_quant.json"), ("onnx_float", "_float.onnx"),
+        ("onnx", "_quant.onnx"), ("report", "_layer_report.json"), ("html_report", "_report.html")]}
+    assert sorted(plan.suffixes) == sorted(AMCT_NAMES)
+    no_report = formats.plan_outputs(SimpleNamespace(**vars(_opts(save_type=None)), output=out, report=False))
+    assert no_report.exporters == [] and list(no_report.finals) == ["config", "record"]
