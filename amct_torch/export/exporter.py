@@ -3,7 +3,7 @@
 Why: the job writes every format the same way -- the names it owns, a check before
 calibration, work started before calibration, the write into the output transaction, the
 clean-up -- so it loops over exporters and knows no format by name. A format is one subclass
-(``formats.py`` lists them; docs/design.md, "Adding an output format"). Nothing heavy is
+(``formats.py`` lists them; docs/extending.md, "Adding an output format"). Nothing heavy is
 imported here: the declarations are read by ``--help``."""
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class Exporter:
     ``QuantizeOptions``). A subclass declares ``label`` (in the progress line "writing the
     Caffe and ONNX models") and ``suffixes`` (kind -> file suffix of every file it may write:
     the transaction owns them and a rerun removes the ones it does not write), and implements
-    ``kinds`` and ``write``; the other steps default to nothing."""
+    ``kinds`` and ``write``; the other steps default to nothing. ``check_options`` is asked for
+    every registered format, wanted or not, so a format also refuses its settings given without it."""
 
     label: ClassVar[str] = ""
     suffixes: ClassVar[Mapping[str, str]] = {}
@@ -44,6 +45,12 @@ class Exporter:
 
     def __init__(self, opts: Any) -> None:
         self.opts = opts
+
+    @classmethod
+    def check_options(cls, opts: Any) -> None:
+        """Refuse, before any file is read, settings of this format that cannot be honoured or
+        would be dropped (an ``AmctError``); ``opts``: the ``QuantizeOptions`` being validated.
+        Reads only the options: nothing heavy may be imported unless the format is wanted."""
 
     def kinds(self) -> list[str]:
         """The kinds (keys of ``suffixes``) the options ask for; none: the format is not written."""

@@ -17,8 +17,8 @@ from amct_torch.export.onnx.exporter import OnnxExporter
 from amct_torch.files.output_names import SUFFIXES as JOB_SUFFIXES
 from amct_torch.files.output_names import output_path
 
-__all__ = ["EXPORTERS", "OutputPlan", "exporters_for", "plan_outputs", "planned_outputs", "prefix_outputs",
-           "prefix_suffixes", "register_exporter"]
+__all__ = ["EXPORTERS", "OutputPlan", "check_exporter_options", "exporters_for", "plan_outputs", "planned_outputs",
+           "prefix_outputs", "prefix_suffixes", "register_exporter"]
 
 #: every output format, in the order the job writes them (the first ones on helper threads)
 EXPORTERS: list[type[Exporter]] = [CaffeExporter, OnnxExporter]
@@ -38,6 +38,12 @@ def exporters_for(opts: Any) -> list[Exporter]:
     """The exporters ``opts`` (a ``QuantizeOptions``) ask for, each made for this run."""
     made = [cls(opts) for cls in EXPORTERS]
     return [e for e in made if e.kinds()]
+
+
+def check_exporter_options(opts: Any) -> None:
+    """Every registered format's check of the options (``Exporter.check_options``), in order."""
+    for cls in EXPORTERS:
+        cls.check_options(opts)
 
 
 def prefix_suffixes() -> tuple[str, ...]:

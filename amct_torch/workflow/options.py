@@ -27,9 +27,9 @@ from amct_torch.arguments import (
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
 from amct_torch.export.caffe import SAVE_TYPES
-from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export.formats import check_exporter_options, prefix_suffixes
 from amct_torch.export.onnx import ONNX_ACTIVATIONS
-from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS, get_target
+from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS
 from amct_torch.files.output_names import (
     IMPROVEMENTS,
     improvement_list,
@@ -190,9 +190,7 @@ class QuantizeOptions:
             if not isinstance(p, (str, os.PathLike)) or isinstance(p, bytes):
                 raise ModelError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}")
             check_regular_file(os.fspath(p), what, ModelError)
-        if self.onnx:  # a target that cannot express the settings: refused before any work
-            from amct_torch.export.onnx.targets import check_options
-            check_options(self.onnx_target, self.activation_offset, self.config, self.onnx_speed)
+        check_exporter_options(self)  # each output format refuses its own settings before any work
         if self.batch_num is not None:  # bounded: an absurd count overflowed the config's field
             self.batch_num = check_batch_num(self.batch_num, file=self.data_path, error=ConfigError)
         if self.checkpoint is not None:  # a FIFO blocks, a missing folder failed after batch 1
@@ -207,8 +205,8 @@ class QuantizeOptions:
 
     def _check_dropped(self) -> None:
         """Refuse settings the job would otherwise drop without a word: what a config file
-        decides, ONNX settings without the ONNX model, a target that fixes the activation type
-        asked differently, ``distributed`` outside a torchrun job."""
+        decides, ``distributed`` outside a torchrun job (a format's own settings: its
+        ``Exporter.check_options``)."""
         if self.config is not None and self.skip_layers:
             raise ConfigError("skip_layers (--skip-layers) applies only without a config: the "
                               "config decides what is skipped (quant.cfg: skip_layers; JSON: "
@@ -217,14 +215,6 @@ class QuantizeOptions:
             raise ConfigError("activation_offset False (--no-activation-offset) applies only "
                               "without a config: set activation_offset: false in the config",
                               file=os.fspath(self.config))
-        if not self.onnx and (self.onnx_outputs or self.onnx_speed):
-            raise AmctError("onnx_outputs (--onnx-outputs) and onnx_speed (--onnx-quantize-eltwise) "
-                            "shape the ONNX model: ask for it too (--onnx)")
-        if isinstance(self.onnx, str):
-            fixed = get_target(self.onnx_target).activations
-            if fixed is not None and fixed != self.onnx:
-                raise AmctError(f"--onnx-target {self.onnx_target} writes {fixed} activations; "
-                                f"--onnx-activations {self.onnx} would be ignored (leave it out)")
         if self.distributed:
             import torch.distributed as dist
 

@@ -1,19 +1,23 @@
 """The one-call job writes the output formats through the exporter interface only: what it plans
 and writes is the union of the wanted exporters' kinds, and a format registered from outside
 (here a small text file, without touching the job) is planned, written, committed and removed
-by a rerun that does not write it; a failing exporter check publishes nothing.
+by a rerun that does not write it; a failing exporter check publishes nothing; a format refuses
+its own settings in ``QuantizeOptions.validate`` (``Exporter.check_options``) before any file is
+read or written, and ``validate`` itself knows no format.
 
 References written plainly here: AMCT's file names per ``save_type``, the text the extra
 format writes, and the folder's contents after each run."""
 from __future__ import annotations
 
+import inspect
 import os
+import re
 
 import pytest
 import torch
 
 import amct_torch
-from amct_torch import ExportError
+from amct_torch import AmctError, ExportError
 from amct_torch.export import formats
 from amct_torch.export.exporter import Exporter, ExportInputs
 from amct_torch.workflow.examples import example_data, example_model
@@ -117,3 +121,36 @@ def test_a_failing_exporter_check_publishes_nothing(tmp_path, notes, monkeypatch
     assert written == [] and notes.calls == ["discard"]
     assert not out.parent.exists()  # the folder the run made is gone with its staging folder
 
+
+
+def test_a_format_refuses_its_own_settings_before_any_file_is_read_or_written(tmp_path, notes, monkeypatch):
+    def no_skipped_layers(cls, opts):  # the notes list every layer: skipping some would drop them
+        if opts.skip_layers:
+            raise AmctError("notes list every layer: leave skip_layers out")
+
+    monkeypatch.setattr(Notes, "check_options", classmethod(no_skipped_layers))
+    out = tmp_path / "out" / "m"
+    with pytest.raises(AmctError, match="notes list every layer"):
+        _run(str(out), skip_layers=["conv1"])
+    assert notes.calls == []  # refused before the model was loaded (the format's check runs after)
+    assert os.listdir(tmp_path) == []  # no folder, no staging, no file
+    _run(str(out))  # the same format without the refused setting is written
+    assert (tmp_path / "out" / "m_notes.txt").exists()
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(onnx_speed=True), "ask for it too"),
+    (dict(onnx="uint8", onnx_target="tensorrt", activation_offset=False), "would be ignored"),
+])
+def test_onnx_settings_are_checked_by_the_onnx_exporter_not_by_validate(kw, message, monkeypatch):
+    opts = QuantizeOptions(*example_model(), _calib(), **kw)
+    with pytest.raises(AmctError, match=message):
+        opts.validate()
+    # without the ONNX format registered, nothing else knows its settings
+    monkeypatch.setattr(formats, "EXPORTERS", [c for c in formats.EXPORTERS if c.label != "ONNX"])
+    assert QuantizeOptions(*example_model(), _calib(), **kw).validate().onnx_target == opts.onnx_target
+    # and validate's source names no format: ONNX fields at most read, never checked there
+    source = "".join(inspect.getsource(f) for f in (QuantizeOptions.validate, QuantizeOptions._check_dropped))
+    source = re.sub(r"self\.onnx\w*", "", source)
+    for name in ("onnx", "tensorrt", "openvino", "target", "caffe"):
+        assert name not in source.lower(), name

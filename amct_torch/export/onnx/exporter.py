@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from amct_torch.errors import AmctError
 from amct_torch.export.exporter import Exporter, ExportInputs
 from amct_torch.export.onnx import SUFFIXES
 from amct_torch.export.onnx.runtime_targets import get_target
@@ -23,6 +24,22 @@ class OnnxExporter(Exporter):
     suffixes = SUFFIXES
     reads_batches = True  # the speed mode's extra factors come from the calibration batches
     _ahead: Any = None  # the float model written during calibration (FloatAhead), set by prepare
+
+    @classmethod
+    def check_options(cls, opts: Any) -> None:
+        """A target that cannot express the settings, ONNX settings without the ONNX model, an
+        activation type the target fixes otherwise: refused before any work."""
+        if opts.onnx:
+            from amct_torch.export.onnx.targets import check_options
+            check_options(opts.onnx_target, opts.activation_offset, opts.config, opts.onnx_speed)
+        elif opts.onnx_outputs or opts.onnx_speed:
+            raise AmctError("onnx_outputs (--onnx-outputs) and onnx_speed (--onnx-quantize-eltwise) "
+                            "shape the ONNX model: ask for it too (--onnx)")
+        if isinstance(opts.onnx, str):
+            fixed = get_target(opts.onnx_target).activations
+            if fixed is not None and fixed != opts.onnx:
+                raise AmctError(f"--onnx-target {opts.onnx_target} writes {fixed} activations; "
+                                f"--onnx-activations {opts.onnx} would be ignored (leave it out)")
 
     def kinds(self) -> list[str]:
         return ["onnx_float", "onnx"] if self.opts.onnx else []
