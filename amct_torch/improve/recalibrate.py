@@ -35,7 +35,7 @@ def recalibrate(graph: Any, gm: fx.GraphModule, batches: Sequence[Any], device: 
     g.records = as_stored(add_weight_factors({}, weight_factors(gm, g.config.layers, graph.model_file),
                                              skip_fusion=graph.skip_fusion), None)
     g.session = None
-    session = start_calibration(g, ifmr_mode=ifmr_mode)
+    session = start_calibration(g, ifmr_mode=ifmr_mode, summaries=False)  # only the records are kept
     rest = run_calibration(g.fused, session, list(batches), device, quiet=True)
     for _ in rest:  # nothing is left over: every batch calibrates
         pass

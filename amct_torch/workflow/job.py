@@ -214,7 +214,7 @@ def _calibrate(opts: QuantizeOptions, plan: _Plan, graph: QuantGraph, config_fil
     if plan.tx is not None:  # what needs no calibration (ONNX: the float model), built before the observers
         for exporter in plan.exporters:
             exporter.prepare(graph.fused, plan.prefix)
-    session = start_calibration(graph, ifmr_mode=opts.ifmr_mode)
+    session = start_calibration(graph, ifmr_mode=opts.ifmr_mode, summaries=opts.report)  # read by the report only
     model = graph.fused.to(plan.device)
     prog.start("calibrating")
     data = plan.data

@@ -76,6 +76,15 @@ def test_record_written_once_never_read_and_equal_to_amct_calls(tmp_path):
             model(b)
     assert open(rec, "rb").read() == open(res.files["record"], "rb").read()
     assert res.records == amct_torch.read_record(rec)
+    # the observers' summaries are the visual report's: a job without the report keeps none
+    assert res.graph.session.summaries == {}
+
+
+def test_a_job_with_the_report_keeps_every_observers_summary(tmp_path):
+    res = amct_torch.quantize(*example_model(), _calib(), output=str(tmp_path / "m"), batch_num=2,
+                              device="cpu", quiet=True)
+    assert os.path.exists(res.files["html_report"])
+    assert set(res.graph.session.summaries) == set(res.records)
 
 
 def test_ghost_onnx_output_is_refused_before_calibration_and_nothing_is_published(tmp_path):
