@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from amct_torch.commands.arg_types import positive
 from amct_torch.commands.shared import add_field, add_logging, command
+from amct_torch.quality.ap_versions import AP_VERSIONS, DEFAULT_AP_VERSION
 
 EXAMPLES = """examples:
   # caffe test -model train_val.prototxt -weights w.caffemodel -iterations 100, without Caffe
@@ -33,7 +34,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantized", metavar="PREFIX",
                    help="a calibrate --output prefix: also score its fake-quant and deploy Caffe "
                         "models and its QDQ ONNX model (ONNX Runtime)")
-    p.add_argument("--ap-version", choices=("11point", "MaxIntegral", "Integral"), default="Integral",
+    p.add_argument("--ap-version", choices=AP_VERSIONS, default=DEFAULT_AP_VERSION,
                    help="how an SSD net's DetectionEvaluate output becomes its mAP, as the SSD "
                         "fork's solver ap_version (default: %(default)s, the fork's default; "
                         "VOC2007 nets use 11point)")

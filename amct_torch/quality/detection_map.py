@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from amct_torch.quality.ap_versions import AP_VERSIONS, DEFAULT_AP_VERSION
+
 F32 = np.float32
-AP_VERSIONS = ("11point", "MaxIntegral", "Integral")
 EPS = F32(1e-6)
 
 
@@ -81,7 +82,7 @@ def _ap_integral(prec: list, rec: list) -> np.float32:
 class DetectionMap:
     """The running tallies of one DetectionEvaluate top; ``value()`` is its mAP."""
 
-    def __init__(self, ap_version: str = "Integral") -> None:
+    def __init__(self, ap_version: str = DEFAULT_AP_VERSION) -> None:
         if ap_version not in AP_VERSIONS:
             raise ValueError(f"unknown ap_version {ap_version!r} (one of {', '.join(AP_VERSIONS)})")
         self.ap_version = ap_version

@@ -26,7 +26,7 @@ from amct_torch.errors import AmctError, DataError, ModelError
 from amct_torch.export.caffe import SUFFIXES as CAFFE_SUFFIXES
 from amct_torch.export.onnx import SUFFIXES as ONNX_SUFFIXES
 from amct_torch.inputs.caffe_data import PhaseData
-from amct_torch.quality.detection_map import AP_VERSIONS
+from amct_torch.quality.ap_versions import AP_VERSIONS, DEFAULT_AP_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def _scorable(forms: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]
 
 def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: PhaseData,
           iterations: int, label: str, quiet: bool, start: int = 0,
-          ap_version: str = "Integral") -> tuple[Scores, int, float]:
+          ap_version: str = DEFAULT_AP_VERSION) -> tuple[Scores, int, float]:
     """``iterations`` batches through ``forward`` and ``head``: (the sums, images, seconds)."""
     from tqdm import tqdm
 
@@ -243,7 +243,8 @@ def score(forward: Forward, head: NetHead, outputs: Sequence[NetOutput], data: P
 @checked(model_file=path_arg, weights_file=path_arg, iterations=positive_int, quantized=opt(path_arg),
          device=opt(instance(str)), quiet=bool_arg, ap_version=instance(str))
 def caffe_test(model_file: str, weights_file: str, *, iterations: int = 50, quantized: Optional[str] = None,
-               device: Optional[str] = None, quiet: bool = False, ap_version: str = "Integral") -> CaffeTestResult:
+               device: Optional[str] = None, quiet: bool = False,
+               ap_version: str = DEFAULT_AP_VERSION) -> CaffeTestResult:
     """``caffe test`` without Caffe: ``iterations`` batches of the net's TEST-phase data layers
     through the float model and, with ``quantized`` (a calibrate ``--output`` prefix), each
     quantized form it holds (fake-quant and deploy Caffe models, the QDQ ONNX model in ONNX
