@@ -5,6 +5,7 @@ The notebook itself asserts that the record's conv2 factor is the IFMR result on
 activations and that ONNX Runtime agrees with the torch fake-quant model."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -22,6 +23,10 @@ def test_quickstart_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temp folders (the notebook's outputs) go here
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    # a cell without an id is a warning now and a hard error in later nbformat versions (the
+    # file as committed: nbformat.read fills missing ids in)
+    with open(NOTEBOOK, encoding="utf-8") as f:
+        assert all(c.get("id") for c in json.load(f)["cells"]), "every notebook cell needs an id"
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
     NotebookClient(nb, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
