@@ -23,7 +23,14 @@ def side_by_side(*works: Optional[Callable[[], Any]]) -> tuple[Any, ...]:
     if not given:
         return tuple(out)
     *others, last = given
-    helpers = {k: HelperThread(works[k], "amct-side-by-side") for k in others}  # type: ignore[arg-type]
+    helpers: dict[int, HelperThread] = {}
+    try:
+        for k in others:
+            helpers[k] = HelperThread(works[k], "amct-side-by-side")  # type: ignore[arg-type]
+    except BaseException:  # one could not start (a signal, no thread left): the started ones stop first
+        with contextlib.suppress(BaseException):
+            _wait_all(helpers)
+        raise
     try:
         out[last] = works[last]()  # type: ignore[misc]
     except Exception:

@@ -111,3 +111,28 @@ def test_the_caller_leaves_only_after_every_helper_stopped():
     with pytest.raises(OSError, match="disk full"):
         side_by_side(slow(0.3), slow(0.1), last)
     assert sorted(done) == [0.1, 0.3]
+
+
+def test_a_helper_that_cannot_start_leaves_none_of_the_started_ones_running(monkeypatch):
+    # a signal (Terminated) or "can't start new thread" while the second helper starts: the
+    # first one, already writing into the staging folder, is waited for before the error leaves
+    import amct_torch.workflow.side_by_side as sbs
+
+    real, made = sbs.HelperThread, []
+
+    def starting(fn, name):
+        if made:
+            raise RuntimeError("can't start new thread")
+        made.append(real(fn, name))
+        return made[0]
+
+    monkeypatch.setattr(sbs, "HelperThread", starting)
+    finished = threading.Event()
+
+    def slow():
+        time.sleep(0.3)
+        finished.set()
+
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        side_by_side(slow, lambda: None, lambda: None)
+    assert finished.is_set()
