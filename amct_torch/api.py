@@ -19,10 +19,9 @@ from amct_torch.arguments import checked, instance, one_of, opt, path_arg
 from amct_torch.caffe import allow_unknown_fields as unknown_fields_within
 from amct_torch.config import create_quant_config
 from amct_torch.errors import AmctError, CalibrationError, ConfigError, ModelError, RecordError
-from amct_torch.export.caffe import SAVE_TYPES, model_paths
-from amct_torch.export.formats import prefix_suffixes
-from amct_torch.files.transaction import OutputTransaction, check_output_name, check_outputs, make_folder
-from amct_torch.inputs.limits import check_regular_file
+from amct_torch.export import SAVE_TYPES, model_paths, prefix_suffixes
+from amct_torch.files import OutputTransaction, check_output_name, check_outputs, make_folder
+from amct_torch.inputs import check_regular_file
 from amct_torch.record import empty_record, read_record
 from amct_torch.steps import QuantGraph, check_records, load, quantize_weights, start_calibration, write_records
 
@@ -77,7 +76,7 @@ def quantize_model(graph: QuantGraph, modified_model_file: Optional[str], modifi
     After the ``batch_num``-th forward the activation factors are computed and merged into the
     record file; later forwards do nothing more. ``ifmr_mode`` "streaming" (default, memory
     does not grow with batch_num) or "exact" (AMCT's keep-every-element search)."""
-    from amct_torch.caffe.netio import save_caffe
+    from amct_torch.caffe import save_caffe
 
     if graph.session is not None:
         raise CalibrationError("quantize_model was already called on this graph; call init again")
@@ -117,7 +116,7 @@ def save_model(graph: QuantGraph, save_type: str, save_path: str) -> list[str]:
     ``{save_path}_quant.json``, from the graph's record file. Error (nothing written) if a
     quantized layer lacks factors. Returns the paths written. The files are committed together
     (``amct_torch.files.transaction``): an error or a kill leaves the previous files as they were."""
-    from amct_torch.export.caffe.exporter import write_caffe_models
+    from amct_torch.export import write_caffe_models
 
     save_path = _output_path(save_path, "save_path")
     if graph.fused is None or graph.session is None:
@@ -138,7 +137,7 @@ def convert_model(model_file: str, weights_file: str, scale_offset_record_file: 
     """Build the fake-quant and deploy models from a record the user supplies (no
     calibration); honours each record's ``skip_fusion``. A prototxt field the tool does not
     read is refused unless ``allow_unknown_fields``."""
-    from amct_torch.export.convert import convert_model as convert
+    from amct_torch.export import convert_model as convert
     model_file = _need_file(model_file, "model file")
     weights_file = _need_file(weights_file, "weights file")
     record_file = _need_file(scale_offset_record_file, "record file", RecordError)

@@ -31,7 +31,7 @@ def non_negative(text: str) -> int:
 def batch_count(text: str) -> int:
     """A batch count in [1, MAX_BATCH_NUM]: an absurd one is refused here, not after the model
     is read (it overflowed the config's 32-bit field)."""
-    from amct_torch.inputs.limits import MAX_BATCH_NUM
+    from amct_torch.inputs import MAX_BATCH_NUM
     v = positive(text)
     if v > MAX_BATCH_NUM:
         raise argparse.ArgumentTypeError(f"at most {MAX_BATCH_NUM} batches, got {text!r}")
@@ -45,7 +45,7 @@ def names(text: str) -> list[str]:
 
 def improvements(value: str) -> tuple:
     """``--improve``'s value: names from IMPROVEMENTS, comma-separated, or all."""
-    from amct_torch.files.output_names import improvement_list
+    from amct_torch.files import improvement_list
     try:
         return improvement_list(value)
     except ValueError as err:

@@ -13,7 +13,7 @@ from amct_torch.commands.arg_types import non_negative, positive
 from amct_torch.commands.printing import print_files, print_report, print_summary
 from amct_torch.commands.shared import add_field, add_logging, command, command_fields, option_values
 from amct_torch.errors import AmctError
-from amct_torch.export.formats import prefix_suffixes
+from amct_torch.export import prefix_suffixes
 
 EXAMPLES = """examples:
   # ImageNet-style Caffe model, a folder of JPEGs, Caffe's usual preprocessing
@@ -57,8 +57,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from amct_torch.runtime.malloc_tuning import keep_freed_memory
-    from amct_torch.runtime.threads import prefer_passive_waits
+    from amct_torch.runtime import keep_freed_memory, prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep, not spin
     keep_freed_memory()  # this process only: each batch reuses the last one's activation memory
     if not args.distributed:  # the model is read while torch is imported (caffe/read_ahead.py)
@@ -86,9 +85,8 @@ def _calibrate_to_accuracy(args: argparse.Namespace, options: dict) -> int:
     """``calibrate --max-accuracy-drop``: AMCT's accuracy-based auto calibration judged by the
     net's own TEST data and Accuracy layer."""
     from amct_torch.config import create_quant_config
-    from amct_torch.files.output_names import output_path
-    from amct_torch.files.transaction import check_outputs, make_folder
-    from amct_torch.quality.auto_calibration import accuracy_based_auto_calibration
+    from amct_torch.files import check_outputs, make_folder, output_path
+    from amct_torch.quality import accuracy_based_auto_calibration
 
     if args.data is not None:
         raise AmctError("--max-accuracy-drop judges the model on the net's own TEST data and Accuracy "

@@ -30,8 +30,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from amct_torch.config.create import create_quant_config
-    from amct_torch.files.transaction import check_output_name, check_outputs, make_folder
+    from amct_torch.config import create_quant_config
+    from amct_torch.files import check_output_name, check_outputs, make_folder
     check_output_name(args.output, "--output")
     if args.quant_cfg and (args.skip_layers or not args.activation_offset):
         given = "--skip-layers" if args.skip_layers else "--no-activation-offset"

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from amct_torch.api import convert_model
     from amct_torch.errors import ModelError, RecordError
-    from amct_torch.inputs.limits import check_regular_file
+    from amct_torch.inputs import check_regular_file
     for p, what, err in ((args.model, "model file", ModelError), (args.weights, "weights file", ModelError),
                          (args.record, "record file", RecordError)):
         check_regular_file(p, what, err)

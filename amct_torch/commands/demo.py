@@ -26,5 +26,5 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from amct_torch.workflow.demo import run_demo
+    from amct_torch.workflow import run_demo
     return run_demo(output=args.output, batch_num=args.batch_num, device=args.device, quiet=args.quiet)

@@ -37,8 +37,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Print the answer; exit 0 (supported) or 3 (something unsupported)."""
     from amct_torch.errors import ModelError
-    from amct_torch.inputs.limits import check_regular_file
-    from amct_torch.runtime.threads import prefer_passive_waits
+    from amct_torch.inputs import check_regular_file
+    from amct_torch.runtime import prefer_passive_waits
+
+    # the function shares its module's name, so the package cannot give it (see test_front_doors.py)
     from amct_torch.workflow.inspect_model import inspect_model
     prefer_passive_waits()  # before torch loads: on a busy machine idle threads sleep, not spin
     for path, what in ((args.model, "model file"), (args.weights, "weights file")):

@@ -35,20 +35,20 @@ def print_summary(result: Any, out: Optional[Any] = None) -> None:
     for r in rows:
         print(fmt.format(*r), file=out)
     if "onnx" in result.files:  # the quantized layers ONNX Runtime runs in float, and why
-        from amct_torch.export.onnx.ort_float import ort_float_layers
+        from amct_torch.export import ort_float_layers
         per_channel = {n: len(r.scale_w) > 1 for n, r in result.records.items()}
         for name, why in ort_float_layers(result.float_model, per_channel):
             print(f"onnx: '{name}' runs in float in ONNX Runtime: {why}", file=out)
     imp = getattr(result, "improvement", None)
     if imp:  # what was kept, on how many rows, each stage's per-output gain ± error and cost
-        from amct_torch.improve.pipeline import summary_line
+        from amct_torch.improve import summary_line
         print(summary_line(imp), file=out)
 
 
 def print_report(result: Any, rows: int) -> None:
     """The ``rows`` worst layers of the per-layer report, when there is one."""
     if result.report:
-        from amct_torch.quality.report import format_table
+        from amct_torch.quality import format_table
         print("\nper-layer accuracy (fake-quant vs float output, worst first):")
         print(format_table(result.report, limit=rows))
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from amct_torch.commands.arg_types import TYPES
 from amct_torch.errors import AmctError
-from amct_torch.workflow.option_declaration import dest_of, flags_of, read_value
-from amct_torch.workflow.options import QuantizeOptions
+from amct_torch.workflow import QuantizeOptions, dest_of, flags_of, read_value
 
 
 def option_field(name: str) -> Field:

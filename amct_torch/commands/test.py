@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from amct_torch.commands.arg_types import positive
 from amct_torch.commands.shared import add_field, add_logging, command
-from amct_torch.quality.ap_versions import AP_VERSIONS, DEFAULT_AP_VERSION
+from amct_torch.quality import AP_VERSIONS, DEFAULT_AP_VERSION
 
 EXAMPLES = """examples:
   # caffe test -model train_val.prototxt -weights w.caffemodel -iterations 100, without Caffe
@@ -52,7 +52,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def report_path(args: Any) -> Optional[str]:
     """Where ``test`` writes its page: ``--report-html``, else ``PREFIX_test_report.html`` with
     ``--quantized PREFIX``; None with ``--no-report`` or neither."""
-    from amct_torch.files.output_names import TEST_REPORT_SUFFIX
+    from amct_torch.files import TEST_REPORT_SUFFIX
     if getattr(args, "no_report", False):
         return None
     if getattr(args, "report_html", None):
@@ -62,12 +62,10 @@ def report_path(args: Any) -> Optional[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON) and write the page (``report_path``)."""
-    from amct_torch.runtime.malloc_tuning import keep_freed_memory
-    from amct_torch.runtime.threads import prefer_passive_waits
+    from amct_torch.runtime import keep_freed_memory, prefer_passive_waits
     prefer_passive_waits()  # before torch loads: idle OpenMP threads sleep while the decoders run
     keep_freed_memory()  # each batch reuses the last one's activation memory
-    from amct_torch.quality.html_report import check_page_path
-    from amct_torch.quality.net_scores import caffe_test, format_result
+    from amct_torch.quality import caffe_test, check_page_path, format_result
     page = report_path(args)
     if page is not None:
         check_page_path(page, [args.model, args.weights])

@@ -16,13 +16,20 @@ _LAZY = {
     **{n: "amct_torch.inputs.plan" for n in ("BatchPlan", "plan_batches")},
     **{n: "amct_torch.inputs.data" for n in ("Preprocess", "calibration_batches", "count_samples")},
     "PhaseData": "amct_torch.inputs.caffe_data",
+    **{n: "amct_torch.inputs.limits" for n in ("MAX_BATCH_NUM", "check_batch_num", "check_checkpoint_path",
+                                               "check_regular_file")},
+    **{n: "amct_torch.inputs.preprocess_options" for n in ("add_preprocess_options", "preprocess_from")},
 }
 
-__all__ = ["BatchPlan", "PhaseData", "Preprocess", "calibration_batches", "count_samples", "plan_batches"]
+__all__ = ["MAX_BATCH_NUM", "BatchPlan", "PhaseData", "Preprocess", "add_preprocess_options", "calibration_batches",
+           "check_batch_num", "check_checkpoint_path", "check_regular_file", "count_samples", "plan_batches",
+           "preprocess_from"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.inputs.caffe_data import PhaseData
     from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
+    from amct_torch.inputs.limits import MAX_BATCH_NUM, check_batch_num, check_checkpoint_path, check_regular_file
     from amct_torch.inputs.plan import BatchPlan, plan_batches
+    from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from

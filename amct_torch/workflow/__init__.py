@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING
 from amct_torch.runtime import lazy_names
 
 _LAZY = {"quantize": "amct_torch.workflow.job", "run": "amct_torch.workflow.job",
-         "QuantizeOptions": "amct_torch.workflow.options", "QuantizeResult": "amct_torch.workflow.result"}
+         "QuantizeOptions": "amct_torch.workflow.options", "QuantizeResult": "amct_torch.workflow.result",
+         "run_demo": "amct_torch.workflow.demo",
+         **{n: "amct_torch.workflow.option_declaration" for n in ("dest_of", "flags_of", "read_value")}}
 
-__all__ = ["QuantizeOptions", "QuantizeResult", "quantize", "run"]
+__all__ = ["QuantizeOptions", "QuantizeResult", "dest_of", "flags_of", "quantize", "read_value", "run", "run_demo"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.workflow.demo import run_demo
     from amct_torch.workflow.job import quantize, run
+    from amct_torch.workflow.option_declaration import dest_of, flags_of, read_value
     from amct_torch.workflow.options import QuantizeOptions
     from amct_torch.workflow.result import QuantizeResult

@@ -26,26 +26,24 @@ from amct_torch.arguments import (
     positive_int,
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
-from amct_torch.export.caffe import SAVE_TYPES
-from amct_torch.export.formats import check_exporter_options, prefix_suffixes
-from amct_torch.export.onnx import ONNX_ACTIVATIONS
-from amct_torch.export.onnx.runtime_targets import ONNX_TARGETS
-from amct_torch.files.output_names import (
-    IMPROVEMENTS,
-    improvement_list,
+from amct_torch.export import ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES, check_exporter_options, prefix_suffixes
+from amct_torch.files import IMPROVEMENTS, check_output_name, improvement_list
+from amct_torch.inputs import (
+    add_preprocess_options,
+    check_batch_num,
+    check_checkpoint_path,
+    check_regular_file,
+    preprocess_from,
 )
-from amct_torch.files.transaction import check_output_name
-from amct_torch.inputs.limits import check_batch_num, check_checkpoint_path, check_regular_file
-from amct_torch.inputs.preprocess_options import add_preprocess_options, preprocess_from
 from amct_torch.workflow.option_declaration import arguments_doc, flag, option
 
 if TYPE_CHECKING:
-    from amct_torch.inputs.data import Preprocess
+    from amct_torch.inputs import Preprocess
 
 
 def _preprocess(value: Any, name: str) -> Any:
     """A ``Preprocess`` (imported when checked: declaring the options needs no torch)."""
-    from amct_torch.inputs.data import Preprocess
+    from amct_torch.inputs import Preprocess
     return instance(Preprocess)(value, name)
 
 
@@ -218,7 +216,7 @@ class QuantizeOptions:
         if self.distributed:
             import torch.distributed as dist
 
-            from amct_torch.calibration.distributed import launched_by_torchrun
+            from amct_torch.calibration import launched_by_torchrun
             if not launched_by_torchrun() and not (dist.is_available() and dist.is_initialized()):
                 raise AmctError("distributed (--distributed) needs a torchrun job (WORLD_SIZE and "
                                 "RANK unset): run it with torchrun --nproc_per_node=N, or leave "
