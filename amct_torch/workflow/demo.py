@@ -31,8 +31,8 @@ def run_demo(output: str = "amct_demo/lenet_digits", batch_num: int = 4,
     """Quantize the example model, print accuracies, the report and the outputs; exit code."""
     from amct_torch.caffe import load_caffe
     from amct_torch.quality import format_table
-    from amct_torch.workflow.job import quantize
     from amct_torch.workflow.examples import example_data, example_model
+    from amct_torch.workflow.job import quantize
 
     out = out or sys.stdout
     model_file, weights_file = example_model()
