@@ -143,16 +143,27 @@ def _run(opts: QuantizeOptions) -> QuantizeResult:
             raise write_error(err, user_path(where) if where else opts.output) from None
         raise AmctError(f"cannot read or write this file: {err.strerror or err}", file=where) from None
     finally:
+        _close(plan, prog)
+
+
+def _close(plan: _Plan, prog) -> None:
+    """The job's way out, each step run even when one before it fails: the progress bar, the
+    net's data layers (their databases and decoding threads), the exporters (their threads
+    stopped, their files gone unless committed), then the staging or work folder."""
+    try:
         prog.close()
-        if plan.data is not None:  # the net's data layers: their databases and decoding threads
-            plan.data.close()
+    finally:
         try:
-            _discard(plan.exporters)  # their threads stopped, their files gone unless committed
+            if plan.data is not None:
+                plan.data.close()
         finally:
-            if plan.tx is not None:
-                plan.tx.abort()
-            else:
-                shutil.rmtree(plan.tmp, ignore_errors=True)
+            try:
+                _discard(plan.exporters)
+            finally:
+                if plan.tx is not None:
+                    plan.tx.abort()
+                else:
+                    shutil.rmtree(plan.tmp, ignore_errors=True)
 
 
 def _plan(opts: QuantizeOptions) -> _Plan:

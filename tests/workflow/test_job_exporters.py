@@ -123,6 +123,22 @@ def test_a_failing_exporter_check_publishes_nothing(tmp_path, notes, monkeypatch
 
 
 
+
+def test_the_exporters_are_discarded_and_nothing_published_when_closing_the_data_fails(tmp_path, notes,
+                                                                                        monkeypatch):
+    from amct_torch.inputs.plan import BatchPlan
+
+    def fail(self):
+        raise RuntimeError("the data would not close")
+
+    monkeypatch.setattr(BatchPlan, "close", fail)
+    out = tmp_path / "out" / "m"
+    with pytest.raises(RuntimeError, match="would not close"):
+        _run(str(out))
+    assert notes.calls == ["check", "discard"]
+    assert not (out.parent / ".m.amct-partial").exists()
+
+
 def test_a_format_refuses_its_own_settings_before_any_file_is_read_or_written(tmp_path, notes, monkeypatch):
     def no_skipped_layers(cls, opts):  # the notes list every layer: skipping some would drop them
         if opts.skip_layers:
