@@ -18,7 +18,7 @@ from amct_torch.errors import AmctError, DataError, ModelError, excerpt
 #: samples per batch by default (a batch of calibrate's size on a typical image net)
 DEFAULT_BATCH = 8
 
-if TYPE_CHECKING:  # torch loads when a model runs: the CLI builds this parser for --help too
+if TYPE_CHECKING:  # torch loads when a model runs: the command's --help reads DEFAULT_BATCH from here
     import torch
 
 
