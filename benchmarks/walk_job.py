@@ -3,25 +3,8 @@
 Why: a job that talks to each package through its front door hands the model's path down and
 gets answers back; one that reaches into internals bounces between many rooms. The job
 (``amct_torch.quantize`` on the bundled example, CPU, default outputs) runs under
-``sys.settrace`` (main thread). Counting:
-
-- a *holding frame* is a call of an ``amct_torch`` function one of whose arguments is the
-  ``model_file`` string, or holds it one level down: a tuple/list/dict item, or a field of a
-  dataclass record (the job's options, the steps' ``QuantGraph``); ``with_objects`` counts
-  the attributes of any ``amct_torch`` object too (a method's ``self``: the batch plan),
-  torch modules aside (a Caffe layer keeps the path for its errors: its forwards would count
-  every layer of every batch); a generator's resumptions are not new calls;
-- the walk is the module that runs the innermost holding frame, after every holding call and
-  every holding return; a *stay* is a run of one module in it; *rooms*: distinct modules;
-  a *climb back* is a stay entered by a return; *entries* of a module: its stays
-  (``plan_entries``: the batch-planning module's, ``workflow/batching.py`` or ``inputs/plan.py``);
-- ``job_calls``: every call job.py's own frames make into another ``amct_torch`` module,
-  holding the path or not (``job_calls_plan``: into the batch-planning module), how many
-  modules they reach, and how many of each package's modules (the rooms behind a front door);
-- ``job_imports``: the ``amct_torch`` modules ``workflow/job.py`` imports (its source read with
-  ``ast``), at module level and inside functions; ``internal`` ones are neither a package
-  (its ``__init__``, the front door) nor a module directly under ``amct_torch``, nor a
-  module of ``amct_torch.workflow`` itself.
+``sys.settrace`` (main thread); what is counted (holding frames, stays, rooms, climbs back,
+entries, job.py's calls and imports): benchmarks/results/README.md, "The one-call job's walk".
 
 Run: PYTHONPATH=<tree> .venv/bin/python benchmarks/walk_job.py [--stays]
 Prints one JSON line.
@@ -42,8 +25,8 @@ from typing import Any, Optional
 
 from torch.nn import Module as _Module
 
-#: the modules counted as the batch-planning room (before: workflow/batching.py; after: inputs/)
 JOB = "amct_torch.workflow.job"
+#: the modules counted as the batch-planning room (before: workflow/batching.py; after: inputs/)
 PLAN_MODULES = ("amct_torch.workflow.batching", "amct_torch.inputs.plan", "amct_torch.inputs.batching")
 
 
