@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional
 
-from amct_torch.caffe.memory import check_activation_memory, check_batch_memory
+from amct_torch.caffe.memory import check_activation_memory, checked_first_batch
 from amct_torch.errors import AmctError
 from amct_torch.inputs.batching import HELD_ROWS, Keep, NetData, default_batch_size, held_out_batches, report_use
 from amct_torch.inputs.data import Preprocess, calibration_batches, count_samples
@@ -80,14 +80,7 @@ class BatchPlan:
     def _checked(self, batches: Iterable[Any]) -> Iterator[Any]:
         """``batches`` unchanged, the first one's activation memory checked at its real shape
         before it is passed on, so before any forward."""
-        it = iter(batches)
-        first = next(it, None)
-        if first is None:
-            return
-        with self._naming_model():
-            check_batch_memory(first, self.model, None, self.device)
-        yield first
-        yield from it
+        return checked_first_batch(batches, self.model, self.model_file, self.device)
 
     @contextlib.contextmanager
     def _naming_model(self) -> Iterator[None]:
