@@ -360,11 +360,6 @@ def array_files(path: str) -> list[ArrayFile]:
     return [ArrayFile(path, k + ".npy", archive=z) for k in wanted]
 
 
-def _load_arrays(path: str) -> list[np.ndarray]:
-    """The arrays of a .npy/.npz file, read whole (small files, tests)."""
-    return [a.rows(0, a.rows_total) if a.shape else a.rows(0, 1) for a in array_files(path)]
-
-
 def _array_chunks(arrays: Sequence[ArrayFile], spec: InputSpec, chunk: int
                   ) -> Iterator[tuple[np.ndarray, str]]:
     """Samples of lazily read arrays, ``chunk`` rows at a time (one sample when an array is
