@@ -41,7 +41,9 @@ def test_forwards_reuse_memory_after_keep_freed_memory():
     pages = 8 * 32 * 256 * 256 * 4 // 4096  # one activation, in 4 KiB pages
     default, kept = _faults(False), _faults(True)
     assert default >= 4 * pages  # the default: every forward faults its activations in afresh
-    assert kept <= pages < default // 4  # kept: at most one late heap growth in four forwards
+    # kept: at most one late heap growth in four forwards, which may hold both 64 MiB activations
+    # (the first convolution's output and the ReLU's); seen once on a loaded machine
+    assert kept <= 2 * pages < default // 4
 
 
 def test_turned_off_by_the_environment(monkeypatch):
