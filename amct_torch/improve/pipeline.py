@@ -32,6 +32,9 @@ Recalibrate = Callable[[fx.GraphModule], dict]
 Z = 1.645
 #: most rows beyond the calibration batches the guard reads (each stage's model runs on them)
 MAX_HELD = 256
+#: most calibration rows the refining pass fits on, and most rows of its per-layer guard
+FIT_ROWS = 32
+GUARD_ROWS = 64
 #: fewest rows the paired statistic is computed on; with fewer the improvements are skipped
 MIN_ROWS = 8
 #: rows per forward when judging (a ResNet-50's activations for 64 rows at once cost 1.7x the
@@ -129,7 +132,7 @@ def _count(batches: Sequence[Any]) -> int:
     return sum(int(torch.as_tensor(r[0]).shape[0]) if torch.as_tensor(r[0]).dim() else 1 for r in _rows(batches))
 
 
-def split(batches: Sequence[Any], max_fit: int = 32, max_held: int = 64) -> tuple[tuple, int]:
+def split(batches: Sequence[Any]) -> tuple[tuple, int]:
     """(fit rows then the refining pass's per-layer guard rows, as one tuple of tensors; the
     number of fit rows): the last batch is the guard rows (a single batch: its last quarter)."""
     rows = _rows(batches)
@@ -143,8 +146,8 @@ def split(batches: Sequence[Any], max_fit: int = 32, max_held: int = 64) -> tupl
             raise ValueError("the improvements need at least 2 calibration samples (one held out)")
         cut = n - max(1, n // 4)
         fit_parts, held = [tuple(t[:cut] for t in rows[0])], tuple(t[cut:] for t in rows[0])
-    fit = tuple(torch.cat([torch.as_tensor(p[i]) for p in fit_parts])[:max_fit] for i in range(len(held)))
-    held = tuple(torch.as_tensor(t)[:max_held] for t in held)
+    fit = tuple(torch.cat([torch.as_tensor(p[i]) for p in fit_parts])[:FIT_ROWS] for i in range(len(held)))
+    held = tuple(torch.as_tensor(t)[:GUARD_ROWS] for t in held)
     return tuple(torch.cat([f, h]) for f, h in zip(fit, held)), int(fit[0].shape[0])
 
 
@@ -316,8 +319,7 @@ def _too_few(names: Sequence[str], n_cal: int, n_rows: int, n_held: int) -> str:
 
 def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], batches: Sequence[Any],
                   device: torch.device, names: Sequence[str], recalibrate: Recalibrate,
-                  quant_layers: Sequence[str], held: Sequence[Any] = (), max_fit: int = 32,
-                  max_held: int = 64) -> Improvement:
+                  quant_layers: Sequence[str], held: Sequence[Any] = ()) -> Improvement:
     """Apply ``names`` (a subset of ``IMPROVEMENTS``) to the calibrated ``fused``/``records``
     and return the guarded result; ``fused`` itself is never changed. ``held``: batches of the
     data beyond the calibration ones (judged on first). ``recalibrate(gm)``: the full record
@@ -337,7 +339,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
     data: tuple = ()
     n_fit = 0
     if fit_ok:
-        data, n_fit = split(batches, max_fit, max_held)
+        data, n_fit = split(batches)
         data = tuple(t.to(device) for t in data)
     params = sum(p.numel() for p in fused.parameters())
     blocks: list[torch.Tensor] = []
