@@ -117,7 +117,7 @@ def summary_line(s: Mapping[str, Any]) -> str:
     for st in s["stages"][1:]:
         gains = " / ".join(f"{g:+.2f} ± {e:.2f}" for g, e in zip(st["output_gain_db"], st["output_error_db"]))
         parts.append(f"{st['name']} {gains} dB {'passed' if st['passed'] else 'rejected'} ({st['seconds']:.1f} s)")
-    worst = s["stages"][0]["worst_output_sqnr_db"] if s["stages"] else math.nan
+    worst = s["stages"][0]["worst_output_sqnr_db"]
     if s.get("skipped"):
         parts.append(str(s["skipped"]))
     return (f"improve: kept {s['kept']} on {rows}; default worst output {worst:.2f} dB; "
