@@ -129,7 +129,8 @@ def _rows(batches: Sequence[Any]) -> list[tuple]:
 
 
 def _count(batches: Sequence[Any]) -> int:
-    return sum(int(torch.as_tensor(r[0]).shape[0]) if torch.as_tensor(r[0]).dim() else 1 for r in _rows(batches))
+    firsts = (torch.as_tensor(r[0]) for r in _rows(batches))
+    return sum(int(t.shape[0]) if t.dim() else 1 for t in firsts)
 
 
 def split(batches: Sequence[Any]) -> tuple[tuple, int]:
