@@ -73,6 +73,7 @@ sys.path.insert(0, ROOT)
 import amct_torch  # noqa: E402
 from amct_torch.algorithms.quant import QMAX, QMIN, channel_view, fake_quant  # noqa: E402
 from amct_torch.caffe.graph import layer_modules  # noqa: E402
+from nsfw_data import nsfw_files  # noqa: E402 - benchmarks/, run as scripts
 
 MEAN = np.array([104, 117, 123], np.float32)
 HFMG_CFG = "common_config { arq_quantize { channel_wise: true } hfmg_quantize { num_of_bins: 4096 } }\n"
@@ -134,12 +135,6 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict:
 
 def emit(d: dict) -> None:
     print(json.dumps(d), flush=True)
-
-
-def nsfw_files() -> tuple[str, str]:
-    import importlib.util
-    d = os.path.dirname(importlib.util.find_spec("nsfw").origin)
-    return os.path.join(d, "deploy.prototxt"), os.path.join(d, "resnet_50_1by2_nsfw.caffemodel")
 
 
 # -- ours ---------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amct_torch  # noqa: E402
-import bench_fidelity as fid  # noqa: E402 - the crops and the nsfw files
+import bench_fidelity as fid  # noqa: E402 - the crops
+from nsfw_data import nsfw_files  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
                          "report) instead of the record alone")
     args = ap.parse_args()
     imgs = fid.natural_images()
-    proto, weights = fid.nsfw_files()
+    proto, weights = nsfw_files()
     data = np.concatenate([fid.crops(imgs, 32, seed=1), fid.crops(imgs, 64, seed=3)]).astype(np.float32)
     kw = dict(batch_num=4, batch_size=8, quiet=True, device=args.device)
     if not args.outputs:
