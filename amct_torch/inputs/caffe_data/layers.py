@@ -61,10 +61,13 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
 def transform_param(layer: pb.LayerParameter, old: Any) -> pb.TransformationParameter:
     """The layer's transform_param, with the transform fields old nets put in data_param /
     image_data_param (scale, mean_file, crop_size, mirror) moved into it where it does not
-    give them itself, as Caffe's net upgrade does."""
+    give them itself, as Caffe's net upgrade does; an old ``data_param`` ``force_encoded_color``
+    (encoded images decoded in colour) is ``force_color``."""
     param = pb.TransformationParameter()
     param.CopyFrom(layer.transform_param)
     for field in ("scale", "mean_file", "crop_size", "mirror"):
         if old.HasField(field) and not param.HasField(field):
             setattr(param, field, getattr(old, field))
+    if getattr(old, "force_encoded_color", False) and not param.HasField("force_color"):
+        param.force_color = True
     return param
