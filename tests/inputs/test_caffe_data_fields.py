@@ -5,6 +5,7 @@ import cv2
 import numpy as np
 import pytest
 
+from amct_torch.errors import DataError
 from amct_torch.inputs.caffe_data import open_data_layer
 from helpers.caffe_dbs import data_layer, encoded_datum, sized_images, write_lmdb
 
@@ -28,3 +29,8 @@ def test_old_force_encoded_color_decodes_in_colour(grey_lmdb):
     jpeg = np.frombuffer(encoded_datum(grey, 1).data, np.uint8)
     want = cv2.imdecode(jpeg, cv2.IMREAD_COLOR).transpose(2, 0, 1).astype(np.float32)
     assert np.array_equal(batch["data"][1], want)
+
+
+def test_one_of_crop_h_and_crop_w_is_refused(grey_lmdb):
+    with pytest.raises(DataError, match="crop_h and crop_w"):
+        open_data_layer(data_layer("db", 2, crop_h=16), base_dir=grey_lmdb)

@@ -54,8 +54,11 @@ class DataTransformer:
             self.mean = read_mean_file(self.mean_file)
         elif len(param.mean_value):
             self.mean_values = np.asarray(param.mean_value, np.float32)
+        if not param.crop_size and bool(param.crop_h) != bool(param.crop_w):
+            raise DataError("transform_param gives one of crop_h and crop_w; give both (or "
+                            "crop_size)", layer=layer)
         self.crop = (param.crop_size, param.crop_size) if param.crop_size else (
-            (param.crop_h, param.crop_w) if param.crop_h and param.crop_w else None)
+            (param.crop_h, param.crop_w) if param.crop_h else None)
         self.resize: Optional[tuple[int, int, str]] = None
         if param.HasField("resize_param"):
             self.resize = _resize_spec(param.resize_param, layer)
