@@ -1,5 +1,9 @@
-"""Data-layer fields that change the numbers are honoured or refused, never dropped."""
+"""Data-layer fields that change the numbers are honoured or refused, never dropped: an old
+net's ``force_encoded_color``, the SSD fork's ``crop_h``/``crop_w``, and Caffe's random
+choices (shuffle, rand_skip, batch_sampler crops), which are warned of."""
 from __future__ import annotations
+
+import logging
 
 import cv2
 import numpy as np
@@ -7,6 +11,7 @@ import pytest
 
 from amct_torch.errors import DataError
 from amct_torch.inputs.caffe_data import open_data_layer
+from amct_torch.proto import amct_caffe_pb2 as pb
 from helpers.caffe_dbs import data_layer, encoded_datum, sized_images, write_lmdb
 
 
@@ -34,3 +39,26 @@ def test_old_force_encoded_color_decodes_in_colour(grey_lmdb):
 def test_one_of_crop_h_and_crop_w_is_refused(grey_lmdb):
     with pytest.raises(DataError, match="crop_h and crop_w"):
         open_data_layer(data_layer("db", 2, crop_h=16), base_dir=grey_lmdb)
+
+
+def test_random_choices_are_warned_of(grey_lmdb, caplog):
+    layer = data_layer("db", 2)
+    layer.data_param.rand_skip = 5
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        open_data_layer(layer, base_dir=grey_lmdb).close()
+    assert "data_param rand_skip is random" in caplog.text
+
+
+def test_a_cropping_batch_sampler_is_warned_of(tmp_path, caplog):
+    anno = pb.AnnotatedDatum()
+    anno.datum.CopyFrom(encoded_datum(sized_images(1, (20, 24))[0], 0))
+    write_lmdb(str(tmp_path / "anno"), [(b"0", anno.SerializeToString())])
+    layer = data_layer("anno", 1, kind="AnnotatedData", tops=("data",))
+    layer.annotated_data_param.batch_sampler.add()  # the whole image, as SSD test nets: not random
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        open_data_layer(layer, base_dir=str(tmp_path)).close()
+    assert "batch_sampler" not in caplog.text
+    layer.annotated_data_param.batch_sampler.add().sampler.min_scale = 0.3
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        open_data_layer(layer, base_dir=str(tmp_path)).close()
+    assert "annotated_data_param batch_sampler (a random crop) is random" in caplog.text

@@ -5,6 +5,7 @@ relative to the working directory, and then relative to ``base_dir`` (the protot
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 from amct_torch.errors import DataError
@@ -22,6 +23,13 @@ DATA_LAYER_TYPES = ("Data", "ImageData", "HDF5Data", "AnnotatedData", "DummyData
 #: recognised as data layers only to be refused with a clear message
 REFUSED_DATA_LAYER_TYPES = ("WindowData",)
 
+log = logging.getLogger("amct_torch")
+
+#: layer type -> (parameter block, fields) that Caffe applies at random: read in order here
+_RANDOM_FIELDS = {"Data": ("data_param", ("rand_skip",)), "AnnotatedData": ("data_param", ("rand_skip",)),
+                  "ImageData": ("image_data_param", ("shuffle", "rand_skip")),
+                  "HDF5Data": ("hdf5_data_param", ("shuffle",))}
+
 
 def is_data_layer(type_name: str) -> bool:
     """Whether a layer of this type is a data layer (a source of batches, not a graph
@@ -36,6 +44,7 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
     threads (default: the cores, at most 16). DataError naming the file and the layer for
     anything wrong with the data."""
     kind, name = layer.type, layer.name
+    _warn_random(layer)
     if kind in ("Data", "AnnotatedData"):
         path = resolve(layer.data_param.source, base_dir, "data_param source", name)
         transformer = DataTransformer(transform_param(layer, layer.data_param),
@@ -56,6 +65,21 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
         return MemorySource(layer)
     raise DataError(f"data layer type '{kind}' is not supported (supported: "
                     f"{', '.join(DATA_LAYER_TYPES)})", layer=name)
+
+
+def _warn_random(layer: pb.LayerParameter) -> None:
+    """Warn of the layer's settings that Caffe applies at random (a shuffled list, a random
+    skip, the SSD fork's random crops): the records are read in order, uncropped."""
+    block, fields = _RANDOM_FIELDS.get(layer.type, ("", ()))
+    param = getattr(layer, block) if block else None
+    found = [f"{block} {f}" for f in fields if getattr(param, f)]
+    if layer.type == "AnnotatedData" and any(
+            (s.sampler.min_scale, s.sampler.max_scale) != (1, 1)
+            for s in layer.annotated_data_param.batch_sampler):
+        found.append("annotated_data_param batch_sampler (a random crop)")
+    if found:
+        log.warning("layer '%s': %s random in Caffe; the TEST-phase data here are read in order, "
+                    "unchanged", layer.name, ", ".join(found) + (" are" if len(found) > 1 else " is"))
 
 
 def transform_param(layer: pb.LayerParameter, old: Any) -> pb.TransformationParameter:
