@@ -29,11 +29,8 @@ def data_top_shapes(layers: Sequence[Any], model_file: Optional[str]) -> list[tu
     for layer in layers:
         shapes: dict[str, Any] = {}
         try:
-            source = open_data_layer(layer, base_dir=data_base_dir(model_file))
-            shapes = dict(zip(source.tops, source.top_shapes()))
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
+            with open_data_layer(layer, base_dir=data_base_dir(model_file)) as source:
+                shapes = dict(zip(source.tops, source.top_shapes()))
         except (AmctError, OSError):
             shapes = {}
         out += [(top, [int(d) for d in shapes.get(top, ())]) for top in layer.top]
