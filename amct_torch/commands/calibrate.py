@@ -14,6 +14,7 @@ from amct_torch.commands.printing import print_files, print_report, print_summar
 from amct_torch.commands.shared import add_field, add_logging, command, command_fields, option_values
 from amct_torch.errors import AmctError
 from amct_torch.export import prefix_suffixes
+from amct_torch.workflow import flags_of
 
 EXAMPLES = """examples:
   # ImageNet-style Caffe model, a folder of JPEGs, Caffe's usual preprocessing
@@ -81,6 +82,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the job options ``calibrate --max-accuracy-drop`` reads; any other one given is refused
+_ACCURACY_SEARCH_FIELDS = frozenset({"model_file", "weights_file", "calibration_data", "config", "output", "batch_num",
+                                     "skip_layers", "activation_offset", "device", "quiet", "report"})
+
+
+def _ignored_by_accuracy_search(args: argparse.Namespace, options: dict) -> list[str]:
+    """The options given (other than their defaults) that the accuracy search would drop,
+    each by its first flag (or its field name: the preprocessing group)."""
+    defaults = option_values(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([args.model,
+                                                                                              args.weights]))
+    return [(flags_of(f)[0].name if flags_of(f) else f.name) for f in command_fields()
+            if f.name not in _ACCURACY_SEARCH_FIELDS and options[f.name] != defaults[f.name]]
+
+
 def _calibrate_to_accuracy(args: argparse.Namespace, options: dict) -> int:
     """``calibrate --max-accuracy-drop``: AMCT's accuracy-based auto calibration judged by the
     net's own TEST data and Accuracy layer."""
@@ -93,6 +108,10 @@ def _calibrate_to_accuracy(args: argparse.Namespace, options: dict) -> int:
                         "layer: leave DATA out", file=args.data)
     if not args.max_accuracy_drop >= 0:
         raise AmctError(f"--max-accuracy-drop must be >= 0 points, got {args.max_accuracy_drop}")
+    ignored = _ignored_by_accuracy_search(args, options)
+    if ignored:
+        raise AmctError(f"--max-accuracy-drop does not read {', '.join(ignored)}: it writes the record, the "
+                        "quant config and both Caffe models from the net's own TEST data; leave them out")
     for p, what in ((args.model, "model file"), (args.weights, "weights file")):
         if not os.path.isfile(p):
             raise AmctError(f"{what} not found", file=p)

@@ -155,6 +155,17 @@ def test_bad_argument_is_one_line_too(tmp_path, example_npz):
     assert_user_error(res, "batch_num")
 
 
+def test_accuracy_search_refuses_the_options_it_would_drop(tmp_path):
+    # refused before any file is read or calibration starts: nothing written under the prefix
+    proto, weights = example_model()
+    res = _bad(tmp_path, "calibrate", proto, weights, "--max-accuracy-drop", "1", "--onnx", "--save-type", "Deploy",
+               "--mean", "3")
+    assert_user_error(res, "--max-accuracy-drop", "--onnx", "--save-type", "preprocess")
+    res = _bad(tmp_path, "calibrate", proto, weights, "--max-accuracy-drop", "1", "--improve", "all")
+    assert_user_error(res, "--improve")
+    assert "--onnx" not in res.stderr
+
+
 def test_calibrate_onnx_uint8_activations(tmp_path, example_npz):
     """--onnx-activations uint8: every activation QuantizeLinear has a uint8 zero point equal
     to the record's offset_d + 128 (the same grid as int8 with zero point offset_d)."""
