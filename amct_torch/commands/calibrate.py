@@ -98,9 +98,10 @@ def _ignored_by_accuracy_search(args: argparse.Namespace, options: dict) -> list
 
 def _calibrate_to_accuracy(args: argparse.Namespace, options: dict) -> int:
     """``calibrate --max-accuracy-drop``: AMCT's accuracy-based auto calibration judged by the
-    net's own TEST data and Accuracy layer."""
+    net's own TEST data and Accuracy layer. Every file is staged and committed together: a run
+    that fails (a net without an Accuracy layer, a bad config) publishes none."""
     from amct_torch.config import create_quant_config
-    from amct_torch.files import check_outputs, make_folder, output_path
+    from amct_torch.files import OutputTransaction, output_path
     from amct_torch.quality import accuracy_based_auto_calibration
 
     if args.data is not None:
@@ -117,19 +118,23 @@ def _calibrate_to_accuracy(args: argparse.Namespace, options: dict) -> int:
             raise AmctError(f"{what} not found", file=p)
     prefix, quant_cfg = options["output"], options["config"]
     config, record = output_path(prefix, "config"), output_path(prefix, "record")
-    check_outputs([config, record], [args.model, args.weights, quant_cfg])
-    make_folder(os.path.dirname(os.path.abspath(prefix)))
-    if quant_cfg is not None and quant_cfg.lower().endswith(".json"):
-        config = quant_cfg
-    else:
-        create_quant_config(config, args.model, args.weights, skip_layers=options["skip_layers"],
-                            batch_num=options["batch_num"] or 1, activation_offset=options["activation_offset"],
-                            config_defination=quant_cfg)
-    res = accuracy_based_auto_calibration(args.model, args.weights, None, config, record, prefix,
-                                          max_accuracy_drop=args.max_accuracy_drop, iterations=args.iterations,
-                                          device=options["device"], quiet=options["quiet"])
+    with OutputTransaction([config, record], [args.model, args.weights, quant_cfg],
+                           name=os.path.basename(prefix)) as tx:
+        if quant_cfg is not None and quant_cfg.lower().endswith(".json"):
+            used, written = quant_cfg, []
+        else:
+            used, written = tx.staged(config), [config]
+            create_quant_config(used, args.model, args.weights, skip_layers=options["skip_layers"],
+                                batch_num=options["batch_num"] or 1, activation_offset=options["activation_offset"],
+                                config_defination=quant_cfg)
+        res = accuracy_based_auto_calibration(args.model, args.weights, None, used, tx.staged(record),
+                                              tx.staged_prefix(prefix), max_accuracy_drop=args.max_accuracy_drop,
+                                              iterations=args.iterations, device=options["device"],
+                                              quiet=options["quiet"])
+        files = {k: tx.final_of(p) for k, p in res.files.items()}
+        tx.commit(written + list(files.values()))
     print(f"\naccuracy: float {res.original_metric:.6g}, int8 {res.final_metric:.6g} "
           f"(drop {100 * (res.original_metric - res.final_metric):.3g} points, allowed {args.max_accuracy_drop:g})")
     print(f"left in float: {', '.join(res.float_layers) if res.float_layers else 'none'}")
-    print_files(res.files)
+    print_files(files)
     return 0

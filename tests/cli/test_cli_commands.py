@@ -164,6 +164,9 @@ def test_accuracy_search_refuses_the_options_it_would_drop(tmp_path):
     res = _bad(tmp_path, "calibrate", proto, weights, "--max-accuracy-drop", "1", "--improve", "all")
     assert_user_error(res, "--improve")
     assert "--onnx" not in res.stderr
+    # a net it cannot judge (no Accuracy layer): the quant config it made is not published either
+    res = _bad(tmp_path, "calibrate", proto, weights, "--max-accuracy-drop", "1")
+    assert_user_error(res, "no Accuracy layer")
 
 
 def test_calibrate_onnx_uint8_activations(tmp_path, example_npz):
