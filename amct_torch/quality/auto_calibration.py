@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 
 from amct_torch.arguments import checked, path_arg
-from amct_torch.errors import AmctError, CalibrationError
+from amct_torch.errors import AmctError, ArgumentError, CalibrationError
 
 log = logging.getLogger("amct_torch")
 
@@ -154,8 +154,8 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
                                     config_file: str, record_file: str, save_dir: str,
                                     strategy: Union[str, Any] = "BinarySearch",
                                     sensitivity: Union[str, Any] = "CosineSimilarity", *,
-                                    max_accuracy_drop: float = 0.5, iterations: int = 50,
-                                    device: Optional[str] = None, quiet: bool = True
+                                    max_accuracy_drop: Optional[float] = None, iterations: Optional[int] = None,
+                                    device: Optional[str] = None, quiet: Optional[bool] = None
                                     ) -> AutoCalibrationResult:
     """Calibrate ``model_file``/``weights_file`` with ``config_file`` (JSON quant config), then
     leave the fewest most-sensitive layers in float that make ``model_evaluator.metric_eval``
@@ -172,11 +172,20 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     ``model_evaluator`` None: a train/test net judges itself (``net_accuracy.py``): it
     calibrates on the first ``batch_num`` batches of its TEST data layers, its metric is its
     first Accuracy top over ``iterations`` batches (as ``caffe test``), and a model passes when
-    it loses at most ``max_accuracy_drop`` percentage points; ``device`` and ``quiet`` (no
-    progress bar) apply to it."""
+    it loses at most ``max_accuracy_drop`` percentage points (default 0.5; ``iterations``
+    default 50); ``device`` and ``quiet`` (no progress bar, the default) apply to it. With a
+    ``model_evaluator`` these four are the evaluator's own business: giving one is an
+    ``ArgumentError``."""
     from amct_torch.api import init
 
+    own_settings = {"max_accuracy_drop": max_accuracy_drop, "iterations": iterations, "device": device,
+                    "quiet": quiet}
     if model_evaluator is not None:
+        given = [k for k, v in own_settings.items() if v is not None]
+        if given:
+            raise ArgumentError(f"accuracy_based_auto_calibration(): {given[0]} applies only without a "
+                                "model_evaluator (the net's own Accuracy layer judging); the evaluator "
+                                "given decides it")
         _check_evaluator(model_evaluator)
     search = _resolve("strategy", strategy, {"BinarySearch": BinarySearchStrategy}, "search")
     sens = _resolve("sensitivity", sensitivity, {"CosineSimilarity": CosineSimilaritySensitivity}, "rank")
@@ -189,8 +198,10 @@ def accuracy_based_auto_calibration(model_file: str, weights_file: str, model_ev
     if model_evaluator is None:  # the net's own data and Accuracy layer
         from amct_torch.quality.net_accuracy import NetAccuracyEvaluator
         own = model_evaluator = NetAccuracyEvaluator(
-            model_file, weights_file, batch_num=graph.config.batch_num, max_drop_points=max_accuracy_drop,
-            iterations=iterations, device=device, quiet=quiet)
+            model_file, weights_file, batch_num=graph.config.batch_num,
+            max_drop_points=0.5 if max_accuracy_drop is None else max_accuracy_drop,
+            iterations=50 if iterations is None else iterations, device=device,
+            quiet=True if quiet is None else quiet)
     try:
         return _auto_calibrate(graph, model_file, weights_file, model_evaluator, save_dir, search, sens)
     finally:

@@ -136,3 +136,12 @@ def test_bad_evaluator_and_strategy(tmp_path):
     with pytest.raises(AmctError, match="unknown strategy"):
         accuracy_based_auto_calibration(model, weights, OutputSqnr(), "c.json", "r.txt", str(tmp_path / "m"),
                                         strategy="Greedy")
+
+
+def test_the_own_evaluator_settings_are_refused_with_an_evaluator(tmp_path):
+    from amct_torch.errors import ArgumentError
+    model, weights = example_model()
+    with pytest.raises(ArgumentError, match="max_accuracy_drop applies only without a model_evaluator"):
+        accuracy_based_auto_calibration(model, weights, OutputSqnr(), "c.json", str(tmp_path / "r.txt"),
+                                        str(tmp_path / "m"), max_accuracy_drop=1.0)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
