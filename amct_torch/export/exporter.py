@@ -40,11 +40,15 @@ class Exporter:
 
     label: ClassVar[str] = ""
     suffixes: ClassVar[Mapping[str, str]] = {}
-    #: whether ``write`` reads ``ExportInputs.batches`` (the job then keeps every calibration batch)
-    reads_batches: ClassVar[bool] = False
 
     def __init__(self, opts: Any) -> None:
         self.opts = opts
+
+    @property
+    def reads_batches(self) -> bool:
+        """Whether this run's ``write`` reads ``ExportInputs.batches`` (the job then keeps every
+        calibration batch in memory)."""
+        return False
 
     @classmethod
     def check_options(cls, opts: Any) -> None:

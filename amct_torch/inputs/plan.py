@@ -37,7 +37,7 @@ class BatchPlan:
         self.model, self.data, self.model_file, self.device = model, data, model_file, device
         self.preprocess, self.report_data, self.guard = preprocess, report_data, guard
         self.report_count = report_batches
-        # all calibration batches only for what reads them again (bias correction, ONNX);
+        # all calibration batches only for what reads them again (bias correction, ONNX speed mode);
         # otherwise the report's fallback at most: 256 images at 224x224 are 154 MB
         self.keep = Keep(None if keep_all else report_batches)
         self.net_data = NetData(model, model_file, batch_size) if data is None else None
@@ -133,6 +133,6 @@ def plan_batches(model: Any, data: Any, *, model_file: str, device: Any, batch_s
     ``MAX_DEFAULT_BATCH``). ``report_batches``: the per-layer report's batches (0: no report),
     read from ``report_data`` when given, else after the calibration batches. ``guard``: the
     improvements judge on held-out rows. ``keep_all``: every calibration batch is read again
-    later (bias correction, the ONNX export), else at most the report's are kept."""
+    later (bias correction, the ONNX speed mode), else at most the report's are kept."""
     return BatchPlan(model, data, model_file, device, batch_size, preprocess, report_batches, report_data,
                      guard, keep_all)

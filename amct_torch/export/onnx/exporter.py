@@ -22,7 +22,6 @@ class OnnxExporter(Exporter):
 
     label = "ONNX"
     suffixes = SUFFIXES
-    reads_batches = True  # the speed mode's extra factors come from the calibration batches
     _ahead: Any = None  # the float model written during calibration (FloatAhead), set by prepare
 
     @classmethod
@@ -43,6 +42,10 @@ class OnnxExporter(Exporter):
 
     def kinds(self) -> list[str]:
         return ["onnx_float", "onnx"] if self.opts.onnx else []
+
+    @property
+    def reads_batches(self) -> bool:  # the speed mode's extra factors come from the calibration batches
+        return bool(self.opts.onnx_speed)
 
     def check(self, graph: Any) -> None:
         from amct_torch.export.onnx.preflight import preflight_onnx
