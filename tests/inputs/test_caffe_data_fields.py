@@ -62,3 +62,13 @@ def test_a_cropping_batch_sampler_is_warned_of(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="amct_torch"):
         open_data_layer(layer, base_dir=str(tmp_path)).close()
     assert "annotated_data_param batch_sampler (a random crop) is random" in caplog.text
+
+
+def test_an_hdf5_transform_param_is_refused(tmp_path):
+    (tmp_path / "files.txt").write_text("a.h5\n")
+    layer = pb.LayerParameter(name="h5", type="HDF5Data", top=["data"])
+    layer.hdf5_data_param.source = "files.txt"
+    layer.hdf5_data_param.batch_size = 1
+    layer.transform_param.scale = 0.5
+    with pytest.raises(DataError, match="does not transform its data"):
+        open_data_layer(layer, base_dir=str(tmp_path))

@@ -1,7 +1,7 @@
 """Caffe's ``HDF5Data`` layer: ``source`` lists ``.h5`` files (whitespace-separated, as
 Caffe reads it); each top is the dataset of the same name, its first axis the items.
 
-As Caffe's HDF5DataLayer: no transform_param; items in file order, then the next file, back
+As Caffe's HDF5DataLayer: no transform_param (refused when given); items in file order, then the next file, back
 to the first after the last; every top's dataset must have the same number of items in a
 file; integer datasets are read as float. ``shuffle`` is random in Caffe and not applied.
 """

@@ -57,6 +57,9 @@ def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
                                       base_dir=base_dir, layer=name)
         return ImageListSource(layer, path, transformer, base_dir=base_dir, threads=threads)
     if kind == "HDF5Data":
+        if layer.HasField("transform_param"):  # Caffe's HDF5DataLayer refuses it too
+            raise DataError("an HDF5Data layer does not transform its data: remove transform_param "
+                            "(scale, mean, crop the arrays when writing the .h5 files)", layer=name)
         path = resolve(layer.hdf5_data_param.source, base_dir, "hdf5_data_param source", name)
         return Hdf5Source(layer, path, base_dir, threads=threads)
     if kind == "DummyData":
