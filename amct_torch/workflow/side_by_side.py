@@ -15,24 +15,22 @@ from amct_torch.runtime import HelperThread
 __all__ = ["side_by_side"]
 
 
-def side_by_side(*works: Optional[Callable[[], Any]]) -> tuple[Any, ...]:
-    """``(works[0](), works[1](), ...)``, run at the same time (None: not run, its result
-    None); the last one given runs on the caller's thread (alone: no thread is started)."""
-    given = [k for k, w in enumerate(works) if w is not None]
-    out: list[Any] = [None] * len(works)
-    if not given:
-        return tuple(out)
-    *others, last = given
-    helpers: dict[int, HelperThread] = {}
+def side_by_side(*works: Callable[[], Any]) -> tuple[Any, ...]:
+    """``(works[0](), works[1](), ...)``, run at the same time; the last one runs on the
+    caller's thread (alone: no thread is started)."""
+    if not works:
+        return ()
+    *others, last = works
+    helpers: list[HelperThread] = []
     try:
-        for k in others:
-            helpers[k] = HelperThread(works[k], "amct-side-by-side")  # type: ignore[arg-type]
+        for work in others:
+            helpers.append(HelperThread(work, "amct-side-by-side"))
     except BaseException:  # one could not start (a signal, no thread left): the started ones stop first
         with contextlib.suppress(BaseException):
             _wait_all(helpers)
         raise
     try:
-        out[last] = works[last]()  # type: ignore[misc]
+        result = last()
     except Exception:
         _wait_all(helpers)  # an interrupt while waiting is raised from here, once all stopped
         _raise_first(helpers)  # in order, an earlier one's error would have come first
@@ -43,22 +41,20 @@ def side_by_side(*works: Optional[Callable[[], Any]]) -> tuple[Any, ...]:
         raise
     _wait_all(helpers)
     _raise_first(helpers)
-    for k, helper in helpers.items():
-        out[k] = helper.result
-    return tuple(out)
+    return (*(helper.result for helper in helpers), result)
 
 
-def _raise_first(helpers: dict[int, HelperThread]) -> None:
+def _raise_first(helpers: list[HelperThread]) -> None:
     """Raise the error of the first helper (in the works' order) that failed."""
-    for helper in helpers.values():
+    for helper in helpers:
         if helper.error is not None:
             raise helper.error from None
 
 
-def _wait_all(helpers: dict[int, HelperThread]) -> None:
+def _wait_all(helpers: list[HelperThread]) -> None:
     """Wait for every helper; the first interruption meanwhile is raised once all stopped."""
     pending: Optional[BaseException] = None
-    for helper in helpers.values():
+    for helper in helpers:
         try:
             helper.wait()
         except BaseException as err:  # noqa: BLE001 - raised below, once every helper stopped
