@@ -371,6 +371,7 @@ class OutputTransaction:
         """Check the outputs, create the folder, clean a killed run's staging folder and make
         a fresh one named after ``name`` (default: the first output's file name)."""
         check_outputs(self.finals, self.inputs)
+        self._check_replaceable()
         self._created = make_folder(self.folder)
         name = name or self.name or os.path.basename(self.finals[0])
         staging = staging_folder(os.path.join(self.folder, name))
@@ -396,6 +397,19 @@ class OutputTransaction:
             self.abort()
             raise
         return self
+
+    def _check_replaceable(self) -> None:
+        """Refuse, before any work, an earlier output this process may not replace or remove
+        (another user's file in a sticky folder: ``_replaceable``); the commit proves it again."""
+        owned = [self.owns_prefix + s for s in self.known_suffixes] if self.owns_prefix is not None else []
+        for p in self.finals + owned:
+            if not os.path.lexists(p) or (os.path.isdir(p) and not os.path.islink(p)) \
+                    or any(same_file(p, i) for i in self.inputs):
+                continue
+            try:
+                _replaceable(p, os.stat(os.path.dirname(p)))
+            except OSError as err:
+                raise write_error(err, p, kept=True) from None
 
     def staged(self, final: str) -> str:
         """Where to write the output that will be published as ``final``."""

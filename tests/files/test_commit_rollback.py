@@ -161,18 +161,43 @@ def test_another_users_earlier_output_in_a_sticky_folder_keeps_the_set():
         shutil.rmtree(top, ignore_errors=True)
 
 
+def test_another_users_earlier_output_in_a_sticky_folder_is_refused_before_any_work(tmp_path, monkeypatch):
+    # the same folder seen by a process of another user (its id faked): begin() refuses the
+    # earlier output it could not replace, naming it, before the staging folder exists
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    prefix = str(shared / "m")
+    finals = _old_set(prefix)
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    with pytest.raises(AmctError) as err:
+        OutputTransaction(finals[:1], known_suffixes=prefix_suffixes()).begin("m")
+    assert str(err.value).startswith(finals[0] + ": ") and "previous outputs were kept" in str(err.value)
+    # an owned prefix's other earlier outputs (removed by a commit) are refused too
+    with pytest.raises(AmctError) as err:
+        OutputTransaction([prefix + "_report.html"], owns_prefix=prefix, known_suffixes=prefix_suffixes()).begin("m")
+    assert str(err.value).startswith(prefix + "_")
+    assert _contents(finals) == ["old"] * 3
+    assert sorted(os.listdir(shared)) == sorted(os.path.basename(p) for p in finals)
+
+
 def _sticky_commit(top) -> None:
     os.chmod(top, 0o755)
     shared = top / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)
     prefix = str(shared / "m")
-    finals = _old_set(prefix)
+    finals = [prefix + s for s in ("_record.txt", "_quant.json", "_quant_config.json")]
+    os.seteuid(65534)  # this process is "nobody" for the run
+    try:
+        tx = _staged_new(finals)  # begun before root's earlier files appear (else begin() refuses them)
+    finally:
+        os.seteuid(0)
+    assert _old_set(prefix) == finals
     for p in finals:
         os.chmod(p, 0o666)
-    os.seteuid(65534)  # this process is "nobody" for the run (the files stay root's)
+    os.seteuid(65534)  # the files stay root's
     try:
-        tx = _staged_new(finals)
         with pytest.raises(AmctError) as err:
             tx.commit()
         tx.abort()

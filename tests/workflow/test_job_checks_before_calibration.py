@@ -39,6 +39,30 @@ def test_an_unreadable_held_out_image_fails_before_calibration(tmp_path, capsys,
     assert calibrated == [] and not (tmp_path / "o").exists()
 
 
+def test_an_earlier_output_it_cannot_replace_fails_before_calibration(tmp_path, capsys, monkeypatch):
+    # a sticky folder (/tmp-like) holding an earlier record of another user: refused up front,
+    # not at the commit after calibrating; nothing published, the earlier file untouched
+    import os
+
+    from amct_torch.workflow import job
+    calibrated = []
+    real = job.run_calibration
+    monkeypatch.setattr(job, "run_calibration", lambda *a, **k: calibrated.append(1) or real(*a, **k))
+    model, weights = example_model()
+    data = _pngs(tmp_path / "imgs", 2)
+    out = tmp_path / "o"
+    out.mkdir()
+    os.chmod(out, 0o1777)
+    (out / "m_record.txt").write_text("old")
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)  # this run is another user's
+    code = main(["calibrate", model, weights, data, "--device", "cpu", "-q", "--batch-num", "1",
+                 "-o", str(out / "m")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "m_record.txt" in err, err
+    assert calibrated == [] and os.listdir(out) == ["m_record.txt"]
+    assert (out / "m_record.txt").read_text() == "old"
+
+
 def test_activation_memory_uses_the_shape_after_preprocessing():
     model, weights = example_model()
     gm = load_caffe(model, weights)
