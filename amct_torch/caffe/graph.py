@@ -188,7 +188,7 @@ def add_inputs(build: _Build) -> None:
     metric/loss layers is not a graph input)."""
     input_layer = {top: layer.name for layer in build.parsed.net.layer if layer.type == "Input"
                    for top in layer.top}
-    data_layers = getattr(build.parsed, "data_layers", [])
+    data_layers = build.parsed.data_layers
     for layer in data_layers:
         for top in layer.top:
             input_layer[top] = layer.name
@@ -408,7 +408,7 @@ def finish_graph(build: _Build) -> CaffeGraphModule:
     gm.caffe_net = build.parsed.net
     gm.caffe_inputs = [(n, list(s)) for n, s in build.parsed.inputs
                        if n not in build.data_tops or n in build.values]
-    gm.meta["caffe_data_layers"] = list(getattr(build.parsed, "data_layers", []))
+    gm.meta["caffe_data_layers"] = list(build.parsed.data_layers)
     gm.meta["caffe_head"] = list(build.head)
     gm.eval()
     return gm
