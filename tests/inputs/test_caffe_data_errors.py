@@ -112,3 +112,21 @@ def test_a_refused_leveldb_is_closed_again(tmp_path, imgs):
     fails(data_layer("ldb", 2, backend="LEVELDB", crop_size=64), str(tmp_path), "smaller than the crop")
     with open_data_layer(data_layer("ldb", 2, backend="LEVELDB"), base_dir=str(tmp_path)) as src:
         assert next(src.batches())["data"].shape == (2, 3, 20, 24)
+
+
+def test_refused_data_layers_of_a_net_are_closed_again(tmp_path, imgs):
+    """A net whose TEST data layers are refused together (their batch sizes differ) leaves no
+    LevelDB of theirs locked, even while the error is kept (as an interactive session keeps
+    the last traceback)."""
+    from amct_torch.errors import ModelError
+    from amct_torch.inputs.caffe_data import PhaseData
+    from helpers.caffe_dbs import write_leveldb
+    write_leveldb(str(tmp_path / "ldb"), imageset_records([raw_datum(im, 0) for im in imgs]))
+    other = data_layer("ldb2", 3, tops=("extra",))
+    write_lmdb(str(tmp_path / "ldb2"), imageset_records([raw_datum(im, 0) for im in imgs]))
+    model = str(tmp_path / "net.prototxt")
+    with pytest.raises(ModelError, match="different batch sizes") as kept:
+        PhaseData([data_layer("ldb", 2, backend="LEVELDB"), other], model)
+    assert kept.tb is not None  # the failed call's frames stay alive
+    with open_data_layer(data_layer("ldb", 2, backend="LEVELDB"), base_dir=str(tmp_path)) as src:
+        assert next(src.batches())["data"].shape == (2, 3, 20, 24)

@@ -13,6 +13,7 @@ import numpy as np
 from amct_torch.errors import ModelError
 from amct_torch.inputs.caffe_data.layers import open_data_layer
 from amct_torch.inputs.caffe_data.paths import data_base_dir
+from amct_torch.inputs.caffe_data.source import DataSource
 
 
 class PhaseData:
@@ -23,11 +24,17 @@ class PhaseData:
             raise ModelError("the net has no data layer in the TEST phase: 'test' runs a train/test "
                              "net (a deploy net has no labels)", file=model_file)
         self.model_file = model_file
-        self.sources = [open_data_layer(l, base_dir=data_base_dir(model_file)) for l in data_layers]
-        sizes = {int(s.batch_size) for s in self.sources}
-        if len(sizes) != 1:
-            raise ModelError(f"the TEST data layers have different batch sizes {sorted(sizes)}",
-                             file=model_file)
+        self.sources: list[DataSource] = []
+        try:  # a source opened before one that fails is closed again (a LevelDB stays locked)
+            for layer in data_layers:
+                self.sources.append(open_data_layer(layer, base_dir=data_base_dir(model_file)))
+            sizes = {int(s.batch_size) for s in self.sources}
+            if len(sizes) != 1:
+                raise ModelError(f"the TEST data layers have different batch sizes {sorted(sizes)}",
+                                 file=model_file)
+        except BaseException:
+            self.close()
+            raise
         self.batch_size = sizes.pop()
 
     def batches(self, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
