@@ -333,7 +333,7 @@ def forced_refining(on: bool):
 def ours_methods() -> tuple[str, ...]:
     """default, every improvement ``quantize(improve=...)`` knows (read at run time, so a new
     one is benched as soon as it lands), and all."""
-    from amct_torch.files.output_names import IMPROVEMENTS
+    from amct_torch.improve.names import IMPROVEMENTS
     return ("default",) + tuple(IMPROVEMENTS) + ("all",)
 
 

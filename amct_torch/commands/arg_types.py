@@ -45,7 +45,7 @@ def names(text: str) -> list[str]:
 
 def improvements(value: str) -> tuple:
     """``--improve``'s value: names from IMPROVEMENTS, comma-separated, or all."""
-    from amct_torch.files import improvement_list
+    from amct_torch.improve import improvement_list
     try:
         return improvement_list(value)
     except ValueError as err:

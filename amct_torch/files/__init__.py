@@ -13,21 +13,19 @@ from amct_torch.runtime.lazy_names import lazy_names
 #: name -> the module that defines it
 _LAZY = {
     "atomic_write_text": "amct_torch.files.atomic",
-    **{n: "amct_torch.files.output_names" for n in ("IMPROVEMENTS", "TEST_REPORT_SUFFIX", "improvement_list",
-                                                    "output_path")},
+    **{n: "amct_torch.files.output_names" for n in ("TEST_REPORT_SUFFIX", "output_path")},
     **{n: "amct_torch.files.transaction" for n in ("OutputTransaction", "check_output_name", "check_outputs",
                                                    "make_folder", "open_outputs", "user_path", "write_error")},
 }
 
-__all__ = ["IMPROVEMENTS", "TEST_REPORT_SUFFIX", "OutputTransaction", "atomic_write_text", "check_output_name",
-           "check_outputs", "improvement_list", "make_folder", "open_outputs", "output_path", "user_path",
-           "write_error"]
+__all__ = ["TEST_REPORT_SUFFIX", "OutputTransaction", "atomic_write_text", "check_output_name", "check_outputs",
+           "make_folder", "open_outputs", "output_path", "user_path", "write_error"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from amct_torch.files.atomic import atomic_write_text
-    from amct_torch.files.output_names import IMPROVEMENTS, TEST_REPORT_SUFFIX, improvement_list, output_path
+    from amct_torch.files.output_names import TEST_REPORT_SUFFIX, output_path
     from amct_torch.files.transaction import (
         OutputTransaction,
         check_output_name,

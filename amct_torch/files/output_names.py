@@ -1,4 +1,4 @@
-"""The names of the one-call job's own files, and the improvements it may apply.
+"""The names of the one-call job's own files.
 
 Why a module of its own, without torch: the command line lists these in ``--help`` (which
 must not import torch) and the API validates them. Each output format declares its own file
@@ -6,34 +6,6 @@ names and choices (``amct_torch.export.caffe``, ``amct_torch.export.onnx``; ``fo
 gathers the names with these).
 """
 from __future__ import annotations
-
-#: opt-in improvements beyond AMCT's result (``quantize(improve=...)``), in their order of
-#: application: cross-layer equalization changes the weights (AMCT's calibration then runs again
-#: on them); then, layer by layer in one sequential pass, the output-error activation range, the
-#: learned weight rounding (on the input so quantized) and the bias correction (of the output
-#: with both) refine the calibrated model (docs/algorithms.md)
-IMPROVEMENTS = ("cle", "output_ranges", "adaround", "bias_correction")
-
-
-def improvement_list(value: object) -> tuple[str, ...]:
-    """``improve`` as the tuple of improvements to apply, in ``IMPROVEMENTS`` order: None or ""
-    is none; a name, a comma-separated string or a list of names; "all" is every one. An
-    unknown name is a ValueError naming it and the choices."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        names = [v.strip() for v in value.split(",") if v.strip()]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        names = [v.strip() for v in value]
-    else:
-        raise ValueError(f"improve must be a name, a comma-separated string or a list of names, got {value!r}")
-    if "all" in names:
-        return IMPROVEMENTS
-    bad = [n for n in names if n not in IMPROVEMENTS]
-    if bad:
-        raise ValueError(f"unknown improvement {bad[0]!r}: choose from {', '.join(IMPROVEMENTS)} or all")
-    return tuple(n for n in IMPROVEMENTS if n in names)
-
 
 #: kind → the suffix of the job's own files under its prefix (AMCT's names; the models' are
 #: declared by their exporters, ``amct_torch.export.formats``)

@@ -11,11 +11,13 @@ from amct_torch.runtime.lazy_names import lazy_names
 #: name -> the module that defines it
 _LAZY = {
     **{n: "amct_torch.improve.pipeline" for n in ("improve_graph", "summary_line")},
+    **{n: "amct_torch.improve.names" for n in ("IMPROVEMENTS", "improvement_list")},
 }
 
-__all__ = ["improve_graph", "summary_line"]
+__all__ = ["IMPROVEMENTS", "improve_graph", "improvement_list", "summary_line"]
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from amct_torch.improve.names import IMPROVEMENTS, improvement_list
     from amct_torch.improve.pipeline import improve_graph, summary_line

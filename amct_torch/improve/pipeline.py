@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
+from amct_torch.improve.names import IMPROVEMENTS
 from amct_torch.inputs.batching import HELD_ROWS  # rows wanted beyond calibration; fewer: cross-fit
 from amct_torch.record import LayerRecord
 
@@ -398,7 +399,7 @@ def improve_model(fused: fx.GraphModule, records: Mapping[str, LayerRecord], bat
             r = refine(cur_gm, cur_rec, rows, nf, **opts)
             return fake_quant_graph(_refined_model(cur_gm, r, device), r.records).to(device)
 
-        label = "+".join(n for n in ("output_ranges", "adaround", "bias_correction") if n in names)
+        label = "+".join(n for n in IMPROVEMENTS if n in names and n != "cle")
         label = ("cle+" + label) if cur_gm is not fused else label
         rows = judge.rows(fake_quant_graph(gm, res.records).to(device), fold_model if blocks else None)
         st = compare(label, base, rows, time.perf_counter() - t0)

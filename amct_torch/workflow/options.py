@@ -27,7 +27,8 @@ from amct_torch.arguments import (
 )
 from amct_torch.errors import AmctError, ArgumentError, CalibrationError, ConfigError, ModelError
 from amct_torch.export import ONNX_ACTIVATIONS, ONNX_TARGETS, SAVE_TYPES, check_exporter_options, prefix_suffixes
-from amct_torch.files import IMPROVEMENTS, check_output_name, improvement_list
+from amct_torch.files import check_output_name
+from amct_torch.improve import IMPROVEMENTS, improvement_list
 from amct_torch.inputs import (
     add_preprocess_options,
     check_batch_num,

@@ -85,7 +85,7 @@ def test_improve_all_not_worse_than_default_on_held_out(tmp_path):
 
 
 def test_improve_names_and_errors(tmp_path):
-    from amct_torch.files.output_names import IMPROVEMENTS, improvement_list
+    from amct_torch.improve.names import IMPROVEMENTS, improvement_list
     assert improvement_list("all") == IMPROVEMENTS
     assert improvement_list("bias_correction, cle") == ("cle", "bias_correction")  # fixed order
     assert improvement_list(["output_ranges"]) == ("output_ranges",)
