@@ -29,7 +29,7 @@ def data_top_shapes(layers: Sequence[Any], model_file: Optional[str]) -> list[tu
     for layer in layers:
         shapes: dict[str, Any] = {}
         try:
-            with open_data_layer(layer, base_dir=data_base_dir(model_file)) as source:
+            with open_data_layer(layer, base_dir=data_base_dir(model_file), warn=False) as source:
                 shapes = dict(zip(source.tops, source.top_shapes()))
         except (AmctError, OSError):
             shapes = {}

@@ -72,3 +72,29 @@ def test_an_hdf5_transform_param_is_refused(tmp_path):
     layer.transform_param.scale = 0.5
     with pytest.raises(DataError, match="does not transform its data"):
         open_data_layer(layer, base_dir=str(tmp_path))
+
+
+def test_a_run_warns_once_of_each_random_choice(grey_lmdb, caplog):
+    """Building the net opens its data layers for their shapes, the run opens them again for
+    their batches: the warning comes once, and names the mirror with the other choices."""
+    from google.protobuf import text_format
+
+    from amct_torch.caffe.graph import load_caffe
+    from amct_torch.inputs.caffe_data.phase_data import PhaseData
+
+    net = pb.NetParameter(name="n")
+    layer = net.layer.add()
+    layer.CopyFrom(data_layer("db", 2))
+    layer.data_param.rand_skip = 5
+    layer.transform_param.mirror = True
+    conv = net.layer.add(name="conv", type="Convolution", bottom=["data"], top=["conv"])
+    conv.convolution_param.num_output = 2
+    conv.convolution_param.kernel_size.append(3)
+    path = f"{grey_lmdb}/net.prototxt"
+    with open(path, "w") as f:
+        f.write(text_format.MessageToString(net))
+    with caplog.at_level(logging.WARNING, logger="amct_torch"):
+        gm = load_caffe(path)
+        PhaseData(gm.meta["caffe_data_layers"], path).close()
+    assert caplog.text.count("random in Caffe") == 1
+    assert "data_param rand_skip, transform_param mirror are random in Caffe" in caplog.text

@@ -38,13 +38,15 @@ def is_data_layer(type_name: str) -> bool:
 
 
 def open_data_layer(layer: pb.LayerParameter, *, base_dir: str,
-                    threads: Optional[int] = None) -> DataSource:
+                    threads: Optional[int] = None, warn: bool = True) -> DataSource:
     """The batches ``layer`` gives in Caffe's TEST phase (the phase ``caffe test`` runs, the
     only reproducible one: TRAIN draws random crops and mirrors). ``threads``: decoding
-    threads (default: the cores, at most 16). DataError naming the file and the layer for
-    anything wrong with the data."""
+    threads (default: the cores, at most 16). ``warn``: warn of the settings Caffe applies at
+    random (False where the layer is opened only for its shapes, so a run warns once).
+    DataError naming the file and the layer for anything wrong with the data."""
     kind, name = layer.type, layer.name
-    _warn_random(layer)
+    if warn:
+        _warn_random(layer)
     if kind in ("Data", "AnnotatedData"):
         path = resolve(layer.data_param.source, base_dir, "data_param source", name)
         transformer = DataTransformer(transform_param(layer, layer.data_param),
@@ -76,6 +78,9 @@ def _warn_random(layer: pb.LayerParameter) -> None:
     block, fields = _RANDOM_FIELDS.get(layer.type, ("", ()))
     param = getattr(layer, block) if block else None
     found = [f"{block} {f}" for f in fields if getattr(param, f)]
+    old_block = {"Data": "data_param", "AnnotatedData": "data_param", "ImageData": "image_data_param"}
+    if layer.type in old_block and transform_param(layer, getattr(layer, old_block[layer.type])).mirror:
+        found.append("transform_param mirror")
     if layer.type == "AnnotatedData" and any(
             (s.sampler.min_scale, s.sampler.max_scale) != (1, 1)
             for s in layer.annotated_data_param.batch_sampler):

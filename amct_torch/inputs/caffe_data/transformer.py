@@ -62,9 +62,6 @@ class DataTransformer:
         self.resize: Optional[tuple[int, int, str]] = None
         if param.HasField("resize_param"):
             self.resize = _resize_spec(param.resize_param, layer)
-        if param.mirror:
-            log.warning("layer '%s': transform_param mirror is random in Caffe; the TEST-phase "
-                        "data here are not mirrored", layer)
 
     def output_shape(self, c: int, h: int, w: int, where: str = "the first record",
                      file: Optional[str] = None) -> tuple[int, int, int]:
