@@ -35,7 +35,13 @@ class OutputStats:
 
 
 class Evaluation(list):
-    """``evaluate``'s result: the ``OutputStats`` rows (a list), shown by Jupyter as a table."""
+    """``evaluate``'s result: the ``OutputStats`` rows (a list), shown by Jupyter as a table,
+    with how many samples and batches the figures cover (the rows' shape is one batch's)."""
+
+    def __init__(self, rows: Any = (), samples: int = 0, batches: int = 0) -> None:
+        super().__init__(rows)
+        self.samples = samples
+        self.batches = batches
 
     def _repr_html_(self) -> str:
         from amct_torch.quality.html_report import evaluation_html
@@ -149,7 +155,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     may_differ = data_dependent_outputs(model) | (data_dependent_outputs(ref) if ref is not None else set())
     sums: dict[str, _Sums] = {}
     stats: dict[str, OutputStats] = {}
-    n = 0
+    n = rows = 0
     total = -(-count // bs) if count else None
     if max_batches is not None:
         total = min(total, max_batches) if total is not None else max_batches
@@ -165,6 +171,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
                 want = _forward(ref, xs, reference[0]) if ref is not None and reference else {}
                 _accumulate(out, want, stats, sums, may_differ, model_file, reference)
                 n += 1
+                rows += int(xs[0].shape[0]) if xs[0].dim() else 1
                 if bar is not None:
                     bar.update(1)
     finally:
@@ -175,7 +182,7 @@ def evaluate(model_file: str, weights_file: str, data: Any,
     for k, s in sums.items():
         if not stats[k].note:
             stats[k].sqnr_db, stats[k].cosine, stats[k].max_abs_diff = s.sqnr(), s.cosine(), s.maxdiff
-    return Evaluation(stats.values())
+    return Evaluation(stats.values(), samples=rows, batches=n)
 
 
 def _bar(total: Optional[int], quiet: bool) -> Any:
@@ -218,4 +225,6 @@ def format_stats(stats: Sequence[OutputStats]) -> str:
         else:
             lines.append(f"{s.name:<28} {str(list(s.shape)):<20} {s.sqnr_db:>9.2f} {s.cosine:>10.6f} "
                          f"{s.max_abs_diff:>11.4g}")
+    if isinstance(stats, Evaluation) and stats.batches:
+        lines.append(f"over {stats.samples} sample(s) in {stats.batches} batch(es)")
     return "\n".join(lines)

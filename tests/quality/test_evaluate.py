@@ -117,3 +117,16 @@ def test_evaluate_user_errors_are_one_line_before_any_forward(tmp_path, capsys, 
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and named in err[0], (extra, err)
     assert forwards == []
+
+
+def test_evaluate_says_how_many_samples_the_figures_cover(tmp_path, capsys):
+    # five images written here, batches of two: 5 samples in ceil(5 / 2) = 3 batches, though
+    # the shape column shows one batch's
+    proto, model = make_net(tmp_path, SMALL_BODY, {"data": [1, 3, 8, 8]}, small_blobs(np.random.default_rng(0)))
+    _images(tmp_path / "imgs", 5)
+    args = ["evaluate", proto, model, str(tmp_path / "imgs"), "--reference", proto, model, "--device", "cpu",
+            "--batch-size", "2", "-q"]
+    assert main(args) == 0
+    assert "over 5 sample(s) in 3 batch(es)" in capsys.readouterr().out
+    assert main(args + ["--max-batches", "2"]) == 0
+    assert "over 4 sample(s) in 2 batch(es)" in capsys.readouterr().out
