@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from amct_torch.commands.arg_types import positive
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
                      max_batches=args.max_batches, preprocess=preprocess_from(args), device=args.device,
                      quiet=args.quiet)
     print(format_stats(stats))
+    print(stats.coverage(), file=sys.stderr)  # beside the table, which stays rows only
     if args.report_html:
         from amct_torch.quality import write_page
         write_page(args.report_html, stats._repr_html_(), f"amct-torch evaluate: {os.path.basename(args.model)}")

@@ -36,12 +36,17 @@ class OutputStats:
 
 class Evaluation(list):
     """``evaluate``'s result: the ``OutputStats`` rows (a list), shown by Jupyter as a table,
-    with how many samples and batches the figures cover (the rows' shape is one batch's)."""
+    with how many samples and batches the figures cover (the rows' shape is one batch's;
+    ``coverage()`` says it in a line)."""
 
     def __init__(self, rows: Any = (), samples: int = 0, batches: int = 0) -> None:
         super().__init__(rows)
         self.samples = samples
         self.batches = batches
+
+    def coverage(self) -> str:
+        """What the figures cover, as the command prints it under the table."""
+        return f"over {self.samples} sample(s) in {self.batches} batch(es)"
 
     def _repr_html_(self) -> str:
         from amct_torch.quality.html_report import evaluation_html
@@ -225,6 +230,4 @@ def format_stats(stats: Sequence[OutputStats]) -> str:
         else:
             lines.append(f"{s.name:<28} {str(list(s.shape)):<20} {s.sqnr_db:>9.2f} {s.cosine:>10.6f} "
                          f"{s.max_abs_diff:>11.4g}")
-    if isinstance(stats, Evaluation) and stats.batches:
-        lines.append(f"over {stats.samples} sample(s) in {stats.batches} batch(es)")
     return "\n".join(lines)

@@ -127,6 +127,6 @@ def test_evaluate_says_how_many_samples_the_figures_cover(tmp_path, capsys):
     args = ["evaluate", proto, model, str(tmp_path / "imgs"), "--reference", proto, model, "--device", "cpu",
             "--batch-size", "2", "-q"]
     assert main(args) == 0
-    assert "over 5 sample(s) in 3 batch(es)" in capsys.readouterr().out
+    assert "over 5 sample(s) in 3 batch(es)" in capsys.readouterr().err
     assert main(args + ["--max-batches", "2"]) == 0
-    assert "over 4 sample(s) in 2 batch(es)" in capsys.readouterr().out
+    assert "over 4 sample(s) in 2 batch(es)" in capsys.readouterr().err
